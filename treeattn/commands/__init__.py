@@ -1,0 +1,17 @@
+"""One module per `treeattn` sub-command.
+
+Each module exposes ``register(subparsers)``, which adds its parser and sets
+``func=handler`` on it. A handler takes the parsed ``argparse.Namespace`` and returns an exit
+status. Handlers raise :class:`treeattn.errors.UserError` (or a package's own input error, see
+``treeattn.cli.USER_ERRORS``) for bad input; the CLI turns that into one ``error: ...`` line.
+"""
+
+# Order here is the order `treeattn --help` lists the commands in.
+COMMAND_MODULES = (
+    "treeattn.commands.topo",
+    "treeattn.commands.predict",
+    "treeattn.commands.run",
+    "treeattn.commands.generate",
+    "treeattn.commands.sweep",
+    "treeattn.commands.demo",
+)
