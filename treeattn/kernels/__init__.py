@@ -1,0 +1,67 @@
+"""Local compute of Tree Attention: the partial attention of a KV shard, and the merge.
+
+A *partial* is ``(o, lse)``: ``o`` (B, Hq, D) fp32 and ``lse`` (B, Hq) fp32. Triton kernels
+run on CUDA tensors and the torch reference (:mod:`treeattn.kernels.reference`) on CPU
+tensors; ``TREEATTN_KERNEL=triton|torch`` forces one. Kernels know nothing of topology.
+
+>>> import torch
+>>> from treeattn.kernels import partial_attention, merge
+>>> q, k = torch.randn(1, 4, 8), torch.randn(1, 2, 6, 8)
+>>> full = partial_attention(q, k, k)
+>>> left = partial_attention(q, k[:, :, :2], k[:, :, :2])
+>>> right = partial_attention(q, k[:, :, 2:], k[:, :, 2:])
+>>> torch.allclose(merge(left, right)[0], full[0], atol=1e-6)
+True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from treeattn.kernels import reference
+from treeattn.kernels.checks import check_pair, check_partial_inputs, check_partials
+from treeattn.kernels.dispatch import choose_backend, triton_module
+from treeattn.kernels.errors import KernelError
+
+__all__ = ["KernelError", "merge", "merge_partials", "partial_attention", "reference"]
+
+
+def partial_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    kv_len: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial attention of one query token per sequence over a KV shard.
+
+    ``q`` (B, Hq, D); ``k``, ``v`` (B, Hkv, T, D) with ``Hq % Hkv == 0``; ``kv_len`` (B,)
+    optional valid lengths (clamped to ``[0, T]``). Returns ``o`` (B, Hq, D) and ``lse``
+    (B, Hq) in fp32; an empty shard gives the identity ``(0, -inf)``. See
+    :func:`treeattn.kernels.reference.partial_attention` for the exact semantics.
+    """
+    scale = check_partial_inputs(q, k, v, scale, kv_len)
+    if choose_backend(q.device) == "triton":
+        return triton_module("triton_partial").partial_attention(
+            q, k, v, scale=scale, kv_len=kv_len
+        )
+    return reference.partial_attention(q, k, v, scale=scale, kv_len=kv_len)
+
+
+def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge n stacked partials, (n, B, Hq, D) and (n, B, Hq), into one (B, Hq, D), (B, Hq)."""
+    check_partials(o, lse, stacked=True)
+    if choose_backend(o.device) == "triton":
+        return triton_module("triton_merge").merge_partials(o, lse)
+    return reference.merge_partials(o, lse)
+
+
+def merge(
+    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partials ``(o, lse)``; associative, commutative, identity ``(0, -inf)``."""
+    check_pair(a, b)
+    if choose_backend(a[0].device) == "triton":
+        return triton_module("triton_merge").merge(a, b)
+    return reference.merge(a, b)

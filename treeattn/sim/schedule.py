@@ -44,6 +44,11 @@ Steps, run in list order per rank:
 
 A ``chunk=(index, count)`` on Send/Recv restricts it to the ``index``-th of ``count``
 equal slices of the flattened payload (ring all-reduce). ``None`` means the whole buffer.
+Slices follow ``numpy.array_split``: when the length does not divide, the first
+``length % count`` slices hold one element more (a slice may be empty). For the
+``"partial"`` payload the slice is taken along the query-head axis Hq, ``o`` and ``lse``
+together, so each slice merges on its own (the double binary tree sends each half of the
+heads up a different tree); a Merge of a chunked message acts on that slice only.
 
 Tags are unique per (src, dst) pair within one schedule.
 
@@ -119,3 +124,42 @@ class Schedule:
     @property
     def world(self) -> int:
         return len(self.steps)
+
+    def validate(self) -> Schedule:
+        """Check matching sends/receives and freedom from deadlock; return ``self``.
+
+        Raises :class:`treeattn.sim.errors.ScheduleError` naming the rank and step.
+        """
+        from treeattn.sim.validate import validate
+
+        validate(self)
+        return self
+
+    def num_steps(self) -> int:
+        return sum(len(s) for s in self.steps)
+
+    def __str__(self) -> str:
+        head = f"Schedule({self.algorithm}, world={self.world}, steps={self.num_steps()})"
+        lines = [head]
+        for r, steps in enumerate(self.steps[:8]):
+            lines.append(f"  rank {r}: " + ", ".join(step_name(s) for s in steps[:12])
+                         + (" …" if len(steps) > 12 else ""))
+        if self.world > 8:
+            lines.append(f"  … {self.world - 8} more ranks")
+        return "\n".join(lines)
+
+
+def step_name(step: Step) -> str:
+    """The name both executors use for a step in timelines: ``attention``, ``send``,
+    ``recv``, ``merge:partial`` …
+
+    >>> step_name(Merge(12, "max", 3))
+    'merge:max'
+    """
+    if isinstance(step, Compute):
+        return step.label
+    if isinstance(step, Send):
+        return "send"
+    if isinstance(step, Recv):
+        return "recv"
+    return f"merge:{step.op}"

@@ -1,0 +1,238 @@
+"""`treeattn run` and `treeattn calibrate`: execute plans for real and check the predictions.
+
+``--nproc N`` spawns N local ranks (gloo on CPU, NCCL on CUDA). Started by torchrun instead
+(``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set), the same command joins that
+group, and rank 0 prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
+from treeattn.runtime.calibrate import calibrate_in_group, read_profile, write_profile
+from treeattn.runtime.check import RunRequest, geo_mean_error, validate
+from treeattn.runtime.group import in_torchrun_env
+from treeattn.runtime.launch import LaunchOptions, check_world, launch, run_in_group
+from treeattn.runtime.plans import ALGORITHMS, DTYPES
+from treeattn.runtime.wire import AttnDims
+
+SUFFIX = {"k": 1024, "m": 1024 * 1024}
+DEMO_SEQ_LENS = (16384, 65536, 262144)
+
+
+def parse_tokens(text: str) -> int:
+    """``"4096"``, ``"16k"`` or ``"1M"`` (binary multiples) to a token count."""
+    raw = text.strip().lower()
+    scale = SUFFIX.get(raw[-1:], 1)
+    digits = raw[:-1] if raw[-1:] in SUFFIX else raw
+    try:
+        return int(digits) * scale
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r}") from exc
+
+
+def _add_group_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, default=None,
+                        help="local ranks to spawn (default 2; under torchrun: its world)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds any rank waits on a peer before giving up")
+    parser.add_argument("--port", type=int, default=None, help="rendezvous port (default: free)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=32, help="query heads Hq")
+    parser.add_argument("--kv-heads", type=int, default=8, help="KV heads Hkv")
+    parser.add_argument("--head-dim", type=int, default=128, help="head dim D")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    run = subparsers.add_parser("run", help="run a plan on real ranks and measure it")
+    _add_group_options(run)
+    run.add_argument("--seq-len", type=parse_tokens, action="append", required=True,
+                     help="cached tokens (repeatable; 16k, 1M accepted)")
+    run.add_argument("--algorithm", action="append", choices=ALGORITHMS, default=None,
+                     help="algorithm (repeatable; default auto: the planner's choice)")
+    run.add_argument("--shape", default=None, help="tree shape for tree/allreduce3 (tree)")
+    run.add_argument("--native", action="store_true",
+                     help="run allreduce3 on the backend's own all_reduce")
+    run.add_argument("--check", action="store_true",
+                     help="calibrate (or --profile), predict, then measure and compare")
+    run.add_argument("--max-error", type=float, default=0.25,
+                     help="with --check, fail if the geometric-mean error exceeds this")
+    run.add_argument("--profile", default=None, help="calibration profile (skips calibrating)")
+    run.add_argument("--steps", type=int, default=10, help="timed decode steps per point")
+    run.add_argument("--warmup", type=int, default=2, help="untimed warm-up steps")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--no-reference", action="store_true",
+                     help="skip the single-process reference (max_abs_diff)")
+    run.add_argument("--json", action="store_true", help="print a JSON list, one per point")
+    run.set_defaults(func=_guarded(handle_run))
+
+    cal = subparsers.add_parser("calibrate", help="measure the local backend (microbenchmarks)")
+    _add_group_options(cal)
+    cal.add_argument("-o", "--output", default=None, help="write the profile here (JSON)")
+    cal.set_defaults(func=_guarded(handle_calibrate))
+
+
+def _options(args: argparse.Namespace) -> LaunchOptions:
+    if args.threads < 1:
+        raise RuntimeFailure(f"--threads must be at least 1, got {args.threads}")
+    if args.timeout <= 0:
+        raise RuntimeFailure("--timeout must be positive")
+    return LaunchOptions(timeout_s=args.timeout, threads=args.threads, device=args.device,
+                         port=args.port)
+
+
+EXIT_RUN_FAILED = 1
+
+
+class _RunFailed(Exception):
+    """A rank died or timed out: reported in one line, exit status 1 (not bad input)."""
+
+
+def _execute(job, args: argparse.Namespace, world: int):
+    """Run ``job`` on every rank; returns (is_rank_0, rank 0's result)."""
+    options = _options(args)
+    try:
+        if in_torchrun_env() and args.nproc is None:
+            ctx, result = run_in_group(job, options)
+            return ctx.rank == 0, result
+        return True, launch(job, world, options)
+    except (RankLost, RankTimeout) as exc:
+        raise _RunFailed(str(exc).strip().splitlines()[0]) from exc
+
+
+def _guarded(handler):
+    """Turn a dead rank or a timeout into ``error: ...`` and exit status 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except _RunFailed as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return EXIT_RUN_FAILED
+
+    run.__doc__ = handler.__doc__
+    return run
+
+
+def _world(args: argparse.Namespace) -> int:
+    if in_torchrun_env() and args.nproc is None:
+        import os
+
+        return int(os.environ["WORLD_SIZE"])
+    world = 2 if args.nproc is None else args.nproc
+    check_world(world)
+    return world
+
+
+def build_request(args: argparse.Namespace) -> RunRequest:
+    profile = read_profile(args.profile) if args.profile else None
+    params = {"shape": args.shape} if args.shape else {}
+    return RunRequest(
+        seq_lens=tuple(args.seq_len), algorithms=tuple(args.algorithm or ["auto"]),
+        batch=args.batch, n_heads=args.heads, n_kv_heads=args.kv_heads,
+        head_dim=args.head_dim, dtype=args.dtype, warmup=args.warmup, steps=args.steps,
+        check=args.check, profile=profile, native=args.native,
+        reference=not args.no_reference, seed=args.seed, params=params,
+    )
+
+
+def handle_run(args: argparse.Namespace) -> int:
+    world = _world(args)
+    req = build_request(args)
+    validate(req, world)
+    if args.max_error <= 0:
+        raise RuntimeFailure("--max-error must be positive")
+    is_root, points = _execute(req, args, world)
+    if not is_root:
+        return 0
+    if args.json:
+        sys.stdout.write(json.dumps(points, indent=2) + "\n")
+    else:
+        print_points(Console(), points)
+    error = geo_mean_error(points)
+    if args.check and error is not None and error > args.max_error:
+        sys.stderr.write(f"error: geometric-mean prediction error {error:.1%} exceeds "
+                         f"--max-error {args.max_error:.1%}\n")
+        return 1
+    return 0
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def print_points(console: Console, points: list[dict]) -> None:
+    """The predicted-vs-measured table, one row per point."""
+    table = Table(title="measured decode step (median over timed steps, max over ranks)")
+    for col in ("algorithm", "world", "seq_len", "measured", "p90", "predicted", "error",
+                "max|diff|", "sent/rank", "peak mem/rank"):
+        table.add_column(col, justify="left" if col == "algorithm" else "right")
+    for p in points:
+        pred = p["predicted_s"]
+        table.add_row(
+            p["algorithm"], str(p["world"]), str(p["seq_len"]),
+            f"{p['measured_s'] * 1e3:.3f} ms", f"{p['p90_s'] * 1e3:.3f} ms",
+            f"{pred * 1e3:.3f} ms" if pred else "-",
+            f"{p['error']:.1%}" if p["error"] is not None else "-",
+            f"{p['max_abs_diff']:.1e}" if p["max_abs_diff"] is not None else "-",
+            _fmt_bytes(max(p["bytes_sent"])), _fmt_bytes(max(p["peak_memory_bytes"])),
+        )
+    console.print(table)
+    error = geo_mean_error(points)
+    if error is not None:
+        console.print(f"geometric-mean prediction error: {error:.1%}")
+
+
+class CalibrateJob:
+    """Picklable job: calibrate in the group, rank 0 returns the profile."""
+
+    def __init__(self, dims: AttnDims) -> None:
+        self.dims = dims
+
+    def __call__(self, ctx):
+        return calibrate_in_group(ctx, self.dims)
+
+
+def handle_calibrate(args: argparse.Namespace) -> int:
+    world = _world(args)
+    if world < 2:
+        raise RuntimeFailure("calibrate needs --nproc of at least 2 (ping-pong)")
+    req = RunRequest(seq_lens=(world,), batch=args.batch, n_heads=args.heads,
+                     n_kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype)
+    validate(req, world)
+    is_root, profile = _execute(CalibrateJob(req.dims), args, world)
+    if not is_root:
+        return 0
+    if args.output:
+        write_profile(profile, args.output)
+        Console(stderr=True).print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(json.dumps(profile, indent=2) + "\n")
+    return 0
+
+
+def demo_section(console: Console) -> int:
+    """Tree vs ring on 2 local ranks: calibrate, predict, measure, compare."""
+    console.rule("real runs: tree vs ring on 2 local ranks (gloo, CPU)")
+    req = RunRequest(seq_lens=DEMO_SEQ_LENS, algorithms=("tree", "ring"), check=True,
+                     steps=5, warmup=1)
+    validate(req, 2)
+    points = launch(req, 2, LaunchOptions(timeout_s=60.0))
+    print_points(console, points)
+    return 0
+
+
+demo_section.is_real_run = True

@@ -1,0 +1,142 @@
+"""`treeattn sweep`: predict (and optionally measure) over a grid, write tables and plots.
+
+Prediction sweeps run the planner at every (topology, nodes, model, seq_len) point and write
+``results.csv``, ``results.json`` and PNG plots into ``-o DIR``. With ``--measure`` the sweep
+instead runs tree and ring for real on ``--nproc`` local ranks (calibrate, predict, measure,
+in that order) and plots measured against predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from treeattn.errors import UserError
+from treeattn.sweep import plots
+from treeattn.sweep.grid import ALGORITHMS, check_models, expand_grid, memory_rows, run_sweep
+
+
+def _tokens(text: str) -> int:
+    from treeattn.commands.run import parse_tokens
+
+    return parse_tokens(text)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("sweep", help="predict (or measure) over a grid and plot it")
+    parser.add_argument("--topology", action="append", default=None,
+                        help="topology spec (repeatable; default dgx-h100)")
+    parser.add_argument("--model", action="append", default=None,
+                        help="model name (repeatable; default llama-3.1-8b)")
+    parser.add_argument("--seq-len", type=_tokens, action="append", default=None,
+                        help="context length (repeatable; 80k, 1M accepted)")
+    parser.add_argument("--nodes", type=int, action="append", default=None,
+                        help="node count applied to each topology (repeatable)")
+    parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
+    parser.add_argument("-o", "--output", required=True, help="output directory")
+    parser.add_argument("--measure", action="store_true",
+                        help="run tree/ring for real on local ranks and plot vs prediction")
+    parser.add_argument("--nproc", type=int, default=2, help="local ranks for --measure")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per measured point")
+    parser.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output {out} exists and is not a directory")
+    seq_lens = args.seq_len or [32768, 131072, 1048576]
+    if any(n <= 0 for n in seq_lens):
+        raise UserError("--seq-len must be positive")
+    if args.nodes and any(n < 1 for n in args.nodes):
+        raise UserError("--nodes must be at least 1")
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    rows = _measure(args, seq_lens, console) if args.measure else _predict(args, seq_lens,
+                                                                             console)
+    _write_tables(rows, out)
+    pictures = _plot(rows, out, measured=args.measure)
+    console.print(f"wrote {len(rows)} rows to {out}/results.csv and results.json")
+    for picture in pictures:
+        console.print(f"  plot: {picture}")
+    return 0
+
+
+def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
+    models = args.model or ["llama-3.1-8b"]
+    check_models(models)
+    points = expand_grid(args.topology or ["dgx-h100"], models, seq_lens, args.nodes)
+    columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("", total=len(points))
+
+        def advance(point) -> None:
+            progress.update(task, advance=1,
+                            description=f"{point.topology} {point.model} {point.seq_len}")
+
+        return run_sweep(points, args.algorithms, progress=advance)
+
+
+def _measure(args, seq_lens: list[int], console: Console) -> list[dict]:
+    from treeattn.runtime.check import RunRequest, validate
+    from treeattn.runtime.launch import LaunchOptions, launch
+
+    algorithms = tuple(a for a in args.algorithms if a in ("tree", "ring", "butterfly",
+                                                           "allgather", "allreduce3"))
+    request = RunRequest(seq_lens=tuple(seq_lens), algorithms=algorithms, check=True,
+                         steps=args.steps)
+    validate(request, args.nproc)
+    console.print(f"measuring {len(algorithms)} algorithm(s) × {len(seq_lens)} length(s) "
+                  f"on {args.nproc} local ranks (calibrate, predict, then measure)…")
+    points = launch(request, args.nproc, LaunchOptions())
+    for point in points:
+        point["topology"] = f"local:{args.nproc}"
+        point["gpus"] = point["world"]
+    return points
+
+
+def _write_tables(rows: list[dict], out: Path) -> None:
+    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    scalar_keys = [k for k in rows[0] if not isinstance(rows[0][k], list | dict)] if rows else []
+    with open(out / "results.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=scalar_keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _plot(rows: list[dict], out: Path, measured: bool) -> list[Path]:
+    if not rows:
+        return []
+    if measured:
+        return [plots.measured_vs_predicted(rows, out / "measured_vs_predicted.png")]
+    pictures = [plots.latency_vs_seq_len(rows, out / "latency_vs_seq_len.png")]
+    if len({r["gpus"] for r in rows}) > 1:
+        pictures.append(plots.speedup_vs_gpus(rows, out / "speedup_vs_gpus.png"))
+    smallest = min(rows, key=lambda r: (r["gpus"], -r["seq_len"]))
+    memory = memory_rows(smallest["spec"], smallest["seq_len"])
+    pictures.append(plots.memory_vs_hidden(memory, out / "memory_vs_hidden.png"))
+    pictures.append(_draw_chosen_tree(rows, out))
+    return [p for p in pictures if p is not None]
+
+
+def _draw_chosen_tree(rows: list[dict], out: Path) -> Path | None:
+    """Plan the smallest topology of the sweep again and draw its tree over the cluster."""
+    from treeattn.sim import DecodeWorkload, plan
+    from treeattn.topo import Topology
+
+    first = min(rows, key=lambda r: (r["gpus"], -r["seq_len"]))
+    topology = Topology.from_spec(first["spec"])
+    chosen = plan(topology, DecodeWorkload(first["model"], first["seq_len"]),
+                  algorithms=("tree",))
+    if chosen.tree is None:
+        return None
+    parent = list(chosen.tree.to_dict()["parent"])
+    title = (f"chosen tree on {first['spec']} ({chosen.name}), "
+             f"{first['model']} at {first['seq_len']} tokens")
+    return plots.tree_over_topology(topology, parent, out / "chosen_tree.png", title)

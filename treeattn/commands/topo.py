@@ -1,0 +1,146 @@
+"""`treeattn topo`: show, import and draw cluster topologies.
+
+* ``treeattn topo show SPEC_OR_FILE [--json]``: a summary table, or one JSON object with
+  ``gpus``, ``hosts``, ``links`` (kind -> physical links), ``bandwidth`` and ``latency``
+  (GPU x GPU route bottleneck in bytes/s and route latency in s, 0 on the diagonal).
+* ``treeattn topo import FILE [--format ...] [--gpu MODEL] -o OUT.json``
+* ``treeattn topo draw SPEC_OR_FILE -o OUT.png``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from treeattn.topo import Topology, TopologyError
+from treeattn.topo.importers import FORMATS
+from treeattn.topo.summary import summary_rows
+
+DEMO_SPECS = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x:nodes=1", "pcie-4090:gpus=8")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("topo", help="show, import and draw cluster topologies")
+    sub = parser.add_subparsers(dest="topo_command", metavar="ACTION", required=True)
+    show = sub.add_parser("show", help="summarise a topology (spec string or file)")
+    show.add_argument("source", metavar="SPEC_OR_FILE")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    _source_options(show)
+    show.set_defaults(func=handle_show)
+    imp = sub.add_parser("import", help="convert nvidia-smi/rocm-smi/NCCL XML output to JSON")
+    imp.add_argument("file", metavar="FILE")
+    _source_options(imp)
+    imp.add_argument("-o", "--output", required=True, metavar="OUT.json")
+    imp.set_defaults(func=handle_import)
+    draw = sub.add_parser("draw", help="write a PNG picture of a topology")
+    draw.add_argument("source", metavar="SPEC_OR_FILE")
+    _source_options(draw)
+    draw.add_argument("-o", "--output", required=True, metavar="OUT.png")
+    draw.set_defaults(func=handle_draw)
+
+
+def _source_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", default="auto", choices=FORMATS,
+                        help="input format of a file (default: auto-detect)")
+    parser.add_argument("--gpu", metavar="MODEL", help="GPU model for link bandwidths (e.g. H100)")
+
+
+def _load(args: argparse.Namespace, source: str) -> Topology:
+    return Topology.load(source, fmt=args.format, gpu=args.gpu)
+
+
+def show_json(t: Topology) -> dict:
+    """The ``topo show --json`` object."""
+    return {
+        "name": t.name,
+        "gpus": t.num_gpus,
+        "hosts": len(t.hosts),
+        "links": t.links(),
+        "gpu_names": t.gpus,
+        "models": [t.gpu_model(g) for g in t.gpus],
+        "host_of": [t.host_of(g) for g in t.gpus],
+        "bandwidth": t.bandwidth_matrix().tolist(),
+        "latency": t.latency_matrix().tolist(),
+    }
+
+
+def handle_show(args: argparse.Namespace) -> int:
+    t = _load(args, args.source)
+    if args.json:
+        sys.stdout.write(json.dumps(show_json(t)) + "\n")
+        return 0
+    table = Table(title=f"topology {t.name}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for key, value in summary_rows(t):
+        table.add_row(key, value)
+    Console().print(table)
+    return 0
+
+
+def handle_import(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise TopologyError(f"no such file: {args.file!r}")
+    t = _load(args, str(path))
+    _write(Path(args.output), t.to_json())
+    print(f"wrote {args.output}: {t.num_gpus} GPUs ({t.gpu_model(0)}), "
+          f"{sum(t.links().values())} links")
+    return 0
+
+
+def handle_draw(args: argparse.Namespace) -> int:
+    t = _load(args, args.source)
+    out = Path(args.output)
+    _check_dir(out)
+    t.draw(out)
+    print(f"wrote {out}")
+    return 0
+
+
+def _check_dir(path: Path) -> None:
+    if not path.parent.is_dir():
+        raise TopologyError(f"cannot write {str(path)!r}: no such directory")
+
+
+def _write(path: Path, text: str) -> None:
+    _check_dir(path)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise TopologyError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def demo_section(console: Console) -> int:
+    """Print a compact table of the built-in topologies (the first part of `make demo`)."""
+    table = Table(title="Built-in topologies: GPU 0 to its peers (per direction)")
+    table.add_column("spec", no_wrap=True)
+    for col in ("GPUs", "hosts", "same host GB/s", "us", "other host GB/s", "us"):
+        table.add_column(col, justify="right")
+    for spec in DEMO_SPECS:
+        t = Topology.from_spec(spec)
+        table.add_row(spec, str(t.num_gpus), str(len(t.hosts)), *_route_cells(t))
+    console.print(table)
+    return 0
+
+
+def _span(values: list[float], fmt: str) -> str:
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _route_cells(t: Topology) -> list[str]:
+    first, cells = t.gpus[0], []
+    for same in (True, False):
+        group = [g for g in t.gpus[1:] if (t.host_of(g) == t.host_of(first)) == same]
+        if not group:
+            cells += ["-", "-"]
+            continue
+        cells.append(_span([t.path_bandwidth(first, g) / 1e9 for g in group], "g"))
+        cells.append(_span([t.path_latency(first, g) * 1e6 for g in group], ".1f"))
+    return cells

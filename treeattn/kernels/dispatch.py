@@ -1,0 +1,83 @@
+"""Pick the backend for each call: Triton on CUDA tensors, torch on CPU tensors.
+
+``TREEATTN_KERNEL=triton|torch`` forces one backend (``auto`` or unset: by device). Triton
+on CPU tensors only runs in Triton's interpreter (``TRITON_INTERPRET=1``). Triton fixes that
+choice for each ``@triton.jit`` function when it is defined, including its own library
+functions (``tl.zeros``, ``tl.sum``) defined when ``triton`` is first imported, so the variable
+must be set before Python imports Triton. The Triton modules are imported lazily, and a
+setting that changed after Triton's import is reported as a KernelError instead of failing
+deep inside the interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+import torch
+
+from treeattn.kernels.errors import KernelError
+
+ENV_BACKEND = "TREEATTN_KERNEL"
+BACKENDS = ("auto", "triton", "torch")
+
+
+def interpreter_enabled() -> bool:
+    """Whether ``TRITON_INTERPRET`` is on, read the way Triton reads it."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def requested_backend() -> str:
+    """The backend asked for by ``TREEATTN_KERNEL`` (``auto`` when unset)."""
+    name = os.environ.get(ENV_BACKEND, "auto").strip().lower() or "auto"
+    if name not in BACKENDS:
+        raise KernelError(f"{ENV_BACKEND}={name!r} is not one of {', '.join(BACKENDS)}")
+    return name
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_is_interpreted() -> bool:
+    """Whether the imported Triton was imported in interpreter mode (imports it if needed)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(tl.zeros, InterpretedFunction)
+
+
+def choose_backend(device: torch.device) -> str:
+    """Return ``"triton"`` or ``"torch"`` for tensors on ``device``, or raise KernelError."""
+    name = requested_backend()
+    on_cuda = device.type == "cuda"
+    if name == "torch":
+        return "torch"
+    if name == "auto":
+        return "triton" if on_cuda and _triton_available() else "torch"
+    if not _triton_available():
+        raise KernelError(f"{ENV_BACKEND}=triton but Triton is not installed")
+    if not on_cuda and not interpreter_enabled():
+        raise KernelError(
+            f"{ENV_BACKEND}=triton on {device.type} tensors needs Triton's interpreter: "
+            "set TRITON_INTERPRET=1 in the environment before starting Python (slow; for tests), "
+            "or use CUDA tensors"
+        )
+    if interpreter_enabled() != triton_is_interpreted():
+        raise KernelError(
+            "TRITON_INTERPRET was changed after Triton was imported; set it in the environment "
+            "before starting Python"
+        )
+    return "triton"
+
+
+def triton_module(name: str) -> ModuleType:
+    """Import the Triton kernel module ``treeattn.kernels.<name>`` (lazily, on first use)."""
+    if name not in ("triton_merge", "triton_partial"):
+        raise KernelError(f"unknown Triton kernel module {name!r}")
+    return importlib.import_module(f"treeattn.kernels.{name}")

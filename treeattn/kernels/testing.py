@@ -1,0 +1,83 @@
+"""Helpers for testing kernels: seeded inputs, tolerances per backend and dtype, merge trees.
+
+They live in the package (like ``torch.testing``) so that the tests of other packages, such as
+the runtime's distributed tests, can build the same inputs and use the same tolerances.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+
+Partial = tuple[torch.Tensor, torch.Tensor]
+
+# Tolerance of o against the float64 oracle, for inputs already in the given dtype (so input
+# rounding is not counted). The torch reference upcasts K and V exactly and does everything in
+# fp32: only fp32 accumulation error remains, ~1e-7 relative over the test lengths. The
+# Triton kernel rounds the softmax probabilities to the input dtype before the P·V dot (as
+# FlashAttention does): bf16 keeps 8 significant bits (relative error 2^-9 ≈ 2e-3 per weight,
+# a few times that in the worst element), fp16 keeps 11 bits (2^-12 ≈ 2.4e-4).
+O_TOLERANCE = {
+    ("torch", torch.float32): dict(atol=1e-5, rtol=1e-5),
+    ("torch", torch.float16): dict(atol=1e-5, rtol=1e-5),
+    ("torch", torch.bfloat16): dict(atol=1e-5, rtol=1e-5),
+    ("triton", torch.float32): dict(atol=1e-5, rtol=1e-5),
+    ("triton", torch.float16): dict(atol=2e-3, rtol=2e-3),
+    ("triton", torch.bfloat16): dict(atol=1.5e-2, rtol=1.5e-2),
+}
+# lse depends only on the fp32 scores, which are exact products of the inputs summed in fp32,
+# whatever the backend: a relative 1e-6 of |lse| plus fp32 summation error.
+LSE_TOLERANCE = dict(atol=2e-5, rtol=1e-6)
+
+
+def make_qkv(
+    b: int,
+    hq: int,
+    hkv: int,
+    t: int,
+    d: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    device: str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded standard-normal ``q`` (B, Hq, D) and ``k``, ``v`` (B, Hkv, T, D) in ``dtype``."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, d, generator=gen)  # (B, Hq, D)
+    k = torch.randn(b, hkv, t, d, generator=gen)  # (B, Hkv, T, D)
+    v = torch.randn(b, hkv, t, d, generator=gen)  # (B, Hkv, T, D)
+    return tuple(x.to(dtype=dtype, device=device) for x in (q, k, v))
+
+
+def cut_points(t: int, n_chunks: int, rng: random.Random) -> list[int]:
+    """``n_chunks + 1`` sorted boundaries from 0 to t; equal neighbours make empty chunks."""
+    inner = sorted(rng.randint(0, t) for _ in range(n_chunks - 1))
+    return [0, *inner, t]
+
+
+def merge_random_tree(
+    partials: Sequence[Partial],
+    rng: random.Random,
+    merge: Callable[[Partial, Partial], Partial],
+    merge_many: Callable[[torch.Tensor, torch.Tensor], Partial] | None = None,
+) -> Partial:
+    """Reduce ``partials`` in a random order and tree shape.
+
+    Each step picks two (or, with ``merge_many``, sometimes several) random members of the
+    pool, merges them, and puts the result back, until one partial is left.
+    """
+    pool = list(partials)
+    rng.shuffle(pool)
+    while len(pool) > 1:
+        take = 2
+        if merge_many is not None and len(pool) > 2 and rng.random() < 0.3:
+            take = rng.randint(2, len(pool))
+        picked = [pool.pop(rng.randrange(len(pool))) for _ in range(take)]
+        if take == 2 and (merge_many is None or rng.random() < 0.7):
+            pool.append(merge(picked[0], picked[1]))
+        else:
+            o = torch.stack([p[0] for p in picked])  # (n, B, Hq, D)
+            lse = torch.stack([p[1] for p in picked])  # (n, B, Hq)
+            pool.append(merge_many(o, lse))
+    return pool[0]

@@ -1,0 +1,249 @@
+"""Calibrate the local backend with microbenchmarks only, and write the profile (version 1).
+
+Three measurements, run inside an existing process group (every rank calls
+:func:`calibrate_in_group`; rank 0 returns the profile):
+
+- **p2p**: ping-pong between ranks 0 and 1 over message sizes. The half round trip is fitted
+  by least squares to ``t = α + n/β`` (weighted by ``1/t``, so small and large sizes count
+  alike).
+- **allreduce**: ``all_reduce`` of small and medium tensors on all ranks.
+- **attention**: ``treeattn.kernels.partial_attention`` over local shards of several lengths,
+  with ``min(world, cores)`` ranks running at once so the memory-bandwidth contention of
+  concurrent ranks is captured. Oversubscription (more ranks than cores) is *not* folded in
+  here: the profile records ``cores`` and the simulator shares the cores among the ranks.
+  Fitted to ``t = launch + bytes/bandwidth``.
+
+The profile::
+
+    {"version": 1, "backend": "gloo", "world": N, "cores": C,
+     "p2p": {"latency_s": α, "bandwidth_Bps": β, "sizes": [...], "times_s": [...]},
+     "allreduce": {"latency_s": ..., "sizes": [...], "times_s": [...]},
+     "attention": {"bandwidth_Bps": ..., "launch_s": ..., "threads_per_rank": 1, ...},
+     "machine": {...}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from treeattn.kernels import partial_attention
+from treeattn.runtime.errors import RuntimeFailure
+from treeattn.runtime.group import RankContext, barrier, wait_work
+from treeattn.runtime.wire import AttnDims
+
+PROFILE_VERSION = 1
+P2P_SIZES = (4, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
+ALLREDUCE_SIZES = (4, 256, 4096, 65536)
+ATTENTION_TOKENS = (4096, 16384, 65536)
+TARGET_S = 0.15  # time budget per measured point
+
+
+def fit_latency_bandwidth(sizes: list[float], times: list[float]) -> tuple[float, float]:
+    """Least-squares fit of ``t = a + n/b`` weighted by ``1/t``; returns ``(a, b)``.
+
+    >>> a, b = fit_latency_bandwidth([0, 1e6, 2e6], [1e-5, 1e-5 + 1e-3, 1e-5 + 2e-3])
+    >>> round(a, 9), round(b / 1e9, 3)
+    (1e-05, 1.0)
+    """
+    n = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    w = 1.0 / np.maximum(t, 1e-12)
+    design = np.stack([np.ones_like(n), n], axis=1) * w[:, None]
+    (a, slope), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    a = max(float(a), 0.0)
+    slope = float(slope)
+    if slope <= 0:
+        raise RuntimeFailure("calibration: times do not grow with size; cannot fit a bandwidth")
+    return a, 1.0 / slope
+
+
+def _reps(first_s: float, lo: int = 3, hi: int = 200) -> int:
+    return int(min(hi, max(lo, TARGET_S / max(first_s, 1e-7))))
+
+
+def _ping_pong_once(ctx: RankContext, buf: torch.Tensor, peer: int, first: bool) -> None:
+    if first:
+        wait_work(dist.isend(buf, peer, tag=1), ctx, peer, "ping")
+        wait_work(dist.irecv(buf, peer, tag=2), ctx, peer, "pong")
+    else:
+        wait_work(dist.irecv(buf, peer, tag=1), ctx, peer, "ping")
+        wait_work(dist.isend(buf, peer, tag=2), ctx, peer, "pong")
+
+
+def measure_p2p(ctx: RankContext, sizes=P2P_SIZES) -> list[float]:
+    """Half round-trip seconds per size, between ranks 0 and 1 (others wait)."""
+    times = []
+    for size in sizes:
+        buf = torch.zeros(max(1, size // 4), device=ctx.device)
+        median = 0.0
+        if ctx.rank in (0, 1):
+            peer, first = 1 - ctx.rank, ctx.rank == 0
+            for _ in range(2):
+                _ping_pong_once(ctx, buf, peer, first)
+            t0 = time.perf_counter()
+            _ping_pong_once(ctx, buf, peer, first)
+            reps = _broadcast_pair_int(ctx, _reps(time.perf_counter() - t0))
+            samples = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                _ping_pong_once(ctx, buf, peer, first)
+                samples.append((time.perf_counter() - t0) / 2)
+            median = statistics.median(samples)
+        times.append(median)
+        barrier(ctx)
+    return times
+
+
+def _broadcast_pair_int(ctx: RankContext, value: int) -> int:
+    """Rank 0's value, sent to rank 1 (so both do the same number of repetitions)."""
+    box = torch.tensor([value], dtype=torch.int64)
+    if ctx.rank == 0:
+        wait_work(dist.isend(box, 1, tag=3), ctx, 1, "repetition count")
+    else:
+        wait_work(dist.irecv(box, 0, tag=3), ctx, 0, "repetition count")
+    return int(box.item())
+
+
+def measure_allreduce(ctx: RankContext, sizes=ALLREDUCE_SIZES) -> list[float]:
+    """Median seconds of ``all_reduce`` per size, the max over ranks."""
+    times = []
+    for size in sizes:
+        buf = torch.zeros(max(1, size // 4), device=ctx.device)
+        samples = []
+        for i in range(25):
+            barrier(ctx)
+            t0 = time.perf_counter()
+            wait_work(dist.all_reduce(buf, async_op=True), ctx, None, "all_reduce")
+            if i >= 3:
+                samples.append(time.perf_counter() - t0)
+        worst = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        times.append(float(worst.item()))
+    return times
+
+
+def _time_attention(dims: AttnDims, tokens: int, device: torch.device) -> tuple[int, float]:
+    b, hq, hkv, d = dims.batch, dims.n_heads, dims.n_kv_heads, dims.head_dim
+    q = torch.randn(b, hq, d, device=device).to(dims.kv_dtype)  # (B, Hq, D)
+    k = torch.randn(b, hkv, tokens, d, device=device).to(dims.kv_dtype)  # (B, Hkv, T, D)
+    v = torch.randn_like(k)  # (B, Hkv, T, D)
+    partial_attention(q, k, v)
+    t0 = time.perf_counter()
+    partial_attention(q, k, v)
+    samples = []
+    for _ in range(_reps(time.perf_counter() - t0, lo=3, hi=30)):
+        t0 = time.perf_counter()
+        partial_attention(q, k, v)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        samples.append(time.perf_counter() - t0)
+    return 2 * k.numel() * k.element_size(), statistics.median(samples)
+
+
+def measure_attention(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS) -> dict:
+    """Attention time per shard length, with ``min(world, cores)`` ranks busy at once."""
+    cores = os.cpu_count() or 1
+    concurrent = min(ctx.world, cores) if ctx.device.type == "cpu" else ctx.world
+    sizes, times = [], []
+    for n in tokens:
+        barrier(ctx)
+        nbytes, t = (0, 0.0)
+        if ctx.rank < concurrent:
+            nbytes, t = _time_attention(dims, n, ctx.device)
+        worst = torch.tensor([t], dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        sizes.append(2 * dims.batch * dims.n_kv_heads * n * dims.head_dim * _bytes(dims))
+        times.append(float(worst.item()))
+    launch, bandwidth = fit_latency_bandwidth(sizes, times)
+    return {
+        "bandwidth_Bps": bandwidth,
+        "launch_s": launch,
+        "threads_per_rank": torch.get_num_threads(),
+        "concurrent_ranks": concurrent,
+        "shape": [dims.batch, dims.n_heads, dims.n_kv_heads, dims.head_dim, str(dims.kv_dtype)],
+        "sizes": sizes,
+        "times_s": times,
+    }
+
+
+def _bytes(dims: AttnDims) -> int:
+    return torch.empty(0, dtype=dims.kv_dtype).element_size()
+
+
+def machine_info() -> dict:
+    """Where the profile was measured: host, CPU, versions."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "host": socket.gethostname(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def calibrate_in_group(ctx: RankContext, dims: AttnDims) -> dict | None:
+    """Run all microbenchmarks on every rank; rank 0 returns the profile, others None."""
+    if ctx.world < 2:
+        raise RuntimeFailure("calibration needs at least 2 ranks (ping-pong)")
+    p2p_times = measure_p2p(ctx)
+    ar_times = measure_allreduce(ctx)
+    attention = measure_attention(ctx, dims)
+    if ctx.rank != 0:
+        return None
+    latency, bandwidth = fit_latency_bandwidth(list(P2P_SIZES), p2p_times)
+    return {
+        "version": PROFILE_VERSION,
+        "backend": ctx.backend,
+        "world": ctx.world,
+        "cores": os.cpu_count() or 1,
+        "p2p": {
+            "latency_s": latency,
+            "bandwidth_Bps": bandwidth,
+            "sizes": list(P2P_SIZES),
+            "times_s": p2p_times,
+        },
+        "allreduce": {
+            "latency_s": ar_times[0],
+            "sizes": list(ALLREDUCE_SIZES),
+            "times_s": ar_times,
+        },
+        "attention": attention,
+        "machine": machine_info(),
+    }
+
+
+def read_profile(path: str | os.PathLike) -> dict:
+    """Load a profile written by :func:`write_profile`; one-line error if unreadable."""
+    try:
+        profile = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise RuntimeFailure(f"cannot read profile {path}: {exc}") from exc
+    if not isinstance(profile, dict) or profile.get("version") != PROFILE_VERSION:
+        raise RuntimeFailure(f"profile {path} is not a version {PROFILE_VERSION} profile")
+    for key in ("p2p", "attention", "cores"):
+        if key not in profile:
+            raise RuntimeFailure(f"profile {path} lacks {key!r}")
+    return profile
+
+
+def write_profile(profile: dict, path: str | os.PathLike) -> None:
+    Path(path).write_text(json.dumps(profile, indent=2) + "\n")

@@ -1,0 +1,227 @@
+"""``treeattn run`` on every rank: (calibrate,) predict, then measure, and compare.
+
+Order matters and is fixed: the profile comes from microbenchmarks only (calibration in this
+group, or a file), rank 0 builds each schedule and predicts it with the simulator, and only
+then do the ranks measure it. The prediction is never fitted to the measurement it is
+checked against.
+
+Data: the query and every rank's shard are drawn from seeded generators (one per rank), so
+rank 0 can rebuild the global KV cache afterwards and compute the single-process reference
+for ``max_abs_diff`` without any rank holding more than its shard during the measurement.
+
+Error of one point: ``|predicted / measured − 1|``. Over a grid:
+``geo_mean_error = exp(mean |ln(predicted / measured)|) − 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from treeattn.kernels import partial_attention
+from treeattn.kernels.reference import naive_attention
+from treeattn.runtime.cache import shard_lengths
+from treeattn.runtime.calibrate import calibrate_in_group
+from treeattn.runtime.errors import RuntimeFailure
+from treeattn.runtime.group import RankContext, all_gather_objects, broadcast_object
+from treeattn.runtime.plans import (
+    ALGORITHMS,
+    DTYPES,
+    build,
+    local_schedule,
+    local_topology,
+    step_runner,
+    workload_for,
+)
+from treeattn.runtime.timing import time_steps
+from treeattn.runtime.wire import AttnDims
+
+NAIVE_LIMIT_BYTES = 256 << 20  # float64 oracle only while its (B, Hq, T, D) copy is this small
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Everything a ``treeattn run`` does, as one picklable job (``job(ctx)``)."""
+
+    seq_lens: tuple[int, ...]
+    algorithms: tuple[str, ...] = ("auto",)
+    batch: int = 1
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    head_dim: int = 128
+    dtype: str = "float32"
+    warmup: int = 2
+    steps: int = 10
+    check: bool = False
+    profile: dict | None = None
+    native: bool = False
+    reference: bool = True
+    ref_limit_bytes: int = 2 << 30  # skip the reference above this much global KV
+    seed: int = 0
+    params: dict = field(default_factory=dict)  # generator parameters (tree shape, ...)
+
+    @property
+    def dims(self) -> AttnDims:
+        return AttnDims(self.batch, self.n_heads, self.n_kv_heads, self.head_dim,
+                        DTYPES[self.dtype])
+
+    def __call__(self, ctx: RankContext) -> list[dict] | None:
+        return run_points(ctx, self)
+
+
+def validate(req: RunRequest, world: int) -> None:
+    """Raise :class:`RuntimeFailure` for a request that cannot run on ``world`` ranks."""
+    for name in req.algorithms:
+        if name not in ALGORITHMS:
+            raise RuntimeFailure(f"unknown algorithm {name!r} (known: {', '.join(ALGORITHMS)})")
+    for seq_len in req.seq_lens:
+        if seq_len < world:
+            raise RuntimeFailure(f"seq_len {seq_len} is smaller than the world size {world}")
+    if req.dtype not in DTYPES:
+        raise RuntimeFailure(f"unknown dtype {req.dtype!r} (known: {', '.join(DTYPES)})")
+    if min(req.batch, req.n_heads, req.n_kv_heads, req.head_dim) < 1:
+        raise RuntimeFailure("batch, heads and head dim must be positive")
+    if req.n_heads % req.n_kv_heads:
+        raise RuntimeFailure(f"--heads {req.n_heads} is not a multiple of --kv-heads")
+    if req.check and world < 2:
+        raise RuntimeFailure("--check needs at least 2 ranks (there is nothing to predict)")
+    if req.steps < 1 or req.warmup < 0:
+        raise RuntimeFailure("--steps must be at least 1 and --warmup at least 0")
+
+
+def make_query(seed: int, dims: AttnDims, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(dims.batch, dims.n_heads, dims.head_dim, generator=g)  # (B, Hq, D)
+    return q.to(device=device, dtype=dims.kv_dtype)
+
+
+def make_shard(seed: int, rank: int, tokens: int, dims: AttnDims, device) -> torch.Tensor:
+    """Rank ``rank``'s KV shard, (2, B, Hkv, tokens, D), reproducible from the seed alone."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
+    shape = (2, dims.batch, dims.n_kv_heads, tokens, dims.head_dim)
+    return torch.randn(shape, generator=g).to(device=device, dtype=dims.kv_dtype)
+
+
+def geo_mean_error(points: list[dict]) -> float | None:
+    """``exp(mean |ln(predicted/measured)|) − 1`` over points that have a prediction."""
+    logs = [abs(math.log(p["predicted_s"] / p["measured_s"]))
+            for p in points if p.get("predicted_s") and p.get("measured_s")]
+    return math.exp(sum(logs) / len(logs)) - 1 if logs else None
+
+
+def predictor(profile: dict | None, world: int):
+    """``(topology, hardware, backend)`` for the simulator: from the profile if given."""
+    if profile is None:
+        return local_topology(world), None, None
+    from treeattn.sim.profile import (
+        backend_from_profile,
+        hardware_from_profile,
+        topology_from_profile,
+    )
+
+    return (topology_from_profile(profile, world), hardware_from_profile(profile),
+            backend_from_profile(profile))
+
+
+def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, world: int):
+    """Rank 0: the schedule and (with --check) its prediction, before any measurement."""
+    dims = req.dims
+    if world == 1:
+        return local_schedule(dims, lengths[0]), None, []
+    from treeattn.sim import simulate
+
+    topology, hardware, backend = predictor(profile, world)
+    workload = workload_for(dims, lengths)
+    params = req.params if algorithm in ("tree", "allreduce3") else {}
+    schedule = build(algorithm, topology, workload, **params)
+    if not req.check:
+        return schedule, None, []
+    sim = simulate(schedule, topology, workload, hardware, backend)
+    return schedule, sim.makespan_s, sim.timeline
+
+
+def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
+    """Every rank: measure each (seq_len, algorithm); rank 0 returns one dict per point."""
+    dims = req.dims
+    profile = req.profile
+    if req.check and profile is None:
+        profile = broadcast_object(ctx, calibrate_in_group(ctx, dims))
+    q = make_query(req.seed, dims, ctx.device)  # (B, Hq, D)
+    points, outputs = [], []
+    for seq_len in req.seq_lens:
+        lengths = shard_lengths(seq_len, ctx.world)
+        kv = make_shard(req.seed, ctx.rank, lengths[ctx.rank], dims, ctx.device)
+        for algorithm in req.algorithms:
+            plan = None
+            if ctx.rank == 0:
+                plan = _plan_point(req, algorithm, lengths, profile, ctx.world)
+            schedule, predicted, sim_timeline = broadcast_object(ctx, plan)
+            native = req.native and schedule.algorithm == "allreduce3"
+            run = step_runner(ctx, schedule, lengths, dims, q, kv, [kv], native)
+            last: list = []
+
+            def step(run=run, last=last):
+                out, stats = run()
+                last[:] = [out]
+                return stats
+
+            m = time_steps(ctx, step, req.warmup, req.steps)
+            outputs.append(all_gather_objects(ctx, last[0][0].cpu()))
+            points.append(_point(req, algorithm, schedule, seq_len, ctx, m, predicted,
+                                 sim_timeline, native))
+        del kv
+    if ctx.rank != 0:
+        return None
+    _add_reference(req, points, outputs, ctx.world)
+    if profile is not None:
+        for p in points:
+            p["profile"] = {"p2p_latency_s": profile["p2p"]["latency_s"],
+                            "attention_bandwidth_Bps": profile["attention"]["bandwidth_Bps"]}
+    return points
+
+
+def _point(req, requested, schedule, seq_len, ctx, m, predicted, sim_timeline, native) -> dict:
+    measured = m.median_s
+    error = abs(predicted / measured - 1) if predicted else None
+    return {
+        "algorithm": schedule.algorithm + ("+native" if native else ""),
+        "requested": requested,
+        "params": {k: v for k, v in schedule.params.items() if k != "tree"},
+        "world": ctx.world,
+        "seq_len": seq_len,
+        "measured_s": measured,
+        "p90_s": m.p90_s,
+        "predicted_s": predicted,
+        "error": error,
+        "max_abs_diff": None,
+        "bytes_sent": m.bytes_sent,
+        "peak_memory_bytes": m.peak_memory_bytes,
+        "timeline": [list(e) for e in m.timeline],
+        "predicted_timeline": [list(e) for e in sim_timeline],
+        "backend": ctx.backend,
+    }
+
+
+def _add_reference(req: RunRequest, points: list[dict], outputs: list, world: int) -> None:
+    """Rank 0, after all measurement: single-process attention on the rebuilt global KV."""
+    if not req.reference:
+        return
+    dims, q = req.dims, make_query(req.seed, req.dims, "cpu")
+    per_len = len(req.algorithms)
+    for i, seq_len in enumerate(req.seq_lens):
+        kv_bytes = 2 * dims.batch * dims.n_kv_heads * seq_len * dims.head_dim * 4
+        if kv_bytes > req.ref_limit_bytes:
+            continue
+        lengths = shard_lengths(seq_len, world)
+        kv = torch.cat([make_shard(req.seed, r, n, dims, "cpu") for r, n in enumerate(lengths)],
+                       dim=3)  # (2, B, Hkv, T, D)
+        naive_bytes = 8 * dims.batch * dims.n_heads * seq_len * dims.head_dim
+        oracle = naive_attention if naive_bytes <= NAIVE_LIMIT_BYTES else partial_attention
+        ref_o = oracle(q, kv[0], kv[1])[0]  # (B, Hq, D)
+        del kv
+        for j in range(per_len):
+            rank_outs = outputs[i * per_len + j]
+            diff = max(float((o.float() - ref_o).abs().max()) for o in rank_outs)
+            points[i * per_len + j]["max_abs_diff"] = diff

@@ -1,0 +1,327 @@
+"""Execute one rank's part of a :class:`~treeattn.sim.schedule.Schedule` with torch.distributed.
+
+The semantics are those of ``treeattn/sim/schedule.py``, step for step:
+
+- ``Compute``: local work through :mod:`treeattn.kernels` (``attention``, ``attention_block``)
+  or small fp32 arithmetic (``init_max``, ``rescale``, ``finalize``);
+- ``Send``: ``isend`` of the payload buffer (or a chunk of it) with the step's tag. Buffers are
+  never changed in place, so the tensor in flight *is* the snapshot;
+- ``Recv``: wait (with a timeout that names the peer) for a receive posted ahead; at most one
+  receive is in flight ahead of the step that needs it. A Send immediately followed by a Recv
+  (the ring's KV exchange) is posted as one ``batch_isend_irecv``, so the transfer overlaps the
+  next compute;
+- ``Merge``: the log-sum-exp merge (``treeattn.kernels.merge``), a max or a sum.
+
+Each run records a per-step timeline (same step indices and names as the simulator's), the
+bytes this rank sent, and the peak tensor bytes it held (CPU: storages the runtime holds,
+including its KV shard; CUDA: ``torch.cuda.max_memory_allocated``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from treeattn.kernels import merge, partial_attention
+from treeattn.runtime.errors import RuntimeFailure
+from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.wire import (
+    AttnDims,
+    chunk_bounds,
+    identity_partial,
+    kv_message_lengths,
+    message_numel,
+    pack_partial,
+    put_slice,
+    take_slice,
+    unpack_heads,
+    unpack_partial,
+)
+from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send, Step, step_name
+
+
+@dataclass
+class RunStats:
+    """What one execution of the schedule cost this rank."""
+
+    timeline: list[tuple[int, int, str, float, float]] = field(default_factory=list)
+    bytes_sent: int = 0
+    peak_bytes: int = 0
+
+
+class _Memory:
+    """Peak bytes of the distinct tensor storages held at step boundaries (CPU accounting)."""
+
+    def __init__(self, resident: list[torch.Tensor]) -> None:
+        self.resident, self.peak = resident, 0
+
+    def sample(self, tensors: list[torch.Tensor]) -> None:
+        seen: dict[int, int] = {}
+        for t in self.resident + tensors:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        self.peak = max(self.peak, sum(seen.values()))
+
+
+class Executor:
+    """Runs ``schedule.steps[ctx.rank]`` against this rank's KV shard.
+
+    Parameters
+    ----------
+    ctx
+        This rank's place in the group.
+    schedule
+        The plan's schedule; every rank holds the same one.
+    lengths
+        Every rank's shard length (tokens), used to size the KV messages.
+    dims
+        Batch, heads, head dim and KV dtype.
+    scale
+        Score scale, default ``1 / sqrt(D)``.
+    """
+
+    def __init__(
+        self,
+        ctx: RankContext,
+        schedule: Schedule,
+        lengths: list[int],
+        dims: AttnDims,
+        scale: float | None = None,
+    ) -> None:
+        if schedule.world != ctx.world:
+            raise RuntimeFailure(f"schedule is for {schedule.world} ranks, group has {ctx.world}")
+        self.ctx, self.schedule, self.dims = ctx, schedule, dims
+        self.steps = schedule.steps[ctx.rank]
+        self.scale = scale if scale is not None else 1.0 / math.sqrt(dims.head_dim)
+        self.kv_lengths = kv_message_lengths(schedule, lengths)
+        self.recv_order = [i for i, s in enumerate(self.steps) if isinstance(s, Recv)]
+
+    # -- public ----------------------------------------------------------------------------
+    def run(
+        self, q: torch.Tensor, kv: torch.Tensor, resident: list[torch.Tensor] | None = None
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], RunStats]:
+        """Execute the schedule once; ``q`` (B, Hq, D), ``kv`` (2, B, Hkv, T, D) this shard.
+
+        ``resident`` lists tensors to count in the memory peak (the KV cache storage).
+        Returns the final partial ``(o (B, Hq, D), lse (B, Hq))`` and the run's stats.
+        """
+        state = _RunState(self, q, kv, resident or [kv])
+        if self.ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.ctx.device)
+        t0 = time.perf_counter()
+        state.post_next_recv()
+        for index, step in enumerate(self.steps):
+            start = time.perf_counter() - t0
+            state.execute(index, step)
+            state.sync_device()
+            state.stats.timeline.append(
+                (self.ctx.rank, index, step_name(step), start, time.perf_counter() - t0)
+            )
+            state.sample_memory()
+        state.finish_sends()
+        if self.ctx.device.type == "cuda":
+            state.stats.peak_bytes = int(torch.cuda.max_memory_allocated(self.ctx.device))
+        return unpack_partial(state.bufs["partial"], self.dims), state.stats
+
+
+class _RunState:
+    """The buffers and in-flight messages of one execution."""
+
+    def __init__(self, ex: Executor, q: torch.Tensor, kv: torch.Tensor, resident: list) -> None:
+        self.ex, self.q, self.own_kv = ex, q, kv
+        dev = ex.ctx.device
+        self.bufs: dict[str, torch.Tensor | None] = {
+            "partial": identity_partial(ex.dims, dev),
+            "kv": kv,  # (2, B, Hkv, T, D), the own shard until a KV Recv replaces it
+            "max": None,
+            "num": None,
+            "den": None,
+        }
+        self.block: torch.Tensor | None = None  # packed block partial of attention_block
+        self.pending: dict[int, list[tuple[Recv, torch.Tensor]]] = {}  # tag -> received
+        self.posted: dict[int, tuple[object, torch.Tensor]] = {}  # step index -> (work, buf)
+        self.next_recv = 0  # position in ex.recv_order of the next receive to post
+        self.sends: list[tuple[object, torch.Tensor, int]] = []  # (work, tensor, dst)
+        self.stats = RunStats()
+        self.memory = _Memory(resident)
+
+    # -- receives and sends ----------------------------------------------------------------
+    def _recv_buffer(self, index: int, step: Recv) -> torch.Tensor:
+        dims = self.ex.dims
+        kv_len = self.ex.kv_lengths.get((self.ex.ctx.rank, index), 0)
+        numel = message_numel(dims, step.payload, step.chunk, kv_len)
+        return torch.empty(numel, dtype=dims.dtype(step.payload), device=self.ex.ctx.device)
+
+    def post_next_recv(self, with_send: dist.P2POp | None = None) -> dist.P2POp | None:
+        """Post the next receive in order (optionally batched with a send). Returns the op."""
+        order = self.ex.recv_order
+        if self.next_recv >= len(order):
+            return None
+        index = order[self.next_recv]
+        step = self.ex.steps[index]
+        buf = self._recv_buffer(index, step)
+        op = dist.P2POp(dist.irecv, buf, step.src, tag=step.tag)
+        ops = [with_send, op] if with_send is not None else [op]
+        works = dist.batch_isend_irecv(ops)
+        self.posted[index] = (works[-1], buf)
+        if with_send is not None:
+            self.sends.append((works[0], with_send.tensor, with_send.peer))
+        self.next_recv += 1
+        return op
+
+    def _payload_flat(self, payload: str) -> torch.Tensor:
+        buf = self.bufs[payload]
+        if buf is None:
+            raise RuntimeFailure(f"rank {self.ex.ctx.rank}: sends {payload!r} before it is set")
+        return buf.reshape(-1)  # a view when contiguous; a copy (the snapshot) otherwise
+
+    def send(self, index: int, step: Send) -> None:
+        flat = self._payload_flat(step.payload)
+        tensor = take_slice(flat, self.ex.dims, step.payload, step.chunk)
+        self.stats.bytes_sent += tensor.numel() * tensor.element_size()
+        op = dist.P2POp(dist.isend, tensor, step.dst, tag=step.tag)
+        steps, order = self.ex.steps, self.ex.recv_order
+        pair = (
+            index + 1 < len(steps)
+            and isinstance(steps[index + 1], Recv)
+            and self.next_recv < len(order)
+            and order[self.next_recv] == index + 1
+        )
+        if pair:  # the ring's exchange: post send and receive as one batch
+            self.post_next_recv(with_send=op)
+            return
+        work = dist.batch_isend_irecv([op])[0]
+        self.sends.append((work, tensor, step.dst))
+
+    def recv(self, index: int, step: Recv) -> None:
+        if index not in self.posted:  # not posted ahead (e.g. right after the start)
+            while index not in self.posted:
+                if self.post_next_recv() is None:
+                    raise RuntimeFailure(f"rank {self.ex.ctx.rank}: receive {index} was skipped")
+        work, msg = self.posted.pop(index)
+        wait_work(work, self.ex.ctx, step.src, f"receive of {step.payload!r} tag {step.tag}")
+        self.post_next_recv()
+        if step.reduce:
+            self.pending.setdefault(step.tag, []).append((step, msg))
+        else:
+            self._replace(index, step, msg)
+
+    def _replace(self, index: int, step: Recv, msg: torch.Tensor) -> None:
+        if step.payload == "kv" and step.chunk is None:
+            d = self.ex.dims
+            t = self.ex.kv_lengths[(self.ex.ctx.rank, index)]
+            self.bufs["kv"] = msg.view(2, d.batch, d.n_kv_heads, t, d.head_dim)
+            return
+        if step.chunk is None:
+            self.bufs[step.payload] = msg
+            return
+        flat = self._payload_flat(step.payload)
+        self.bufs[step.payload] = put_slice(flat, self.ex.dims, step.payload, step.chunk, msg)
+
+    def finish_sends(self) -> None:
+        for work, _, dst in self.sends:
+            wait_work(work, self.ex.ctx, dst, "send")
+        self.sends.clear()
+
+    # -- steps -----------------------------------------------------------------------------
+    def execute(self, index: int, step: Step) -> None:
+        if isinstance(step, Compute):
+            self.compute(step)
+        elif isinstance(step, Send):
+            self.send(index, step)
+        elif isinstance(step, Recv):
+            self.recv(index, step)
+        elif isinstance(step, Merge):
+            self.merge_step(step)
+        else:
+            raise RuntimeFailure(f"unknown step {step!r}")
+
+    def _attend(self, kv: torch.Tensor) -> torch.Tensor:
+        if kv.shape[3] == 0:
+            return identity_partial(self.ex.dims, self.ex.ctx.device)
+        o, lse = partial_attention(self.q, kv[0], kv[1], scale=self.ex.scale)  # (B,Hq,D),(B,Hq)
+        return pack_partial(o, lse)
+
+    def compute(self, step: Compute) -> None:
+        bufs = self.bufs
+        if step.label == "attention":
+            bufs["partial"] = self._attend(self.own_kv)
+        elif step.label == "attention_block":
+            self.block = self._attend(bufs["kv"])
+        elif step.label == "init_max":
+            bufs["max"] = unpack_partial(bufs["partial"], self.ex.dims)[1].reshape(-1).clone()
+        elif step.label == "rescale":
+            o, lse = unpack_partial(bufs["partial"], self.ex.dims)
+            m = bufs["max"].view_as(lse)  # (B, Hq)
+            den = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - m))
+            bufs["den"] = den.reshape(-1)
+            bufs["num"] = (o * den[..., None]).reshape(-1)  # (B*Hq*D,)
+        elif step.label == "finalize":
+            self._finalize()
+        else:
+            raise RuntimeFailure(f"unknown compute label {step.label!r}")
+
+    def _finalize(self) -> None:
+        d = self.ex.dims
+        den = self.bufs["den"].view(d.batch, d.n_heads)  # (B, Hq)
+        num = self.bufs["num"].view(d.batch, d.n_heads, d.head_dim)  # (B, Hq, D)
+        m = self.bufs["max"].view(d.batch, d.n_heads)  # (B, Hq)
+        empty = den <= 0
+        o = torch.where(empty[..., None], 0.0, num / torch.where(empty, 1.0, den)[..., None])
+        lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, 1.0, den)))
+        self.bufs["partial"] = pack_partial(o, lse)
+
+    def merge_step(self, step: Merge) -> None:
+        if step.tag is None:
+            if self.block is None:
+                raise RuntimeFailure(f"rank {self.ex.ctx.rank}: merge without a block partial")
+            self._merge_partial(self.block)
+            self.block = None
+            return
+        queue = self.pending.get(step.tag)
+        if not queue:
+            raise RuntimeFailure(f"rank {self.ex.ctx.rank}: merge of tag {step.tag} before recv")
+        recv, msg = queue.pop(0)
+        if step.op == "partial":
+            self._merge_partial(msg, recv.chunk)
+            return
+        flat = self._payload_flat(recv.payload).clone()
+        lo, hi = chunk_bounds(flat.numel(), recv.chunk)
+        if step.op == "max":
+            flat[lo:hi] = torch.maximum(flat[lo:hi], msg)
+        elif step.op == "sum":
+            flat[lo:hi] += msg
+        else:
+            raise RuntimeFailure(f"unknown merge op {step.op!r}")
+        self.bufs[recv.payload] = flat
+
+    def _merge_partial(self, other: torch.Tensor, chunk: tuple[int, int] | None = None) -> None:
+        dims, mine = self.ex.dims, self.bufs["partial"]
+        if chunk is None:
+            a, b = unpack_partial(mine, dims), unpack_partial(other, dims)
+            self.bufs["partial"] = pack_partial(*merge(a, b))
+            return
+        h0, h1 = chunk_bounds(dims.n_heads, chunk)  # this message holds heads h0..h1
+        o, lse = unpack_partial(mine, dims)
+        theirs = unpack_heads(other, dims, h1 - h0)  # (B, h, D), (B, h)
+        merged = pack_partial(*merge((o[:, h0:h1], lse[:, h0:h1]), theirs))
+        self.bufs["partial"] = put_slice(mine, dims, "partial", chunk, merged)
+
+    # -- bookkeeping -----------------------------------------------------------------------
+    def sync_device(self) -> None:
+        if self.ex.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ex.ctx.device)
+
+    def sample_memory(self) -> None:
+        live = [t for t in self.bufs.values() if t is not None]
+        live += [m for queue in self.pending.values() for _, m in queue]
+        live += [buf for _, buf in self.posted.values()]
+        live += [t for work, t, _ in self.sends if not work.is_completed()]
+        if self.block is not None:
+            live.append(self.block)
+        self.memory.sample(live)
+        self.stats.peak_bytes = self.memory.peak

@@ -1,0 +1,197 @@
+"""Single-process greedy generation over a local KV cache.
+
+:class:`LocalCache` is the attention backend of one process: it stores every layer's K/V and
+answers a multi-token chunk (prefill) with causal ``scaled_dot_product_attention``, and a
+one-token decode step with ``treeattn.kernels.partial_attention`` over the whole cache, the
+very kernel each rank runs on its shard in the distributed path
+(:mod:`treeattn.runtime.generate_dist`). :func:`greedy_decode` is the loop both paths share.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from treeattn.kernels import partial_attention
+from treeattn.runtime.model import Transformer
+from treeattn.runtime.model_errors import ModelError
+
+PREFILL_CHUNK = 1024  # tokens per prefill forward: bounds the (chunk x context) score matrix
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int):
+    """Attention of ``q`` (B, Hq, T, D) at positions ``start..`` over keys ``0..S-1``.
+
+    ``k``, ``v`` are (B, Hkv, S, D) with ``S = start + T``; query ``i`` sees keys ``≤ start+i``.
+    """
+    t, s = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)  # (B, Hq, S, D)
+    v = v.repeat_interleave(group, dim=1)  # (B, Hq, S, D)
+    q_pos = torch.arange(start, start + t, device=q.device)[:, None]  # (T, 1)
+    mask = torch.arange(s, device=q.device)[None, :] <= q_pos  # (T, S)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, Hq, T, D)
+
+
+@dataclass
+class LocalCache:
+    """A whole KV cache in one process; implements :class:`AttentionBackend`.
+
+    ``k[l]``/``v[l]`` are (B, Hkv, capacity, D), grown by doubling; ``attention_s`` sums the
+    time spent in decode-step attention.
+    """
+
+    n_layers: int
+    k: list = field(default_factory=list)
+    v: list = field(default_factory=list)
+    length: int = 0
+    attention_s: float = 0.0
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        end = start + k.shape[2]
+        if layer >= len(self.k):
+            self.k.append(k.new_zeros(*k.shape[:2], max(end, 16), k.shape[3]))
+            self.v.append(v.new_zeros(*v.shape[:2], max(end, 16), v.shape[3]))
+        if end > self.k[layer].shape[2]:
+            grow = max(end, 2 * self.k[layer].shape[2])
+            for store in (self.k, self.v):
+                bigger = store[layer].new_zeros(*k.shape[:2], grow, k.shape[3])
+                bigger[:, :, :start] = store[layer][:, :, :start]
+                store[layer] = bigger
+        self.k[layer][:, :, start:end] = k  # (B, Hkv, T, D)
+        self.v[layer][:, :, start:end] = v
+        if layer == self.n_layers - 1:
+            self.length = end
+
+    def attend(self, layer, q, k, v, start):
+        self.store(layer, k, v, start)
+        end = start + k.shape[2]
+        keys, values = self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, Hkv, S, D)
+        if q.shape[2] > 1:
+            return causal_attention(q, keys, values, start)
+        t0 = time.perf_counter()
+        o, _ = partial_attention(q[:, :, 0], keys, values)  # (B, Hq, D) fp32
+        self.attention_s += time.perf_counter() - t0
+        return o.to(q.dtype)[:, :, None]  # (B, Hq, 1, D)
+
+
+@torch.no_grad()
+def prefill(model: Transformer, tokens: list[int], backend, start: int = 0,
+            chunk: int = PREFILL_CHUNK) -> torch.Tensor:
+    """Run ``tokens`` through the model in chunks; return the last token's logits (1, V)."""
+    if not tokens:
+        raise ModelError("the prompt is empty")
+    ids = torch.tensor([tokens], dtype=torch.long)  # (1, T)
+    logits = None
+    for lo in range(0, len(tokens), chunk):
+        logits = model(ids[:, lo : lo + chunk], start + lo, backend)  # (1, V)
+    return logits
+
+
+@dataclass
+class Generation:
+    """What a generation produced: new token ids, the logits each was picked from, timings.
+
+    ``decode_s`` and ``attention_s`` cover the ``steps`` decode forwards (one fewer than the
+    tokens: the first token comes from the prefill's logits).
+    """
+
+    tokens: list[int]
+    logits: list[torch.Tensor]
+    prefill_s: float
+    decode_s: float
+    attention_s: float
+
+    @property
+    def steps(self) -> int:
+        return max(0, len(self.tokens) - 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.steps / self.decode_s if self.steps and self.decode_s > 0 else float("nan")
+
+    @property
+    def attention_per_token_s(self) -> float:
+        return self.attention_s / self.steps if self.steps else float("nan")
+
+
+@torch.no_grad()
+def feed(model: Transformer, backend, tokens: list[int], start: int) -> torch.Tensor:
+    """Run ``tokens`` one decode step at a time from position ``start``; last logits (1, V)."""
+    logits = None
+    for i, token in enumerate(tokens):
+        logits = model(torch.tensor([[token]], dtype=torch.long), start + i, backend)  # (1, V)
+    return logits
+
+
+@torch.no_grad()
+def greedy_decode(model, backend, first_logits, start, max_new_tokens, eos_id=None,
+                  on_token: Callable[[int], None] | None = None, choose=None):
+    """Greedy loop from ``first_logits`` (1, V); the next token sits at position ``start``.
+
+    ``choose(logits) -> int`` picks the token (default: argmax; the distributed path makes
+    every rank agree on rank 0's choice). Returns ``(tokens, logits)``.
+    """
+    choose = choose or (lambda lg: int(torch.argmax(lg[0])))
+    tokens, logits_seen = [], []
+    logits = first_logits
+    for step in range(max_new_tokens):
+        token = choose(logits)
+        tokens.append(token)
+        logits_seen.append(logits[0].clone())
+        if on_token is not None:
+            on_token(token)
+        if token == eos_id or step == max_new_tokens - 1:
+            break
+        ids = torch.tensor([[token]], dtype=torch.long)  # (1, 1)
+        logits = model(ids, start + step, backend)  # (1, V)
+    return tokens, logits_seen
+
+
+def check_request(model: Transformer, prompt_ids: list[int], max_new_tokens: int,
+                  context_tokens: int = 0) -> None:
+    """Raise ModelError for an empty prompt, a non-positive budget or too long a context."""
+    if not prompt_ids:
+        raise ModelError("the prompt is empty")
+    if max_new_tokens <= 0:
+        raise ModelError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+    if context_tokens < 0:
+        raise ModelError(f"--context-tokens must be positive, got {context_tokens}")
+    total = context_tokens + len(prompt_ids) + max_new_tokens
+    if not context_tokens and total > model.config.max_seq_len:
+        raise ModelError(f"prompt + new tokens = {total} exceed the model's context of "
+                         f"{model.config.max_seq_len}")
+
+
+def generate_local(model: Transformer, prompt_ids: list[int], max_new_tokens: int,
+                   eos_id: int | None = None, on_token=None, context_tokens: int = 0,
+                   segment: list[int] | None = None) -> Generation:
+    """Prefill ``prompt_ids`` (after ``context_tokens`` of document) and decode greedily here.
+
+    With ``context_tokens`` > 0 the cache first holds that many tokens of the repeated
+    document ``segment`` (:mod:`treeattn.runtime.generate_context`), and the prompt is fed
+    one decode step at a time after it.
+    """
+    check_request(model, prompt_ids, max_new_tokens, context_tokens)
+    backend = LocalCache(model.config.n_layers)
+    t0 = time.perf_counter()
+    if context_tokens:
+        from treeattn.runtime.generate_context import context_kv, segment_kv
+
+        ks, vs = segment_kv(model, segment)
+        ks, vs = context_kv(ks, vs, model.inv_freq, 0, context_tokens)
+        for layer, (k, v) in enumerate(zip(ks, vs, strict=True)):
+            backend.store(layer, k, v, 0)
+        logits = feed(model, backend, prompt_ids, context_tokens)
+    else:
+        logits = prefill(model, prompt_ids, backend)
+    t1 = time.perf_counter()
+    backend.attention_s = 0.0
+    start = context_tokens + len(prompt_ids)
+    tokens, seen = greedy_decode(model, backend, logits, start, max_new_tokens, eos_id, on_token)
+    t2 = time.perf_counter()
+    return Generation(tokens, seen, t1 - t0, t2 - t1, backend.attention_s)

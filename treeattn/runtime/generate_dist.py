@@ -1,0 +1,205 @@
+"""Distributed greedy generation: the KV cache sharded across ranks, attention by the plan.
+
+Every rank runs the same model on the same tokens (everything but attention is replicated):
+
+* **Prefill** (the simplest correct way): every rank runs the whole prompt through the model
+  with a local cache, then keeps only its contiguous shard of every layer's K/V in a
+  :class:`~treeattn.runtime.cache.ShardedKVCache`. In long-context mode each rank instead
+  builds its own shard of the repeated document directly
+  (:mod:`treeattn.runtime.generate_context`) and the prompt is fed as decode steps.
+* **Decode**: at every layer, the new query attends over the sharded cache through the
+  runtime's :class:`~treeattn.runtime.executor.Executor` running the plan's schedule (tree by
+  default; every algorithm leaves the merged partial on every rank). The new token's own
+  K/V are not in any shard yet, so each rank merges that one-key partial in locally
+  (the same value on every rank), and after the last layer the token is appended to the
+  cache (policy ``"last"``: the last rank stores it).
+* Rank 0 picks each token and broadcasts it, so all ranks stay on the same sequence even if
+  an algorithm leaves them with partials that differ in the last bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from treeattn.kernels import merge, partial_attention
+from treeattn.runtime.cache import ShardedKVCache
+from treeattn.runtime.executor import Executor
+from treeattn.runtime.generate import Generation, LocalCache, feed, greedy_decode, prefill
+from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.wire import AttnDims
+from treeattn.sim.schedule import Schedule
+
+GENERATE_TIMEOUT_S = 180.0  # per wait on a peer: ranks load the model at different speeds
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One distributed generation, as every rank receives it (picklable)."""
+
+    model: str  # a path or "debug", already resolved by the caller
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    schedule: Schedule
+    eos_id: int | None = None
+    context_tokens: int = 0
+    segment: tuple[int, ...] = ()
+    stream: bool = False
+
+
+def split_lengths(n: int, world: int) -> list[int]:
+    """Contiguous shard lengths of ``n`` tokens; the first ``n % world`` ranks get one more.
+
+    Unlike :func:`treeattn.runtime.cache.shard_lengths` a shard may be empty (n < world).
+
+    >>> split_lengths(5, 3), split_lengths(1, 3)
+    ([2, 2, 1], [1, 0, 0])
+    """
+    base, extra = divmod(n, world)
+    return [base + (1 if r < extra else 0) for r in range(world)]
+
+
+class ShardBackend:
+    """The attention backend of one rank: its cache shard plus the plan's executor."""
+
+    def __init__(self, ctx: RankContext, cache: ShardedKVCache, schedule: Schedule, dims):
+        self.ctx, self.cache, self.schedule, self.dims = ctx, cache, schedule, dims
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.attention_s = 0.0
+        self.bytes_sent = 0
+        self.executor: Executor | None = None
+
+    def attend(self, layer, q, k, v, start):
+        if q.shape[2] != 1:
+            raise ValueError("the sharded backend decodes one token at a time")
+        if layer == 0:  # shard lengths change once per token: one executor per step
+            self.executor = Executor(self.ctx, self.schedule, self.cache.lengths, self.dims)
+        t0 = time.perf_counter()
+        (o, lse), stats = self.executor.run(q[:, :, 0], self.cache.kv(layer))  # (B,Hq,D),(B,Hq)
+        own = partial_attention(q[:, :, 0], k, v)  # the new token's own key: (B,Hq,D),(B,Hq)
+        o, _ = merge((o, lse), own)  # (B, Hq, D)
+        self.attention_s += time.perf_counter() - t0
+        self.bytes_sent += stats.bytes_sent
+        self.pending.append((k, v))
+        if layer == self.cache.n_layers - 1:
+            self.cache.append(self.pending)
+            self.pending = []
+        return o.to(q.dtype)[:, :, None]  # (B, Hq, 1, D)
+
+
+def _shard_from_prefill(ctx, model, prompt: list[int]):
+    """Replicated prefill of ``prompt``; returns (this rank's ShardedKVCache, last logits)."""
+    cfg = model.config
+    local = LocalCache(cfg.n_layers)
+    logits = prefill(model, prompt, local)
+    lengths = split_lengths(len(prompt), ctx.world)
+    lo = sum(lengths[: ctx.rank])
+    hi = lo + lengths[ctx.rank]
+    cache = ShardedKVCache(ctx.rank, lengths, cfg.n_layers, 1, cfg.n_kv_heads, cfg.head_dim,
+                           dtype=local.k[0].dtype, device=ctx.device)
+    for layer in range(cfg.n_layers):
+        cache.fill(layer, local.k[layer][:, :, lo:hi], local.v[layer][:, :, lo:hi])
+    return cache, logits
+
+
+def _shard_from_document(ctx, model, request: GenerateRequest) -> ShardedKVCache:
+    """This rank's shard of ``request.context_tokens`` tokens of the repeated document."""
+    from treeattn.runtime.generate_context import context_kv, segment_kv
+
+    cfg = model.config
+    lengths = split_lengths(request.context_tokens, ctx.world)
+    lo = sum(lengths[: ctx.rank])
+    ks, vs = segment_kv(model, list(request.segment))
+    ks, vs = context_kv(ks, vs, model.inv_freq, lo, lo + lengths[ctx.rank])
+    cache = ShardedKVCache(ctx.rank, lengths, cfg.n_layers, 1, cfg.n_kv_heads, cfg.head_dim,
+                           dtype=ks[0].dtype, device=ctx.device)
+    for layer in range(cfg.n_layers):
+        cache.fill(layer, ks[layer], vs[layer])
+    return cache
+
+
+def _agreed_token(ctx: RankContext, logits: torch.Tensor) -> int:
+    """Rank 0's greedy choice, broadcast to every rank."""
+    token = torch.argmax(logits[0]).reshape(1).to(torch.int64)  # (1,)
+    work = dist.broadcast(token, src=0, async_op=True)
+    wait_work(work, ctx, 0, "token broadcast")
+    return int(token.item())
+
+
+def _streamer(tokenizer):
+    """An ``on_token`` callback that prints the text as it grows."""
+    ids: list[int] = []
+    shown = [""]
+
+    def on_token(token: int) -> None:
+        ids.append(token)
+        text = tokenizer.decode(ids)
+        if text.startswith(shown[0]) and not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(shown[0]) :])
+            sys.stdout.flush()
+            shown[0] = text
+
+    return on_token
+
+
+@torch.no_grad()
+def rank_generate(ctx: RankContext, request: GenerateRequest) -> dict:
+    """What every rank runs; rank 0's returned dict is the launcher's result."""
+    from treeattn.runtime.weights import load_model
+
+    loaded = load_model(request.model)
+    model, prompt = loaded.model.to(ctx.device), list(request.prompt_ids)
+    cfg = model.config
+    t0 = time.perf_counter()
+    if request.context_tokens:
+        cache = _shard_from_document(ctx, model, request)
+    else:
+        cache, logits = _shard_from_prefill(ctx, model, prompt)
+    dims = AttnDims(1, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cache.kv(0).dtype)
+    backend = ShardBackend(ctx, cache, request.schedule, dims)
+    start = len(prompt)
+    if request.context_tokens:
+        logits = feed(model, backend, prompt, request.context_tokens)
+        start += request.context_tokens
+    t1 = time.perf_counter()
+    backend.attention_s = 0.0
+    on_token = _streamer(loaded.tokenizer) if request.stream and ctx.rank == 0 else None
+    tokens, seen = greedy_decode(model, backend, logits, start, request.max_new_tokens,
+                                 request.eos_id, on_token,
+                                 choose=functools.partial(_agreed_token, ctx))
+    t2 = time.perf_counter()
+    gen = Generation(tokens, [lg.cpu() for lg in seen], t1 - t0, t2 - t1, backend.attention_s)
+    return {"generation": gen, "lengths": list(cache.lengths), "bytes_sent": backend.bytes_sent}
+
+
+def make_schedule(algorithm: str, world: int, config, lengths: list[int],
+                  dtype: torch.dtype = torch.float32) -> Schedule:
+    """The plan's schedule for one layer's decode attention with these shard lengths.
+
+    ``auto`` asks the simulator's planner (uncalibrated local topology); if the planner is
+    unavailable it falls back to ``tree``.
+    """
+    from treeattn.runtime.plans import build, local_topology, workload_for
+
+    dims = AttnDims(1, config.n_heads, config.n_kv_heads, config.head_dim, dtype)
+    workload = workload_for(dims, lengths)
+    topology = local_topology(world)
+    if algorithm == "auto":
+        try:
+            return build("auto", topology, workload)
+        except ImportError:
+            algorithm = "tree"
+    return build(algorithm, topology, workload)
+
+
+def generate_distributed(request: GenerateRequest, world: int, timeout_s=GENERATE_TIMEOUT_S):
+    """Launch ``world`` local ranks running ``request``; return rank 0's result dict."""
+    from treeattn.runtime.launch import LaunchOptions, launch
+
+    job = functools.partial(rank_generate, request=request)
+    return launch(job, world, LaunchOptions(timeout_s=timeout_s, threads=1))

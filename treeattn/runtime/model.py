@@ -1,0 +1,225 @@
+"""A compact Llama-family transformer whose attention over the KV cache is pluggable.
+
+RMSNorm, rotary embeddings (with Llama 3 rope scaling), grouped-query attention, a SwiGLU
+MLP, and tied or untied embeddings, in the spirit of gpt-fast's ``model.py``.
+
+The model owns no KV cache. Every attention layer hands its new queries, keys and values to a
+*backend* (see :class:`AttentionBackend`), which stores the K/V and returns the attention
+output: a local cache calling ``treeattn.kernels.partial_attention``
+(:class:`treeattn.runtime.generate.LocalCache`), or the sharded cache whose decode step runs
+the plan's schedule across ranks (:mod:`treeattn.runtime.generate_dist`).
+
+RoPE here rotates *interleaved* pairs ``(x[2i], x[2i+1])``, GGML's layout. GGUF files store
+Q/K that way already; Hugging Face checkpoints rotate half-split pairs ``(x[i], x[i + D/2])``
+and are permuted on load (:func:`treeattn.runtime.weights.hf_to_interleaved`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from treeattn.runtime.model_errors import ModelError
+
+
+@dataclass
+class ModelConfig:
+    """Shape and numerics of a Llama-family model; ``head_dim`` is derived."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_dim: int
+    vocab_size: int
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    max_seq_len: int = 8192
+    tie_embeddings: bool = True
+    # Llama 3 rope scaling: factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings. None means plain RoPE.
+    rope_scaling: dict | None = None
+    name: str = "custom"
+    head_dim: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ModelError(
+                f"bad model shape: dim {self.dim}, {self.n_heads} heads, "
+                f"{self.n_kv_heads} KV heads (need dim % heads == 0 and heads % kv_heads == 0)"
+            )
+        self.head_dim = self.dim // self.n_heads
+        if self.head_dim % 2:
+            raise ModelError(f"head dim {self.head_dim} is odd; RoPE needs it even")
+
+    @classmethod
+    def from_name(cls, name: str) -> ModelConfig:
+        """A registered configuration; ``"debug"`` is a tiny one for tests."""
+        if name not in CONFIGS:
+            raise ModelError(f"unknown model config {name!r} (known: {', '.join(CONFIGS)})")
+        return replace(CONFIGS[name])
+
+
+CONFIGS = {
+    "debug": ModelConfig(
+        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256,
+        max_seq_len=4096, tie_embeddings=False, name="debug",
+    ),
+    "smollm2-135m": ModelConfig(
+        dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=1536, vocab_size=49152,
+        rope_base=100000.0, max_seq_len=8192, name="smollm2-135m",
+    ),
+}
+
+
+class AttentionBackend(Protocol):
+    """Where a layer's K/V go and how its queries attend over the cache.
+
+    ``attend(layer, q, k, v, start)`` gets the new tokens' rotated queries ``q`` (B, Hq, T, D)
+    and keys/values ``k``, ``v`` (B, Hkv, T, D) at positions ``start .. start+T-1``. It stores
+    ``k``, ``v`` in the cache and returns the causal attention output (B, Hq, T, D).
+    """
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int
+    ) -> torch.Tensor: ...
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Per-pair rotation frequencies (D/2,), with Llama 3 scaling when configured."""
+    d = config.head_dim
+    inv_freq = 1.0 / config.rope_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    scaling = config.rope_scaling
+    if not scaling:
+        return inv_freq.float()
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    # long wavelengths are slowed by `factor`, short ones kept, the band between blended
+    smooth = ((original / wavelen) - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    out = torch.where(wavelen > original / low, inv_freq / factor, blended)
+    out = torch.where(wavelen < original / high, inv_freq, out)
+    return out.float()
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """cos and sin of the rotation angles, each (T, D/2) in fp32 (angles formed in fp64)."""
+    angles = positions.double()[:, None] * inv_freq.double()[None, :]  # (T, D/2)
+    return torch.cos(angles).float(), torch.sin(angles).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of ``x`` (B, H, T, D) by angles with cos/sin (T, D/2)."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # (B, H, T, D/2, 2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (B, H, T, D/2, 2)
+    return out.flatten(-2).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d, hq, hkv = config.head_dim, config.n_heads, config.n_kv_heads
+        self.n_heads, self.n_kv_heads, self.head_dim = hq, hkv, d
+        self.wq = nn.Linear(config.dim, hq * d, bias=False)
+        self.wk = nn.Linear(config.dim, hkv * d, bias=False)
+        self.wv = nn.Linear(config.dim, hkv * d, bias=False)
+        self.wo = nn.Linear(hq * d, config.dim, bias=False)
+
+    def forward(self, x, cos, sin, layer: int, backend: AttentionBackend, start: int):
+        bsz, t, _ = x.shape
+        q = self.wq(x).view(bsz, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B,Hq,T,D)
+        k = self.wk(x).view(bsz, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B,Hkv,T,D)
+        v = self.wv(x).view(bsz, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B,Hkv,T,D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = backend.attend(layer, q, k, v, start)  # (B, Hq, T, D)
+        return self.wo(o.transpose(1, 2).reshape(bsz, t, -1))  # (B, T, dim)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.hidden_dim, bias=False)  # gate
+        self.w3 = nn.Linear(config.dim, config.hidden_dim, bias=False)  # up
+        self.w2 = nn.Linear(config.hidden_dim, config.dim, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x, cos, sin, layer, backend, start):
+        h = x + self.attention(self.attention_norm(x), cos, sin, layer, backend, start)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """The Llama-family decoder. ``forward`` returns the logits of the last token only."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        # fp32 rotation frequencies: a plain attribute, so model.to(bf16) cannot round them
+        self.inv_freq = rope_inv_freq(config)
+
+    def forward(
+        self, tokens: torch.Tensor, start: int, backend: AttentionBackend
+    ) -> torch.Tensor:
+        """Run ``tokens`` (B, T) at positions ``start..`` and return logits (B, vocab) fp32.
+
+        Positions past ``config.max_seq_len`` are allowed (long-context runs); the caller
+        decides whether that is sensible (:func:`treeattn.runtime.generate.check_request`).
+        """
+        bsz, t = tokens.shape
+        positions = torch.arange(start, start + t, device=tokens.device)
+        cos, sin = rope_cos_sin(self.inv_freq.to(tokens.device), positions)  # (T, D/2) each
+        x = self.tok_embeddings(tokens)  # (B, T, dim)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, backend, start)
+        return self.output(self.norm(x[:, -1])).float()  # (B, vocab)
+
+
+def random_model(config: ModelConfig, seed: int = 0) -> Transformer:
+    """A model with seeded random weights (the ``debug`` flavour), scaled to stay well-mixed."""
+    gen = torch.Generator().manual_seed(seed)
+    model = Transformer(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
+            else:
+                std = 1.0 if param.dim() == 1 else param.shape[-1] ** -0.5
+                param.copy_(std * torch.randn(param.shape, generator=gen))
+    return model.eval()

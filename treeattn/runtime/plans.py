@@ -1,0 +1,107 @@
+"""From a request to a schedule: the simulator's model of our attention shape, and one step.
+
+The runtime runs the very schedules :func:`treeattn.sim.algorithms.build_schedule` builds, on
+a :class:`~treeattn.sim.workload.DecodeWorkload` whose model has this run's shape (one layer;
+``Hq``, ``Hkv``, ``D`` and dtype from :class:`~treeattn.runtime.wire.AttnDims`). A world of
+one rank has nothing to reduce; it runs a one-step ``local`` schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from treeattn.runtime.errors import RuntimeFailure
+from treeattn.runtime.executor import Executor, RunStats
+from treeattn.runtime.group import RankContext
+from treeattn.runtime.native import run_allreduce3_native
+from treeattn.runtime.wire import AttnDims
+from treeattn.sim.models import ModelConfig
+from treeattn.sim.schedule import Compute, Schedule
+from treeattn.sim.workload import DecodeWorkload
+
+ALGORITHMS = ("auto", "tree", "butterfly", "ring", "allreduce3", "allgather")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, value in DTYPES.items():
+        if value == dtype:
+            return name
+    raise RuntimeFailure(f"unsupported dtype {dtype}")
+
+
+def attn_model(dims: AttnDims) -> ModelConfig:
+    """A one-layer :class:`ModelConfig` with this run's attention shape."""
+    dim = dims.n_heads * dims.head_dim
+    return ModelConfig(
+        name=f"attn-{dims.n_heads}x{dims.n_kv_heads}x{dims.head_dim}",
+        n_layers=1,
+        n_heads=dims.n_heads,
+        n_kv_heads=dims.n_kv_heads,
+        head_dim=dims.head_dim,
+        dim=dim,
+        ffn_dim=4 * dim,
+        vocab_size=1,
+        dtype=dtype_name(dims.kv_dtype),
+    )
+
+
+def workload_for(dims: AttnDims, lengths: list[int]) -> DecodeWorkload:
+    """The decode workload of one attention layer with these exact shard lengths."""
+    return DecodeWorkload(
+        attn_model(dims), sum(lengths), batch=dims.batch, shard_lengths=tuple(lengths)
+    )
+
+
+def local_topology(world: int):
+    """The uncalibrated local topology (used when no profile is given)."""
+    from treeattn.topo import Topology
+
+    return Topology.from_spec(f"local:ranks={world}")
+
+
+def build(algorithm: str, topology, workload: DecodeWorkload, **params) -> Schedule:
+    """The schedule of ``algorithm`` (``auto``: the planner's choice) on ``topology``."""
+    try:
+        from treeattn.sim import build_schedule
+    except ImportError:  # older layout: the generators' module itself
+        from treeattn.sim.algorithms import build_schedule
+
+    if algorithm not in ALGORITHMS:
+        raise RuntimeFailure(f"unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+    if algorithm == "auto":
+        from treeattn.sim import plan
+
+        return plan(topology, workload).schedule
+    return build_schedule(algorithm, topology, workload, **params)
+
+
+def local_schedule(dims: AttnDims, tokens: int) -> Schedule:
+    """One rank, nothing to reduce: attention over the whole cache."""
+    elem = torch.empty(0, dtype=dims.kv_dtype).element_size()
+    nbytes = 2 * dims.batch * dims.n_kv_heads * tokens * dims.head_dim * elem
+    return Schedule("local", [[Compute("attention", nbytes)]], {})
+
+
+def step_runner(
+    ctx: RankContext,
+    schedule: Schedule,
+    lengths: list[int],
+    dims: AttnDims,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    resident: list[torch.Tensor] | None = None,
+    native: bool = False,
+) -> Callable[[], tuple[tuple[torch.Tensor, torch.Tensor], RunStats]]:
+    """A zero-argument function that runs one decode step of ``schedule`` on this rank.
+
+    ``native=True`` runs ``allreduce3`` on the backend's ``all_reduce`` instead.
+    """
+    if native:
+        if schedule.algorithm != "allreduce3":
+            raise RuntimeFailure("--native applies to allreduce3 only")
+        return lambda: run_allreduce3_native(ctx, q, kv, dims, resident=resident)
+    executor = Executor(ctx, schedule, lengths, dims)
+    return lambda: executor.run(q, kv, resident)

@@ -1,0 +1,163 @@
+"""Tokenizer and chat template from a model's own metadata.
+
+Why the Hugging Face ``tokenizers`` library: it is well kept, fast (Rust), and its BPE model
+with the ``ByteLevel`` pre-tokenizer and decoder has exactly GPT-2's byte-level semantics
+(byte-to-unicode table, merge ranks, regex split), which is what GGUF ``gpt2``-model
+vocabularies are. Building it from the file's ``tokens`` and ``merges`` needs no network and
+no ``tokenizer.json``. Chat templates are Jinja; they come from the model file, so they are
+rendered in jinja2's immutable *sandboxed* environment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from treeattn.runtime.model_errors import ModelError
+
+# llama.cpp's names for the pre-tokenizer (GGUF tokenizer.ggml.pre) -> the regex split that
+# goes before the byte-level mapping. None means GPT-2's own regex (ByteLevel use_regex).
+_GPT2 = None
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# smollm (StarCoder family): single digits split off first, then GPT-2's regex.
+PRE_TOKENIZERS = {
+    "default": ("plain", _GPT2),
+    "gpt-2": ("plain", _GPT2),
+    "smollm": ("digits", _GPT2),
+    "starcoder": ("digits", _GPT2),
+    "refact": ("digits", _GPT2),
+    "llama-bpe": ("plain", _LLAMA3),
+    "llama3": ("plain", _LLAMA3),
+}
+_CONTROL_TYPES = (3, 4)  # GGUF token types CONTROL and USER_DEFINED: matched whole
+
+
+class Tokenizer:
+    """Encode/decode text and render the chat template.
+
+    Attributes: ``bos_id``, ``eos_id`` (ints or None), ``chat_template`` (str or None).
+    """
+
+    def __init__(self, backend, bos_id=None, eos_id=None, chat_template=None, add_bos=False):
+        self.backend = backend
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.chat_template = chat_template
+        self.add_bos = add_bos
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if self.add_bos and self.bos_id is not None else ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=True)
+
+    def render_chat(self, prompt: str) -> str:
+        """The chat-formatted text of a single user turn, ready for the assistant's answer."""
+        if not self.chat_template:
+            raise ModelError("this model has no chat template; drop --chat")
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        token = self.backend.id_to_token
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=[{"role": "user", "content": prompt}],
+                add_generation_prompt=True,
+                bos_token=token(self.bos_id) if self.bos_id is not None else "",
+                eos_token=token(self.eos_id) if self.eos_id is not None else "",
+            )
+        except TemplateError as exc:
+            raise ModelError(f"the model's chat template failed: {exc}") from None
+
+
+def _pre_tokenizer(pre: str):
+    from tokenizers import Regex, pre_tokenizers
+
+    if pre not in PRE_TOKENIZERS:
+        known = ", ".join(PRE_TOKENIZERS)
+        raise ModelError(f"unsupported pre-tokenizer {pre!r} in the model (supported: {known})")
+    digits, regex = PRE_TOKENIZERS[pre]
+    parts = []
+    if digits == "digits":
+        parts.append(pre_tokenizers.Digits(individual_digits=True))
+    if regex is None:
+        parts.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    else:
+        parts.append(pre_tokenizers.Split(Regex(regex), behavior="isolated"))
+        parts.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    return pre_tokenizers.Sequence(parts)
+
+
+def tokenizer_from_gguf(meta: dict) -> Tokenizer:
+    """A :class:`Tokenizer` from :func:`treeattn.runtime.gguf_load.tokenizer_metadata`."""
+    from tokenizers import AddedToken, decoders, models
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if meta.get("model") != "gpt2":
+        raise ModelError(
+            f"unsupported tokenizer model {meta.get('model')!r} (supported: gpt2 byte-level BPE)"
+        )
+    tokens, merges = meta["tokens"], meta["merges"] or []
+    vocab = {token: i for i, token in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    backend = HFTokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
+    backend.pre_tokenizer = _pre_tokenizer(meta.get("pre") or "default")
+    backend.decoder = decoders.ByteLevel()
+    types = meta.get("token_type") or []
+    special = [tokens[i] for i, t in enumerate(types) if t in _CONTROL_TYPES]
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    return Tokenizer(
+        backend,
+        bos_id=meta.get("bos_token_id"),
+        eos_id=meta.get("eos_token_id"),
+        chat_template=meta.get("chat_template"),
+        add_bos=bool(meta.get("add_bos_token")),
+    )
+
+
+def byte_tokenizer() -> Tokenizer:
+    """A 256-token tokenizer, one token per byte (GPT-2's byte alphabet), for the debug model."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = HFTokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return Tokenizer(backend)
+
+
+def tokenizer_from_hf_dir(path: Path) -> Tokenizer:
+    """A :class:`Tokenizer` from ``tokenizer.json`` (+ ``tokenizer_config.json``) in ``path``."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        raise ModelError(f"{path} has no tokenizer.json")
+    try:
+        backend = HFTokenizer.from_file(str(file))
+        extra = path / "tokenizer_config.json"
+        conf = json.loads(extra.read_text()) if extra.is_file() else {}
+    except Exception as exc:
+        raise ModelError(f"cannot read the tokenizer in {path}: {exc}") from None
+
+    def token_id(key):
+        value = conf.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        return backend.token_to_id(value) if value else None
+
+    return Tokenizer(
+        backend,
+        bos_id=token_id("bos_token"),
+        eos_id=token_id("eos_token"),
+        chat_template=conf.get("chat_template"),
+        add_bos=bool(conf.get("add_bos_token", False)),
+    )

@@ -1,0 +1,188 @@
+"""Load a model and its tokenizer from a name, a GGUF file or a Hugging Face directory.
+
+``load_model(spec)`` accepts:
+
+* ``"debug"``: the tiny random-weight flavour with a byte-level tokenizer (tests);
+* ``"smollm2-135m-instruct"`` (the default, aliases in :mod:`treeattn.runtime.fetch`):
+  fetched on first use;
+* a path to a ``.gguf`` file (``llama`` architecture);
+* a Hugging Face checkpoint directory: ``config.json`` + ``*.safetensors`` (+ tokenizer.json).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from treeattn.runtime.fetch import DEFAULT_ALIASES, fetch_default_model
+from treeattn.runtime.model import ModelConfig, Transformer, random_model
+from treeattn.runtime.model_errors import ModelError
+from treeattn.runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class LoadedModel:
+    """A ready model, its tokenizer, and where it came from."""
+
+    model: Transformer
+    tokenizer: Tokenizer
+    source: str
+
+
+def hf_to_interleaved(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder Q/K rows from HF's half-split rope pairs to interleaved pairs.
+
+    Row ``(h, half, i)`` of head ``h`` becomes row ``(h, i, half)``, as llama.cpp's converter
+    does, so :func:`treeattn.runtime.model.apply_rope` rotates the right pairs.
+    """
+    out_dim = w.shape[0]
+    return w.reshape(n_heads, 2, out_dim // n_heads // 2, -1).transpose(1, 2).reshape(w.shape)
+
+
+def _build(config: ModelConfig, state: dict[str, torch.Tensor], source: str) -> Transformer:
+    rope_freqs = state.pop("rope_freqs", None)
+    with torch.device("meta"):
+        model = Transformer(config)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [m for m in missing if not (config.tie_embeddings and m == "output.weight")]
+    if missing or unexpected:
+        names = ", ".join((missing or unexpected)[:3])
+        raise ModelError(f"{source}: weights do not match a llama model ({names} ...)")
+    if config.tie_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    from treeattn.runtime.model import rope_inv_freq
+
+    inv_freq = rope_inv_freq(config)
+    if rope_freqs is not None:  # GGUF stores Llama 3 scaling as per-pair divisors
+        inv_freq = inv_freq / rope_freqs.float()
+    model.inv_freq = inv_freq
+    return model.eval()
+
+
+def load_gguf(path: Path) -> LoadedModel:
+    from treeattn.runtime.gguf_load import (
+        config_from_gguf,
+        open_gguf,
+        state_dict_from_gguf,
+        tokenizer_metadata,
+    )
+    from treeattn.runtime.tokenizer import tokenizer_from_gguf
+
+    reader = open_gguf(path)
+    config = config_from_gguf(reader, path)
+    tokenizer = tokenizer_from_gguf(tokenizer_metadata(reader))
+    model = _build(config, state_dict_from_gguf(reader, config), str(path))
+    return LoadedModel(model, tokenizer, str(path))
+
+
+def config_from_hf(conf: dict, source: str) -> ModelConfig:
+    """A :class:`ModelConfig` from a Hugging Face ``config.json`` of a Llama model."""
+    if conf.get("model_type") != "llama":
+        raise ModelError(f"unsupported architecture {conf.get('model_type')!r} in {source} "
+                         "(supported: llama)")
+    scaling = conf.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type")) != "llama3":
+        raise ModelError(f"unsupported rope_scaling {scaling} in {source} (supported: llama3)")
+    heads = int(conf["num_attention_heads"])
+    return ModelConfig(
+        dim=int(conf["hidden_size"]),
+        n_layers=int(conf["num_hidden_layers"]),
+        n_heads=heads,
+        n_kv_heads=int(conf.get("num_key_value_heads") or heads),
+        hidden_dim=int(conf["intermediate_size"]),
+        vocab_size=int(conf["vocab_size"]),
+        norm_eps=float(conf.get("rms_norm_eps", 1e-5)),
+        rope_base=float(conf.get("rope_theta", 10000.0)),
+        max_seq_len=int(conf.get("max_position_embeddings", 4096)),
+        tie_embeddings=bool(conf.get("tie_word_embeddings", False)),
+        rope_scaling=dict(scaling) if scaling else None,
+        name=Path(source).name,
+    )
+
+
+_HF_LAYER = {
+    "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
+    "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
+    "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
+    "mlp.down_proj": "feed_forward.w2",
+}
+_HF_TOP = {"model.embed_tokens.weight": "tok_embeddings.weight",
+           "model.norm.weight": "norm.weight", "lm_head.weight": "output.weight"}
+
+
+def _hf_name(name: str) -> str:
+    if name in _HF_TOP:
+        return _HF_TOP[name]
+    parts = name.split(".")  # model.layers.N.<module...>.weight
+    if parts[:2] == ["model", "layers"] and ".".join(parts[3:-1]) in _HF_LAYER:
+        return f"layers.{parts[2]}.{_HF_LAYER['.'.join(parts[3:-1])]}.{parts[-1]}"
+    raise ModelError(f"unexpected tensor {name} in a llama checkpoint")
+
+
+def load_hf_dir(path: Path) -> LoadedModel:
+    from safetensors.torch import load_file
+
+    from treeattn.runtime.tokenizer import tokenizer_from_hf_dir
+
+    try:
+        config = config_from_hf(json.loads((path / "config.json").read_text()), str(path))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelError(f"bad config.json in {path}: {exc}") from None
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{path} has config.json but no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            loaded = load_file(str(file))
+        except Exception as exc:
+            raise ModelError(f"cannot read {file}: {exc}") from None
+        state.update({_hf_name(k): v.float() for k, v in loaded.items()})
+    for key, heads in (("wq", config.n_heads), ("wk", config.n_kv_heads)):
+        for i in range(config.n_layers):
+            name = f"layers.{i}.attention.{key}.weight"
+            if name in state:
+                state[name] = hf_to_interleaved(state[name], heads)
+    model = _build(config, state, str(path))
+    return LoadedModel(model, tokenizer_from_hf_dir(path), str(path))
+
+
+def debug_model(seed: int = 0) -> LoadedModel:
+    """The ``debug`` flavour: random weights, a 256-token byte tokenizer, no network."""
+    from treeattn.runtime.tokenizer import byte_tokenizer
+
+    return LoadedModel(random_model(ModelConfig.from_name("debug"), seed), byte_tokenizer(),
+                       "debug")
+
+
+def resolve_model(spec: str | None = None) -> str:
+    """``"debug"`` or the local path ``spec`` names, fetching the default model if needed."""
+    spec = spec or DEFAULT_ALIASES[0]
+    if spec == "debug":
+        return spec
+    if spec in DEFAULT_ALIASES:
+        return str(fetch_default_model())
+    path = Path(spec).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelError(f"{spec} is a directory without config.json")
+    if not path.exists():
+        raise ModelError(f"model not found: {spec} (give a .gguf file, a Hugging Face "
+                         f"directory, or one of: {DEFAULT_ALIASES[0]}, debug)")
+    return str(path)
+
+
+def load_model(spec: str | None = None, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Resolve ``spec`` (name or path; None = the default model) and load it in ``dtype``."""
+    resolved = resolve_model(spec)
+    if resolved == "debug":
+        loaded = debug_model()
+    elif Path(resolved).is_dir():
+        loaded = load_hf_dir(Path(resolved))
+    else:
+        loaded = load_gguf(Path(resolved))
+    loaded.model.to(dtype)
+    return loaded

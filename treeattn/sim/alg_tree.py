@@ -1,0 +1,98 @@
+"""``tree``: local partial, one pass of merges up a tree, then a broadcast down it.
+
+Per rank ``v`` (children in the tree's reduce/broadcast order)::
+
+    Compute("attention")
+    for c in children: Recv(c, reduce=True); Merge(tag)        # up
+    Send(parent)                                               # unless root
+    Recv(parent, reduce=False)                                 # unless root: the result
+    for c in children: Send(c)                                 # down
+
+The same phase, with another payload and merge op, is the tree all-reduce inside
+``allreduce3``. ``double_binary`` runs the phase on both trees of the pair, each carrying one
+half of the payload (``chunk=(0, 2)`` and ``(1, 2)``): up A, up B, down A, down B.
+"""
+
+from __future__ import annotations
+
+from treeattn.sim import trees as T
+from treeattn.sim.alg_common import Tags, chunk_bytes, local_attention
+from treeattn.sim.errors import SimError
+from treeattn.sim.schedule import Merge, Recv, Schedule, Send, Step
+from treeattn.sim.workload import DecodeWorkload
+
+
+def reduce_phase(steps: list[list[Step]], tree: T.Tree, nbytes: int, tags: Tags,
+                 payload: str = "partial", op: str = "partial",
+                 chunk: tuple[int, int] | None = None) -> None:
+    """Append the up pass (merge every subtree into the root) to each rank's steps."""
+    up_tag = [tags(v, u) if u >= 0 else -1 for v, u in enumerate(tree.parent)]
+    for v in range(tree.world):
+        for c in tree.reduce_order(v):
+            steps[v].append(Recv(c, nbytes, up_tag[c], payload, chunk, reduce=True))
+            steps[v].append(Merge(3 * nbytes, op, up_tag[c]))
+        if tree.parent[v] >= 0:
+            steps[v].append(Send(tree.parent[v], nbytes, up_tag[v], payload, chunk))
+
+
+def bcast_phase(steps: list[list[Step]], tree: T.Tree, nbytes: int, tags: Tags,
+                payload: str = "partial", chunk: tuple[int, int] | None = None) -> None:
+    """Append the down pass (the root's buffer replaces everyone's) to each rank's steps."""
+    for v in tree.pre_order:
+        for c in tree.bcast_order(v):
+            tag = tags(v, c)
+            steps[v].append(Send(c, nbytes, tag, payload, chunk))
+            steps[c].append(Recv(v, nbytes, tag, payload, chunk, reduce=False))
+
+
+def allreduce_phase(steps, trees: list[T.Tree], workload: DecodeWorkload, tags: Tags,
+                    payload: str = "partial", op: str = "partial") -> None:
+    """Tree all-reduce of ``payload`` (one tree, or a double-binary pair split in halves)."""
+    count = len(trees)
+    sizes = [chunk_bytes(workload, payload, i, count) for i in range(count)]
+    chunks = [None] if count == 1 else [(i, count) for i in range(count)]
+    for tree, size, chunk in zip(trees, sizes, chunks):
+        reduce_phase(steps, tree, size, tags, payload, op, chunk)
+    for tree, size, chunk in zip(trees, sizes, chunks):
+        bcast_phase(steps, tree, size, tags, payload, chunk)
+
+
+def make_trees(topology, shape: str, root: int = 0, k: int = 4, inner: str = "binomial",
+               outer: str = "binomial", tree: T.Tree | None = None,
+               message_bytes: float | None = None, backend=None) -> list[T.Tree]:
+    """The tree (or double-binary pair) a ``tree`` schedule reduces over."""
+    world = topology.num_gpus
+    if tree is not None:
+        if not isinstance(tree, T.Tree) or tree.world != world:
+            raise SimError(f"tree must be a Tree over the topology's {world} ranks")
+        return [tree]
+    if not isinstance(root, int) or not 0 <= root < world:
+        raise SimError(f"root {root} is not a rank of a {world}-GPU topology")
+    if shape == "double_binary":
+        return list(T.double_binary(world, root))
+    if shape == "hierarchical":
+        return [T.hierarchical(topology, root, inner, outer, k)]
+    if shape == "searched":
+        from treeattn.sim.search import searched_tree
+
+        return [searched_tree(topology, root, backend, message_bytes)]
+    return [T.simple_shape(shape, world, root, k)]
+
+
+def build_tree(topology, workload: DecodeWorkload, shape: str = "binomial", root: int = 0,
+               k: int = 4, **kw) -> Schedule:
+    """Tree Attention over one tree shape (see the module docstring)."""
+    world = topology.num_gpus
+    shards = workload.shards(world)
+    trees = make_trees(topology, shape, root, k, message_bytes=workload.partial_bytes, **kw)
+    steps = [[local_attention(workload, shards[r])] for r in range(world)]
+    allreduce_phase(steps, trees, workload, Tags())
+    params = {"shape": trees[0].shape or shape, "root": trees[0].root, "k": k,
+              "parent": list(trees[0].parent)}
+    if len(trees) == 2:
+        params["parent2"] = list(trees[1].parent)
+        params["root2"] = trees[1].root
+    for key in ("inner", "outer"):
+        if key in kw:
+            params[key] = kw[key]
+    return Schedule("tree", steps, params)

@@ -1,0 +1,191 @@
+"""Closed-form α-β latency of each algorithm on uncontended links.
+
+Every message from ``a`` to ``b`` of ``n`` bytes costs ``send_s`` on the sender, then the
+pipelined wire time of :mod:`treeattn.sim.network` (``Σ latency + n/β`` for many chunks),
+then ``recv_s`` on the receiver: ``α_ab + n/β_ab``. Compute steps cost
+``max(bytes/BW, FLOPs/peak) + launch``. The formulas below follow each algorithm's step
+order (the schedule generators' docstrings) and propagate per-rank ready times:
+
+* tree, up: ``T(v) = fold over children c (reduce order) of max(T, T(c) + send + wire) + recv
+  + merge``; down: each child receives ``send · k + wire`` after its parent's k-th send.
+  On a homogeneous network this is ``attn + depth · 2(α + n/β) + merges`` for a binomial tree.
+* butterfly: ``⌊log2 p⌋`` rounds of ``max(own send, partner's arrival) + recv + merge``, plus
+  the fold in/out steps when p is not a power of two.
+* allgather: the ``j``-th message from ``r`` leaves at ``attn_r + j·send``; ``r`` merges its
+  ``p − 1`` arrivals in order.
+* ring: rank r's step ``i + 1`` starts at
+  ``max(S_r(i) + send + compute(block), A_r(i)) + recv`` where the block arrives at
+  ``A_r(i) = max(S_{r−1}(i) + send + wire(block), A_r(i−1) + block / β_min)``: a rank's
+  back-to-back sends all take the same route, so they queue on its slowest link (ring's one
+  unavoidable contention; without it a fast sender would be credited with overlapping
+  transfers on one link).
+* allreduce3: the phases above in sequence with the rescale/finalize computes between them.
+
+They ignore link contention and shared cores, so the simulator can only be slower; with no
+contention it agrees to rounding. Everything is vectorised or linear in the number of
+messages, which is what lets the planner score thousands of ranks quickly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from treeattn.sim.alg_common import chunk_bytes
+from treeattn.sim.costs import CostModel
+from treeattn.sim.trees import Tree
+
+
+def tree_up(cm: CostModel, start, tree: Tree, nbytes: float) -> list[float]:
+    """Ready times after the up pass (merging ``nbytes`` messages) of ``tree``."""
+    t = list(start)
+    arrive = [0.0] * tree.world
+    for v in reversed(tree.pre_order):
+        now = t[v]
+        for c in tree.reduce_order(v):
+            now = max(now, arrive[c]) + cm.recv_s + cm.compute(v, 3 * nbytes)
+        u = tree.parent[v]
+        if u >= 0:
+            now += cm.send_s
+            arrive[v] = now + cm.wire(v, u, nbytes)
+        t[v] = now
+    return t
+
+
+def tree_down(cm: CostModel, start, tree: Tree, nbytes: float) -> list[float]:
+    """Ready times after the down pass (broadcast of ``nbytes``) of ``tree``."""
+    t = list(start)
+    arrive = [0.0] * tree.world
+    for v in tree.pre_order:
+        now = t[v]
+        if tree.parent[v] >= 0:
+            now = max(now, arrive[v]) + cm.recv_s
+        for c in tree.bcast_order(v):
+            now += cm.send_s
+            arrive[c] = now + cm.wire(v, c, nbytes)
+        t[v] = now
+    return t
+
+
+def tree_allreduce(cm: CostModel, start, trees: list[Tree], payload: str = "partial"):
+    count = len(trees)
+    sizes = [chunk_bytes(cm.workload, payload, i, count) for i in range(count)]
+    t = list(start)
+    for tree, n in zip(trees, sizes):
+        t = tree_up(cm, t, tree, n)
+    for tree, n in zip(trees, sizes):
+        t = tree_down(cm, t, tree, n)
+    return t
+
+
+def tree(cm: CostModel, trees: list[Tree]) -> float:
+    return max(tree_allreduce(cm, cm.attention_vec(), trees))
+
+
+def butterfly(cm: CostModel) -> float:
+    p, n = cm.world, cm.workload.partial_bytes
+    merge = [cm.compute(r, 3 * n) for r in range(p)]
+    t = list(cm.attention_vec())
+    q = 1 << (p.bit_length() - 1)
+    for r in range(q, p):
+        t[r] += cm.send_s
+        t[r - q] = max(t[r - q], t[r] + cm.wire(r, r - q, n)) + cm.recv_s + merge[r - q]
+    k = 1
+    while k < q:
+        sent = [t[r] + cm.send_s for r in range(q)]
+        t[:q] = [max(sent[r], sent[r ^ k] + cm.wire(r ^ k, r, n)) + cm.recv_s + merge[r]
+                 for r in range(q)]
+        k <<= 1
+    for r in range(q, p):
+        t[r - q] += cm.send_s
+        t[r] = max(t[r], t[r - q] + cm.wire(r - q, r, n)) + cm.recv_s
+    return max(t)
+
+
+def allgather(cm: CostModel) -> float:
+    p, n = cm.world, cm.workload.partial_bytes
+    attn = cm.attention_vec()
+    end = 0.0
+    for r in range(p):
+        now = attn[r] + (p - 1) * cm.send_s
+        merge = cm.compute(r, 3 * n)
+        for j in range(1, p):
+            src = (r - j) % p
+            arrival = attn[src] + j * cm.send_s + cm.wire(src, r, n)
+            now = max(now, arrival) + cm.recv_s + merge
+        end = max(end, now)
+    return end
+
+
+def _ring_pairs(cm: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    ranks = np.arange(cm.world)
+    return (ranks - 1) % cm.world, ranks
+
+
+def ring(cm: CostModel) -> float:
+    p, w = cm.world, cm.workload
+    shards = np.asarray(cm.shards)
+    kv = np.array([w.kv_bytes(int(n)) for n in shards], dtype=float)
+    att = np.array([w.attention_bytes(int(n)) for n in shards], dtype=float)
+    fl = 4.0 * w.batch * w.model.n_heads * w.model.head_dim * shards
+    merge = cm.compute_vec(3 * w.partial_bytes)
+    prv, ranks = _ring_pairs(cm)
+    inv_min = cm.pair_summary(prv, ranks)[:, 2]
+    t = np.zeros(p)
+    last_arrival = np.full(p, -np.inf)
+    for i in range(p - 1):
+        held = (ranks - i) % p
+        work = cm.compute_vec(att[held], fl[held]) + (merge if i else 0.0)
+        sent = t + cm.send_s
+        size = kv[(prv - i) % p]
+        arrival = np.maximum(sent[prv] + cm.wire_vec(prv, ranks, size),
+                             last_arrival + size * inv_min)
+        last_arrival = arrival
+        t = np.maximum(sent + work, arrival) + cm.recv_s
+    last = (ranks + 1) % p
+    return float(np.max(t + cm.compute_vec(att[last], fl[last]) + merge))
+
+
+def ring_allreduce(cm: CostModel, start, payload: str, op_merge: bool = True) -> np.ndarray:
+    p = cm.world
+    sizes = np.array([chunk_bytes(cm.workload, payload, c, p) for c in range(p)], dtype=float)
+    prv, ranks = _ring_pairs(cm)
+    t = np.asarray(start, dtype=float)
+    for replace in (False, True):
+        for s in range(p - 1):
+            send_c = (ranks + int(replace) - s) % p
+            recv_c = (ranks - s - (0 if replace else 1)) % p
+            sent = t + cm.send_s
+            arrival = sent[prv] + cm.wire_vec(prv, ranks, sizes[send_c[prv]])
+            t = np.maximum(sent, arrival) + cm.recv_s
+            if not replace:
+                t = t + cm.compute_vec(3 * sizes[recv_c])
+    return t
+
+
+def allreduce3(cm: CostModel, inner: str, trees: list[Tree]) -> float:
+    w = cm.workload
+    pb, mx, num = w.partial_bytes, w.max_bytes, w.num_bytes
+    t = cm.attention_vec() + cm.compute_vec(pb + mx)
+
+    def allreduce(start, payload):
+        if inner == "ring":
+            return ring_allreduce(cm, start, payload)
+        return np.asarray(tree_allreduce(cm, start, trees, payload))
+
+    t = allreduce(t, "max") + cm.compute_vec(pb + 3 * mx + num)
+    t = allreduce(allreduce(t, "num"), "den")
+    return float(np.max(t + cm.compute_vec(num + mx + pb + mx)))
+
+
+def closed_form(algorithm: str, cm: CostModel, trees: list[Tree] | None = None,
+                inner: str = "tree") -> float:
+    """Uncontended latency of one decode step of attention (see the module docstring)."""
+    if algorithm == "tree":
+        return tree(cm, trees)
+    if algorithm == "butterfly":
+        return butterfly(cm)
+    if algorithm == "allgather":
+        return allgather(cm)
+    if algorithm == "ring":
+        return ring(cm)
+    return allreduce3(cm, inner, trees or [])

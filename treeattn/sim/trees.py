@@ -1,0 +1,245 @@
+"""Reduction tree shapes over the ranks of a topology.
+
+A :class:`Tree` is a root plus a parent array (``parent[root] == -1``). The shape builders
+lay ranks out in an ``order`` whose first element is the root (by default the ranks rotated
+to start at the root: ``root, root+1, …, root-1``) and connect positions:
+
+* ``chain``: position i's parent is i − 1 (depth p − 1);
+* ``flat``: every rank is a child of the root (a star, depth 1);
+* ``kary`` (``binary`` is k = 2): heap layout, parent of i is (i − 1) // k;
+* ``binomial``: parent of i is i with its lowest set bit cleared (depth ⌈log2 p⌉);
+* ``double_binary``: NCCL's pair of in-order binary trees, the second mirrored (even p) or
+  shifted by one (odd p), so most inner nodes of one tree are leaves of the other. Each tree
+  carries half of the payload (see :mod:`treeattn.sim.alg_tree`);
+* ``hierarchical``: a tree inside each host rooted at a host leader (the root on its own
+  host, the lowest rank elsewhere), and a tree across the leaders;
+* ``searched``: see :mod:`treeattn.sim.search`.
+
+Children are visited in a fixed order: a reduce receives from the shallowest subtree first,
+a broadcast sends to the deepest subtree first (both ties by rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from treeattn.sim.errors import SimError
+
+SHAPES = ("chain", "flat", "binary", "kary", "binomial", "double_binary", "hierarchical",
+          "searched")
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A rooted spanning tree over ranks ``0 … p−1``.
+
+    Examples
+    --------
+    >>> t = binomial(4)
+    >>> t.parent
+    (-1, 0, 0, 2)
+    >>> t.depth
+    2
+    >>> print(t.ascii())
+    0
+    ├── 2
+    │   └── 3
+    └── 1
+    """
+
+    root: int
+    parent: tuple[int, ...]
+    shape: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parent", tuple(int(x) for x in self.parent))
+        p = len(self.parent)
+        if not 0 <= self.root < p or self.parent[self.root] != -1:
+            raise SimError(f"tree root {self.root} must be a rank with parent -1")
+        for v, u in enumerate(self.parent):
+            if v != self.root and not 0 <= u < p:
+                raise SimError(f"tree: rank {v} has invalid parent {u}")
+        if len(self.pre_order) != p:
+            raise SimError("tree: parent array has a cycle or more than one root")
+
+    @property
+    def world(self) -> int:
+        return len(self.parent)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        kids: list[list[int]] = [[] for _ in self.parent]
+        for v, u in enumerate(self.parent):
+            if u >= 0:
+                kids[u].append(v)
+        return tuple(tuple(k) for k in kids)
+
+    @cached_property
+    def pre_order(self) -> tuple[int, ...]:
+        """Root first, every parent before its children (iterative, no recursion limit)."""
+        order, stack, seen = [], [self.root], set()
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                break
+            seen.add(v)
+            order.append(v)
+            stack.extend(reversed(self.children[v]))
+        return tuple(order)
+
+    @cached_property
+    def heights(self) -> tuple[int, ...]:
+        """Height of each rank's subtree (a leaf has height 0)."""
+        h = [0] * self.world
+        for v in reversed(self.pre_order):
+            if self.parent[v] >= 0:
+                h[self.parent[v]] = max(h[self.parent[v]], h[v] + 1)
+        return tuple(h)
+
+    @property
+    def depth(self) -> int:
+        return self.heights[self.root]
+
+    def reduce_order(self, v: int) -> list[int]:
+        """The order in which ``v`` receives its children's partials."""
+        return sorted(self.children[v], key=lambda c: (self.heights[c], c))
+
+    def bcast_order(self, v: int) -> list[int]:
+        """The order in which ``v`` sends the result to its children."""
+        return sorted(self.children[v], key=lambda c: (-self.heights[c], c))
+
+    def to_dict(self) -> dict:
+        return {"root": self.root, "parent": list(self.parent)}
+
+    def ascii(self, max_lines: int = 40) -> str:
+        """ASCII art, children in broadcast order; long trees are cut after ``max_lines``."""
+        lines: list[str] = []
+        stack: list[tuple[int, str, str]] = [(self.root, "", "")]
+        while stack and len(lines) < max_lines:
+            v, lead, child_lead = stack.pop()
+            lines.append(f"{lead}{v}")
+            kids = self.bcast_order(v)
+            for i, c in reversed(list(enumerate(kids))):
+                last = i == len(kids) - 1
+                stack.append((c, child_lead + ("└── " if last else "├── "),
+                              child_lead + ("    " if last else "│   ")))
+        if len(lines) < self.world:
+            lines.append(f"… ({self.world - len(lines)} more ranks)")
+        return "\n".join(lines)
+
+
+def rotated(world: int, root: int) -> list[int]:
+    """Ranks starting at ``root``: ``root, root+1, …, root−1``."""
+    return [(root + i) % world for i in range(world)]
+
+
+def _from_positions(order: list[int], parent_pos, shape: str) -> Tree:
+    parent = [-1] * len(order)
+    for i in range(1, len(order)):
+        parent[order[i]] = order[parent_pos(i)]
+    return Tree(order[0], tuple(parent), shape)
+
+
+def chain(world: int, root: int = 0, order: list[int] | None = None) -> Tree:
+    return _from_positions(order or rotated(world, root), lambda i: i - 1, "chain")
+
+
+def flat(world: int, root: int = 0, order: list[int] | None = None) -> Tree:
+    return _from_positions(order or rotated(world, root), lambda i: 0, "flat")
+
+
+def kary(world: int, root: int = 0, k: int = 2, order: list[int] | None = None) -> Tree:
+    if k < 1:
+        raise SimError(f"k-ary tree needs k >= 1, got {k}")
+    shape = "binary" if k == 2 else f"kary{k}"
+    return _from_positions(order or rotated(world, root), lambda i: (i - 1) // k, shape)
+
+
+def binomial(world: int, root: int = 0, order: list[int] | None = None) -> Tree:
+    return _from_positions(order or rotated(world, root), lambda i: i & (i - 1), "binomial")
+
+
+def _inorder_parents(lo: int, hi: int, parent: list[int]) -> int:
+    """Balanced in-order binary tree over positions [lo, hi); returns its root position."""
+    stack = [(lo, hi, -1)]
+    top = -1
+    while stack:
+        a, b, up = stack.pop()
+        if a >= b:
+            continue
+        mid = (a + b) // 2
+        parent[mid] = up
+        if up == -1:
+            top = mid
+        stack.append((a, mid, mid))
+        stack.append((mid + 1, b, mid))
+    return top
+
+
+def double_binary(world: int, root: int = 0) -> tuple[Tree, Tree]:
+    """NCCL-style pair of complementary in-order binary trees; the first is rooted at ``root``.
+
+    >>> a, b = double_binary(8)
+    >>> a.root, b.root
+    (0, 7)
+    """
+    pos_parent = [-1] * world
+    top = _inorder_parents(0, world, pos_parent)
+    shift = root - top  # position i sits on rank (i + shift) % world: tree A's root is `root`
+    if world % 2 == 0:
+        second_pos = [world - 1 - i for i in range(world)]  # mirror
+    else:
+        second_pos = [(i + 1) % world for i in range(world)]  # shift by one
+    trees = []
+    for place in (list(range(world)), second_pos):
+        parent = [-1] * world
+        for i, up in enumerate(pos_parent):
+            rank = (place[i] + shift) % world
+            parent[rank] = -1 if up < 0 else (place[up] + shift) % world
+        trees.append(Tree((place[top] + shift) % world, tuple(parent), "double_binary"))
+    return trees[0], trees[1]
+
+
+def hierarchical(topology, root: int = 0, inner: str = "binomial", outer: str = "binomial",
+                 k: int = 4) -> Tree:
+    """Reduce inside each host to a leader, then across the leaders; ``root`` is the top.
+
+    ``inner`` and ``outer`` are any of chain, flat, binary, kary, binomial.
+    """
+    world = topology.num_gpus
+    groups: dict[object, list[int]] = {}
+    for r in range(world):
+        groups.setdefault(topology.host_of(r), []).append(r)
+    parent = [-1] * world
+    leaders = []
+    for members in groups.values():
+        leader = root if root in members else members[0]
+        leaders.append(leader)
+        order = [leader] + [r for r in members if r != leader]
+        _graft(parent, simple_shape(inner, len(order), k=k), order)
+    top = [root] + sorted(x for x in leaders if x != root)
+    _graft(parent, simple_shape(outer, len(top), k=k), top)
+    return Tree(root, tuple(parent), "hierarchical")
+
+
+def _graft(parent: list[int], positional: Tree, order: list[int]) -> None:
+    for i, up in enumerate(positional.parent):
+        if up >= 0:
+            parent[order[i]] = order[up]
+
+
+def simple_shape(shape: str, world: int, root: int = 0, k: int = 2,
+                 order: list[int] | None = None) -> Tree:
+    """One of the topology-free shapes by name."""
+    if shape == "chain":
+        return chain(world, root, order)
+    if shape == "flat":
+        return flat(world, root, order)
+    if shape == "binary":
+        return kary(world, root, 2, order)
+    if shape == "kary":
+        return kary(world, root, k, order)
+    if shape == "binomial":
+        return binomial(world, root, order)
+    raise SimError(f"unknown tree shape {shape!r} (known: {', '.join(SHAPES)})")

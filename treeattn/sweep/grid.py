@@ -1,0 +1,118 @@
+"""The sweep grid: topologies × node counts × context lengths, each point predicted.
+
+A *point* is one (topology spec, model, seq_len). Predicting it runs the planner once with
+``simulate_each=True`` and turns the result into one row per algorithm: ``tree`` (the best
+tree-style plan: a tree shape, butterfly or all-gather), each named algorithm on its own, and
+``ring``, the baseline every speedup is measured against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from treeattn.sim import DecodeWorkload, ModelConfig, SimError, plan
+from treeattn.sim.planner import closed_form_result
+from treeattn.topo import Topology, TopologyError
+
+ALGORITHMS = ("tree", "butterfly", "allgather", "allreduce3", "ring")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of the grid: a topology spec, a model name and a context length."""
+
+    topology: str
+    model: str
+    seq_len: int
+
+
+def with_nodes(spec: str, nodes: int) -> str:
+    """``spec`` with its ``nodes`` parameter set (added or replaced).
+
+    >>> with_nodes("dgx-h100", 4)
+    'dgx-h100:nodes=4'
+    >>> with_nodes("pcie-4090:gpus=4,nodes=2", 8)
+    'pcie-4090:gpus=4,nodes=8'
+    """
+    name, _, params = spec.partition(":")
+    kept = [p for p in params.split(",") if p and not p.startswith("nodes=")]
+    return f"{name}:" + ",".join(kept + [f"nodes={nodes}"])
+
+
+def expand_grid(topologies: Iterable[str], models: Iterable[str], seq_lens: Iterable[int],
+                nodes: Iterable[int] | None = None) -> list[SweepPoint]:
+    """Every combination, with ``nodes`` applied to each topology spec when given."""
+    specs = [with_nodes(t, n) for t in topologies for n in nodes] if nodes else list(topologies)
+    return [SweepPoint(s, m, int(L)) for s in specs for m in models for L in seq_lens]
+
+
+def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHMS,
+                  model: ModelConfig | None = None) -> list[dict]:
+    """One row per algorithm for ``point``, with its speedup over ring.
+
+    ``model`` overrides the registry lookup of ``point.model`` (synthetic models).
+    """
+    topology = Topology.from_spec(point.topology)
+    if topology.num_gpus < 2:
+        raise SimError(f"{point.topology} has one GPU: there is no reduction to plan")
+    if point.seq_len < topology.num_gpus:
+        raise SimError(f"seq_len {point.seq_len} is smaller than the {topology.num_gpus} GPUs")
+    workload = DecodeWorkload(model or point.model, point.seq_len)
+    chosen = plan(topology, workload, simulate_each=True)
+    ring = chosen.best("ring")
+    rows = []
+    for algorithm in algorithms:
+        candidate = chosen.best(algorithm)
+        if candidate is None:
+            continue
+        result = candidate.result or closed_form_result(candidate, topology, chosen.costs)
+        rows.append({
+            "topology": point.topology.split(":")[0], "spec": point.topology,
+            "gpus": topology.num_gpus, "hosts": len(topology.hosts), "model": point.model,
+            "model_dim": workload.model.n_heads * workload.model.head_dim,
+            "seq_len": point.seq_len, "algorithm": algorithm, "plan": candidate.name,
+            "latency_s": candidate.latency_s,
+            "token_latency_s": chosen.token_latency_s(candidate.latency_s),
+            "comm_bytes": int(result.comm_bytes),
+            "peak_memory_bytes": int(max(result.peak_memory_bytes)),
+            "speedup_vs_ring": ring.latency_s / candidate.latency_s if ring else None,
+            "method": candidate.method,
+        })
+    return rows
+
+
+def run_sweep(points: list[SweepPoint], algorithms: Iterable[str] = ALGORITHMS,
+              progress: Callable[[SweepPoint], None] | None = None) -> list[dict]:
+    """Predict every point; ``progress`` is called after each one."""
+    rows: list[dict] = []
+    for point in points:
+        try:
+            rows.extend(predict_point(point, tuple(algorithms)))
+        except (SimError, TopologyError) as exc:
+            raise SimError(f"{point.topology} at {point.seq_len} tokens: {exc}") from exc
+        if progress:
+            progress(point)
+    return rows
+
+
+def memory_rows(spec: str, seq_len: int, hidden_sizes=(1024, 2048, 4096, 8192, 16384),
+                head_dim: int = 128) -> list[dict]:
+    """Tree and ring predictions for multi-head models that differ only in hidden size.
+
+    Every head has its own K and V (Hq = Hkv = hidden / head_dim), as in the paper's memory
+    figure, so the KV cache grows with the hidden size.
+    """
+    rows = []
+    base = ModelConfig.from_name("llama-3.1-8b")
+    for hidden in hidden_sizes:
+        heads = hidden // head_dim
+        model = replace(base, name=f"mha-{hidden}", n_heads=heads, n_kv_heads=heads,
+                        head_dim=head_dim, dim=hidden)
+        rows += predict_point(SweepPoint(spec, model.name, seq_len), ("tree", "ring"), model)
+    return rows
+
+
+def check_models(models: Iterable[str]) -> None:
+    for name in models:
+        ModelConfig.from_name(name)

@@ -1,0 +1,222 @@
+"""The sweep's figures, written as PNG with matplotlib's Agg canvas (never the global backend).
+
+Every function takes the sweep's rows (dicts as written to ``results.json``) and a path, and
+returns the path. Rows carry ``topology``, ``gpus``, ``seq_len``, ``algorithm``, ``latency_s``,
+``speedup_vs_ring``, ``peak_memory_bytes``, ``model_dim`` and, for measured sweeps,
+``measured_s`` and ``predicted_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+ALGO_STYLE = {
+    "tree": ("#2ca02c", "o", "-"),
+    "butterfly": ("#17becf", "v", "--"),
+    "allgather": ("#bcbd22", "^", "--"),
+    "allreduce3": ("#9467bd", "s", "-."),
+    "ring": ("#d62728", "D", "-"),
+}
+
+
+def _figure(ncols: int = 1, nrows: int = 1, size=(6.0, 4.2)) -> tuple[Figure, list]:
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), dpi=110)
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(nrows, ncols, i + 1) for i in range(nrows * ncols)]
+    return fig, axes
+
+
+def _tokens(n: float) -> str:
+    """A token count the way the CLI takes it: binary k and M (``80k`` = 81920)."""
+    for unit, scale in (("M", 1 << 20), ("k", 1 << 10)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
+    return f"{int(n)}"
+
+
+def latency_vs_seq_len(rows: list[dict], path: Path) -> Path:
+    """Predicted per-layer decode latency vs context length, log-log, a panel per topology."""
+    by_topo: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_topo[row["topology"]].append(row)
+    fig, axes = _figure(ncols=len(by_topo))
+    for ax, (topo, topo_rows) in zip(axes, by_topo.items()):
+        gpus = max(r["gpus"] for r in topo_rows)
+        for algo, (color, marker, style) in ALGO_STYLE.items():
+            pts = sorted((r["seq_len"], r["latency_s"]) for r in topo_rows
+                         if r["algorithm"] == algo and r["gpus"] == gpus)
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, [y * 1e6 for y in ys], color=color, marker=marker, ls=style,
+                        label=algo)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{topo} ({gpus} GPUs)")
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("predicted latency per layer (µs)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def speedup_vs_gpus(rows: list[dict], path: Path, topology: str | None = None) -> Path:
+    """Speedup of the best tree plan over Ring Attention vs the number of GPUs, a line per
+    context length (the paper's style of figure)."""
+    tree_rows = [r for r in rows if r["algorithm"] == "tree"
+                 and (topology is None or r["topology"] == topology)]
+    model = tree_rows[0]["model"] if tree_rows else ""
+    tree_rows = [r for r in tree_rows if r["model"] == model]
+    fig, (ax,) = _figure(size=(6.4, 4.4))
+    lengths = sorted({r["seq_len"] for r in tree_rows})
+    cmap = fig.colormaps["viridis"] if hasattr(fig, "colormaps") else None
+    for i, seq_len in enumerate(lengths):
+        pts = sorted((r["gpus"], r["speedup_vs_ring"]) for r in tree_rows
+                     if r["seq_len"] == seq_len)
+        color = cmap(i / max(1, len(lengths) - 1)) if cmap else None
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker="o", color=color, label=f"{_tokens(seq_len)} tokens")
+    ax.axhline(1.0, color="grey", lw=1, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("number of GPUs")
+    ax.set_ylabel("predicted speedup of tree over ring (×)")
+    title = topology or ", ".join(sorted({r["topology"] for r in tree_rows}))
+    ax.set_title(f"Tree vs Ring Attention: {title}, {model}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, title="context")
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def memory_vs_hidden(rows: list[dict], path: Path) -> Path:
+    """Peak memory per GPU, tree vs ring, vs hidden size (rows of ``grid.memory_rows``:
+    one topology, one context length, models that differ only in their head count)."""
+    fig, (ax,) = _figure(size=(6.4, 4.4))
+    for algo, ls in (("tree", "-"), ("ring", "--")):
+        pts = sorted((r["model_dim"], r["peak_memory_bytes"]) for r in rows
+                     if r["algorithm"] == algo)
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, [y / 2**30 for y in ys], marker="o", ls=ls, color=ALGO_STYLE[algo][0],
+                    label=algo)
+    if rows:
+        first = rows[0]
+        ax.text(0.02, 0.02, f"{first['spec']}, {_tokens(first['seq_len'])} tokens, "
+                "MHA, head dim 128, bf16", transform=ax.transAxes, fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("model hidden size (Hq × head dim)")
+    ax.set_ylabel("predicted peak memory per GPU, one layer (GiB)")
+    ax.set_title("Peak memory: Ring holds KV blocks in flight, Tree only partials")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def measured_vs_predicted(rows: list[dict], path: Path, band: float = 0.25) -> Path:
+    """Measured against predicted step time, with the y = x line and a ±band error band."""
+    fig, (ax,) = _figure(size=(5.6, 5.0))
+    measured = [r for r in rows if r.get("measured_s")]
+    for algo, (color, marker, _) in ALGO_STYLE.items():
+        pts = [(r["predicted_s"], r["measured_s"]) for r in measured if r["algorithm"] == algo]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.scatter([x * 1e3 for x in xs], [y * 1e3 for y in ys], color=color,
+                       marker=marker, label=algo, zorder=3)
+    values = [v * 1e3 for r in measured for v in (r["predicted_s"], r["measured_s"])]
+    lo, hi = (min(values) / 1.5, max(values) * 1.5) if values else (1e-3, 1.0)
+    line = [lo, hi]
+    ax.plot(line, line, color="black", lw=1, label="y = x")
+    ax.fill_between(line, [v * (1 - band) for v in line], [v * (1 + band) for v in line],
+                    color="grey", alpha=0.2, label=f"±{band:.0%}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("predicted step time (ms)")
+    ax.set_ylabel("measured step time (ms)")
+    ax.set_title("Prediction vs measurement")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def tree_over_topology(topology, parent: list[int], path: Path, title: str = "") -> Path:
+    """The chosen reduction tree's edges (child → parent) drawn over the cluster graph."""
+    from matplotlib.lines import Line2D
+
+    from treeattn.topo.draw import LINK_COLOR, MARKER, layout
+
+    hosts = topology.hosts[:4]
+    pos = layout(topology, hosts)
+    fig, (ax,) = _figure(size=(max(8.0, 1.1 * len(pos) ** 0.5 * 3), 6.5))
+    g = topology.graph
+    for u, v, d in g.edges(data=True):
+        if u in pos and v in pos and not d.get("logical"):
+            (x1, y1), (x2, y2) = pos[u], pos[v]
+            ax.plot([x1, x2], [y1, y2], color=LINK_COLOR.get(d["kind"], "#999999"), lw=0.6,
+                    alpha=0.25, zorder=1)
+    for name, (x, y) in pos.items():
+        kind = g.nodes[name]["kind"]
+        if kind != "gpu":
+            ax.scatter([x], [y], s=70, marker=MARKER.get(kind, "o"), color="#dddddd",
+                       edgecolors="#777777", linewidths=0.6, zorder=2)
+    shown = {r: topology.gpus[r] for r in range(topology.num_gpus)
+             if topology.gpus[r] in pos}
+    for rank, name in shown.items():
+        x, y = pos[name]
+        root = parent[rank] < 0
+        ax.scatter([x], [y], s=320 if root else 200, marker="s", zorder=3,
+                   color="#ffd700" if root else "#9fd39f", edgecolors="black")
+        ax.annotate(str(rank), (x, y), ha="center", va="center", fontsize=7, zorder=4)
+    for child, par in enumerate(parent):
+        if par < 0 or child not in shown or par not in shown:
+            continue
+        (x1, y1), (x2, y2) = pos[shown[child]], pos[shown[par]]
+        bend = 0.25 if abs(y1 - y2) < 1e-9 else 0.0
+        ax.annotate("", xy=(x2, y2), xytext=(x1, y1), zorder=2,
+                    arrowprops=dict(arrowstyle="-|>", color="#2ca02c", lw=1.8,
+                                    connectionstyle=f"arc3,rad={bend}"))
+    kinds = sorted({d["kind"] for _, _, d in g.edges(data=True)})
+    handles = [Line2D([0], [0], color="#2ca02c", lw=2, label="tree edge (child → parent)"),
+               Line2D([0], [0], marker="s", ls="", markerfacecolor="#ffd700",
+                      markeredgecolor="black", label="root")]
+    handles += [Line2D([0], [0], color=LINK_COLOR.get(k, "#999999"), lw=1.5, alpha=0.5,
+                       label=f"{k} link") for k in kinds]
+    ax.legend(handles=handles, fontsize=7, loc="upper right")
+    depth = _depth(parent)
+    ax.set_title(title or f"reduction tree on {topology.name}: root {parent.index(-1)}, "
+                 f"depth {depth}")
+    ax.set_axis_off()
+    ax.margins(0.08)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def _depth(parent: list[int]) -> int:
+    def up(r: int) -> int:
+        steps = 0
+        while parent[r] >= 0 and steps <= len(parent):
+            r, steps = parent[r], steps + 1
+        return steps
+
+    return max((up(r) for r in range(len(parent))), default=0) if parent else 0
+
+
+def geometric_mean(values: list[float]) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")

@@ -1,0 +1,149 @@
+"""Hardware constants: link bandwidths and latencies, with where each figure comes from.
+
+Every bandwidth is bytes/s **per direction** of one link (a full-duplex link is two directed
+edges, each with this figure). Every latency is seconds for one directed edge.
+
+Latencies follow NCCL's tuning model (``src/graph/tuning.cc``: per-hop hardware latencies
+of about 0.6 us on NVLink with the LL protocol, 1.0 us on PCIe and 2.7-5 us over the
+network). A two-hop path (GPU -> NVSwitch -> GPU, GPU -> CPU -> GPU) splits the hop's latency
+across its edges, so the GPU-to-GPU route adds up to NCCL's per-hop figure.
+
+Per-GPU-model NVLink / xGMI table (:data:`GPU_LINKS`), per link and direction:
+
+============  ===========  ======  ==========  ==============================================
+model         link         links   GB/s/link   source
+============  ===========  ======  ==========  ==============================================
+P100          NVLink1      4       20          NVIDIA Tesla P100 whitepaper (160 GB/s bidir)
+V100          NVLink2      6       25          NVIDIA Tesla V100 whitepaper (300 GB/s bidir)
+A100          NVLink3      12      25          NVIDIA A100 whitepaper (600 GB/s bidir)
+A800          NVLink3      8       25          NVIDIA A800 product brief (400 GB/s bidir)
+H100 / H200   NVLink4      18      25          NVIDIA H100 whitepaper (900 GB/s bidir)
+H800          NVLink4      8       25          NVIDIA H800 product brief (400 GB/s bidir)
+B200          NVLink5      18      50          NVIDIA Blackwell datasheet (1.8 TB/s bidir)
+RTX3090       NVLink3      4       14.0625     GeForce RTX 3090 spec, bridge 112.5 GB/s bidir
+A6000         NVLink3      4       14.0625     RTX A6000 datasheet, bridge 112.5 GB/s bidir
+MI250/MI250X  xGMI (IF3)   8       50          AMD CDNA2 whitepaper (100 GB/s bidir per link)
+MI210         xGMI (IF3)   3       50          AMD MI210 datasheet (300 GB/s bidir, 3 links)
+MI300X        xGMI (IF4)   7       64          AMD CDNA3 whitepaper (128 GB/s bidir per link)
+MI300A        xGMI (IF4)   6       64          AMD CDNA3 whitepaper (128 GB/s bidir per link)
+MI308X        xGMI (IF4)   7       64          same package as MI300X
+RTX4090       none         0       -           GeForce RTX 4090: no NVLink, no P2P
+============  ===========  ======  ==========  ==============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9
+US = 1e-6
+
+
+@dataclass(frozen=True)
+class GpuLinks:
+    """Peer-link facts for one GPU model."""
+
+    link: str  # "nvlink", "xgmi" or "" (none)
+    links: int  # links per GPU
+    link_bandwidth: float  # bytes/s per link per direction
+    p2p: bool = True  # PCIe peer-to-peer allowed (False on GeForce 40xx)
+    pcie_gen: int = 4  # host link generation (x16)
+
+
+GPU_LINKS: dict[str, GpuLinks] = {
+    "P100": GpuLinks("nvlink", 4, 20 * GB, pcie_gen=3),
+    "V100": GpuLinks("nvlink", 6, 25 * GB, pcie_gen=3),
+    "A100": GpuLinks("nvlink", 12, 25 * GB),
+    "A800": GpuLinks("nvlink", 8, 25 * GB),
+    "H100": GpuLinks("nvlink", 18, 25 * GB, pcie_gen=5),
+    "H200": GpuLinks("nvlink", 18, 25 * GB, pcie_gen=5),
+    "H800": GpuLinks("nvlink", 8, 25 * GB, pcie_gen=5),
+    "B200": GpuLinks("nvlink", 18, 50 * GB, pcie_gen=5),
+    "RTX3090": GpuLinks("nvlink", 4, 112.5 / 8 * GB),
+    "A6000": GpuLinks("nvlink", 4, 112.5 / 8 * GB),
+    "MI250": GpuLinks("xgmi", 8, 50 * GB),
+    "MI250X": GpuLinks("xgmi", 8, 50 * GB),
+    "MI210": GpuLinks("xgmi", 3, 50 * GB),
+    "MI300X": GpuLinks("xgmi", 7, 64 * GB, pcie_gen=5),
+    "MI300A": GpuLinks("xgmi", 6, 64 * GB, pcie_gen=5),
+    "MI308X": GpuLinks("xgmi", 7, 64 * GB, pcie_gen=5),
+    "RTX4090": GpuLinks("", 0, 0.0, p2p=False),
+    "cpu": GpuLinks("", 0, 0.0),
+}
+
+# PCI device IDs (pci.ids) and SM / gfx versions -> model, for the NCCL/RCCL XML importer.
+# MI250 and MI250X (0x7408 / 0x740c, gfx90a) share the xGMI figures, so both map to "MI250".
+PCI_DEVICE_MODELS = {
+    "0x2330": "H100", "0x2331": "H100", "0x2335": "H200", "0x20b0": "A100", "0x20b2": "A100",
+    "0x20b5": "A100", "0x20f1": "A100", "0x2204": "RTX3090", "0x2684": "RTX4090",
+    "0x2230": "A6000", "0x1db1": "V100", "0x1db5": "V100", "0x15f8": "P100",
+    "0x74a1": "MI300X", "0x74b5": "MI300X", "0x74a2": "MI308X", "0x74a0": "MI300A",
+    "0x7408": "MI250", "0x740c": "MI250", "0x740f": "MI210",
+}
+SM_MODELS = {"60": "P100", "70": "V100", "80": "A100", "86": "RTX3090", "89": "RTX4090",
+             "90": "H100", "100": "B200"}
+GFX_MODELS = {"gfx942": "MI300X", "gfx90a": "MI250"}
+# nvidia-smi prints NV# = links between a pair; with NVSwitch that is all of a GPU's links.
+NV_COUNT_MODELS = {18: "H100", 12: "A100", 8: "A800", 6: "V100", 4: "RTX3090"}
+
+# NVLink: NCCL's 0.6 us per NVLink hop, split over GPU->NVSwitch and NVSwitch->GPU.
+NVLINK_HOP_LATENCY = 0.6 * US
+XGMI_HOP_LATENCY = 0.6 * US  # RCCL reuses NCCL's NVLink figure for xGMI
+# PCIe: NCCL's 1.0 us for a GPU-to-GPU PCIe path, split over its four edges
+# (GPU -> switch -> CPU -> switch -> GPU); UPI adds a little on top when crossing sockets.
+PCIE_EDGE_LATENCY = 0.25 * US
+UPI_LATENCY = 0.4 * US
+# PCIe effective bandwidth per direction (x16): gen3 15.75 raw, gen4 31.5 raw, gen5 63 raw
+# (PCI-SIG); ~80% after TLP/DLLP overhead, as nvbandwidth/p2pBandwidthLatencyTest show.
+PCIE_BANDWIDTH = {3: 12 * GB, 4: 25 * GB, 5: 50 * GB}
+# Cross-socket host-memory copy on a 4090 box: measured SYS paths are ~10 GB/s (DESIGN.md).
+UPI_BANDWIDTH_DESKTOP = 10 * GB
+# Inter-socket bandwidth NCCL assumes for GPU traffic (src/graph/topo.h): Sapphire Rapids
+# UPI ~24 GB/s, Skylake-era UPI ~10 GB/s, AMD Infinity Fabric between sockets ~16 GB/s.
+UPI_BANDWIDTH_SPR = 24 * GB
+UPI_BANDWIDTH_AMD = 16 * GB
+# InfiniBand NDR: 400 Gb/s = 50 GB/s per direction per port (one rail per GPU).
+IB_NDR_BANDWIDTH = 400e9 / 8
+# InfiniBand HDR / 200 GbE (ConnectX-6) for the 4090 boxes: 25 GB/s per direction.
+IB_HDR_BANDWIDTH = 200e9 / 8
+# Network: NCCL's 2.7 us base for a NIC-leaf-NIC hop, split over NIC->leaf and leaf->NIC;
+# each extra switch level (leaf -> spine -> leaf) adds 0.5 us per edge (switch port-to-port).
+IB_EDGE_LATENCY = 1.1 * US
+IB_SPINE_LATENCY = 0.5 * US
+# NDR switch (Quantum-2 QM9700): 64 ports of 400 Gb/s.
+IB_SWITCH_PORTS = 64
+# Loopback defaults for the ``local`` builder (the runtime's calibration replaces them).
+LOOPBACK_LATENCY = 20 * US
+LOOPBACK_BANDWIDTH = 5 * GB
+
+
+def gpu_links(model: str) -> GpuLinks:
+    """Return the link facts for ``model`` (case-insensitive), or raise ``KeyError``.
+
+    >>> gpu_links("h100").links
+    18
+    """
+    key = normalize_model(model)
+    return GPU_LINKS[key]
+
+
+def normalize_model(model: str) -> str:
+    """Canonical spelling of a GPU model name: ``"rtx 3090"`` -> ``"RTX3090"``.
+
+    >>> normalize_model("mi300x")
+    'MI300X'
+    """
+    key = model.strip().replace(" ", "").replace("-", "").upper()
+    if key == "CPU":
+        return "cpu"
+    for prefix in ("NVIDIA", "GEFORCE", "AMD", "INSTINCT", "TESLA"):
+        key = key.removeprefix(prefix)
+    if key in ("3090", "4090"):
+        key = "RTX" + key
+    for name in GPU_LINKS:
+        if key == name.upper():
+            return name
+    for name in GPU_LINKS:  # "A100SXM440GB" -> "A100", "H100SXM" -> "H100"
+        if name != "cpu" and key.startswith(name.upper()):
+            return name
+    return key

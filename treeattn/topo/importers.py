@@ -1,0 +1,84 @@
+"""Load a topology from a spec string, a JSON file or a tool's output (format auto-detected).
+
+Formats: ``nvidia-smi`` (``nvidia-smi topo -m``), ``rocm-smi`` (``rocm-smi --showtopo``),
+``nccl-xml`` (``NCCL_TOPO_DUMP_FILE`` / RCCL topology XML) and ``json`` (:meth:`to_json`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from treeattn.topo.errors import TopologyError
+
+FORMATS = ("auto", "nvidia-smi", "rocm-smi", "nccl-xml", "json")
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+def load(cls, source, fmt: str = "auto", gpu: str | None = None):
+    """See :meth:`treeattn.topo.Topology.load`."""
+    if fmt not in FORMATS:
+        raise TopologyError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    path = Path(source)
+    text_source = str(source)
+    if not path.exists() and fmt == "auto" and _looks_like_spec(text_source):
+        return cls.from_spec(text_source)
+    text = read_text(path)
+    return parse_text(cls, text, path.name, fmt=fmt, gpu=gpu)
+
+
+def _looks_like_spec(s: str) -> bool:
+    return "/" not in s and not s.endswith((".json", ".txt", ".xml", ".log"))
+
+
+def read_text(path: Path) -> str:
+    """The text of ``path``; :class:`TopologyError` if missing, empty, binary or huge."""
+    if not path.exists():
+        raise TopologyError(f"no such file or topology spec: {str(path)!r}")
+    if not path.is_file():
+        raise TopologyError(f"not a file: {str(path)!r}")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise TopologyError(f"{path.name}: file too large for a topology")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise TopologyError(f"{path.name}: not a UTF-8 text file") from None
+    except OSError as exc:
+        raise TopologyError(f"{path.name}: cannot read: {exc.strerror}") from None
+    if not text.strip():
+        raise TopologyError(f"{path.name}: file is empty")
+    return text
+
+
+def detect_format(text: str) -> str:
+    """Guess the format of a tool output.
+
+    >>> detect_format('<system version="1"><cpu/></system>')
+    'nccl-xml'
+    """
+    head = text.lstrip("\ufeff \t\r\n")
+    if head.startswith("{"):
+        return "json"
+    if head.startswith("<"):
+        return "nccl-xml"
+    if "Link Type between two GPUs" in text or "Weight between two GPUs" in text:
+        return "rocm-smi"
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0].startswith("GPU") and "GPU0" in line:
+            return "nvidia-smi"
+    raise TopologyError("unrecognised topology format (not JSON, NCCL XML, nvidia-smi or rocm-smi)")
+
+
+def parse_text(cls, text: str, name: str, fmt: str = "auto", gpu: str | None = None):
+    """Parse tool output or JSON text into a ``cls`` (a :class:`Topology`)."""
+    if fmt == "auto":
+        fmt = detect_format(text)
+    if fmt == "json":
+        return cls.from_json(text, name=name)
+    if fmt == "nvidia-smi":
+        from treeattn.topo.nvsmi import parse_nvidia_smi as parse
+    elif fmt == "rocm-smi":
+        from treeattn.topo.rocmsmi import parse_rocm_smi as parse
+    else:
+        from treeattn.topo.ncclxml import parse_nccl_xml as parse
+    return cls(parse(text, gpu=gpu), name=name)

@@ -1,0 +1,73 @@
+"""JSON round trip of topology graphs (networkx node-link data, ``edges="links"``).
+
+The reader does its own structural checks so that any malformed document ends in a
+:class:`TopologyError` naming the problem, never a ``KeyError`` or ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import networkx as nx
+
+from treeattn.topo.errors import TopologyError
+
+FORMAT = "treeattn-topology/1"
+
+
+def graph_to_json(graph: nx.DiGraph, name: str) -> str:
+    """Serialise ``graph`` as node-link JSON with ``name`` and a format tag in ``graph``.
+
+    >>> '"directed": true' in graph_to_json(nx.DiGraph(), "x")
+    True
+    """
+    data = nx.node_link_data(graph, edges="links")
+    data["graph"] = {**data.get("graph", {}), "name": name, "format": FORMAT}
+    return json.dumps(data, indent=1, sort_keys=False)
+
+
+def graph_from_json(text: str) -> tuple[nx.DiGraph, str]:
+    """Parse node-link JSON into a DiGraph; return ``(graph, stored name)``.
+
+    >>> g, name = graph_from_json(graph_to_json(nx.DiGraph([("a", "b")]), "t"))
+    >>> name, list(g.edges)
+    ('t', [('a', 'b')])
+    """
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise TopologyError(f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise TopologyError("JSON is not a topology: expected an object with 'nodes' and 'links'")
+    links = data.get("links", data.get("edges"))
+    if not isinstance(links, list):
+        raise TopologyError("JSON topology has no 'links' list")
+    meta = data.get("graph") if isinstance(data.get("graph"), dict) else {}
+    g = nx.DiGraph()
+    for i, node in enumerate(data["nodes"]):
+        _add_node(g, i, node)
+    for i, link in enumerate(links):
+        _add_link(g, i, link)
+    name = meta.get("name") if isinstance(meta.get("name"), str) else ""
+    return g, name
+
+
+def _add_node(g: nx.DiGraph, i: int, node: object) -> None:
+    if not isinstance(node, dict) or not isinstance(node.get("id"), str):
+        raise TopologyError(f"JSON node #{i} has no string 'id'")
+    name = node["id"]
+    if name in g:
+        raise TopologyError(f"duplicate node name {name!r}")
+    g.add_node(name, **{k: v for k, v in node.items() if k != "id"})
+
+
+def _add_link(g: nx.DiGraph, i: int, link: object) -> None:
+    if not isinstance(link, dict):
+        raise TopologyError(f"JSON link #{i} is not an object")
+    u, v = link.get("source"), link.get("target")
+    for end in (u, v):
+        if not isinstance(end, str) or end not in g:
+            raise TopologyError(f"JSON link #{i} refers to unknown node {end!r}")
+    if g.has_edge(u, v):
+        raise TopologyError(f"duplicate link {u} -> {v}")
+    g.add_edge(u, v, **{k: val for k, val in link.items() if k not in ("source", "target")})

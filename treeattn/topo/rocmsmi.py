@@ -1,0 +1,138 @@
+"""Importer for ``rocm-smi --showtopo`` text.
+
+The output has four blocks: *Weight*, *Hops* and *Link Type between two GPUs* (GPU x GPU
+matrices) and *Numa Nodes* (``GPU[n] : (Topology) Numa Node: k``, or ``GPU n`` in older
+releases). A pair whose link type is ``XGMI`` with one hop becomes a direct ``xgmi`` link;
+``XGMI`` pairs more than one hop apart (MI250 GCDs across packages) and ``PCIE`` pairs get no
+direct edge and are routed through the CPUs. Each NUMA node becomes a ``cpu`` node, every GPU
+hangs off its NUMA node's CPU over PCIe, and the CPUs are joined by inter-socket links.
+
+rocm-smi does not name the GPU model, and the link bandwidth depends on it. An 8-GPU full
+xGMI mesh is taken to be MI300X; anything else needs ``gpu=`` (``--gpu``), e.g. ``MI210``,
+``MI250`` or ``MI300A``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import networkx as nx
+
+from treeattn.topo import hardware as hw
+from treeattn.topo import importcommon as ic
+from treeattn.topo.errors import TopologyError
+from treeattn.topo.graphbuild import GraphBuilder
+
+_TITLE = re.compile(r"^=+\s*(.*?)\s*=+\s*$")
+_NUMA = re.compile(r"^GPU\s*\[?(\d+)\]?\s*:\s*\(Topology\)\s*Numa Node:\s*(-?\d+)", re.M)
+LINK_TYPES = ("XGMI", "PCIE")
+
+
+def parse_rocm_smi(text: str, gpu: str | None = None) -> nx.DiGraph:
+    """Parse ``rocm-smi --showtopo`` output into a topology graph (host ``node0``).
+
+    >>> text = "=== Link Type between two GPUs ===\\n  GPU0  GPU1\\n" \\
+    ...        "GPU0  0  XGMI\\nGPU1  XGMI  0\\n"
+    >>> g = parse_rocm_smi(text, gpu="MI210")
+    >>> g.edges["node0/gpu0", "node0/gpu1"]["kind"]
+    'xgmi'
+    """
+    sections = _sections(text)
+    if "link type between two gpus" not in sections:
+        raise TopologyError("rocm-smi: no 'Link Type between two GPUs' block")
+    links = _matrix(sections["link type between two gpus"], "Link Type")
+    n = len(links)
+    ic.check_count(n, "GPUs in the rocm-smi output")
+    hops = _matrix(sections["hops between two gpus"], "Hops") if (
+        "hops between two gpus" in sections) else None
+    if hops is not None and len(hops) != n:
+        raise TopologyError(f"rocm-smi: Hops block has {len(hops)} GPUs, Link Type has {n}")
+    xgmi = _xgmi_pairs(links, hops)
+    detected = "MI300X" if n == 8 and len(xgmi) == 28 else None
+    model = ic.resolve_model(gpu, detected)
+    numa = _numa(text, n)
+    return _build(n, xgmi, numa, model)
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        m = _TITLE.match(line.strip())
+        if m:
+            current = sections.setdefault(m.group(1).strip().lower(), [])
+        elif current is not None and line.strip():
+            current.append(line)
+    return sections
+
+
+def _matrix(lines: list[str], what: str) -> list[list[str]]:
+    if not lines:
+        raise TopologyError(f"rocm-smi: {what} block is empty")
+    header = lines[0].split()
+    if not header or any(h != f"GPU{i}" for i, h in enumerate(header)):
+        raise TopologyError(f"rocm-smi: bad {what} header {lines[0].strip()!r}")
+    ic.check_count(len(header), f"GPUs in the {what} block")
+    rows: dict[str, list[str]] = {}
+    for line in lines[1:]:
+        tokens = line.split()
+        if tokens[0] in header and tokens[0] not in rows:
+            rows[tokens[0]] = tokens[1:]
+    out = []
+    for name in header:
+        cells = rows.get(name)
+        if cells is None or len(cells) != len(header):
+            raise TopologyError(f"rocm-smi: {what} row {name} missing or wrong length")
+        out.append([c.upper() for c in cells])
+    return out
+
+
+def _xgmi_pairs(links: list[list[str]], hops: list[list[str]] | None) -> list[tuple[int, int]]:
+    n, pairs = len(links), []
+    for i in range(n):
+        for j in range(n):
+            cell = links[i][j]
+            if i == j:
+                if cell not in ("0", "X"):
+                    raise TopologyError(f"rocm-smi: diagonal cell GPU{i}/GPU{j} is {cell!r}")
+                continue
+            if cell not in LINK_TYPES:
+                raise TopologyError(f"rocm-smi: unknown link type {cell!r} at GPU{i}/GPU{j}")
+            if cell != links[j][i]:
+                raise TopologyError(f"rocm-smi: link type not symmetric at GPU{i}/GPU{j}")
+            if i < j and cell == "XGMI" and _hop_count(hops, i, j) <= 1:
+                pairs.append((i, j))
+    return pairs
+
+
+def _hop_count(hops: list[list[str]] | None, i: int, j: int) -> int:
+    if hops is None:
+        return 1
+    cell = hops[i][j]
+    if not cell.isdigit():
+        raise TopologyError(f"rocm-smi: hop count {cell!r} at GPU{i}/GPU{j} is not a number")
+    return int(cell)
+
+
+def _numa(text: str, n: int) -> list[int]:
+    numa = [0] * n
+    for gpu, node in _NUMA.findall(text):
+        if int(gpu) >= n:
+            raise TopologyError(f"rocm-smi: Numa block names GPU{gpu}, but there are {n} GPUs")
+        numa[int(gpu)] = max(0, int(node))
+    return numa
+
+
+def _build(n: int, xgmi: list[tuple[int, int]], numa: list[int], model: str) -> nx.DiGraph:
+    b = GraphBuilder()
+    gpus = [ic.add_gpu(b, i, i, model, numa=numa[i]) for i in range(n)]
+    cpus = {k: b.node(f"{ic.HOST}/cpu{k}", "cpu", ic.HOST, numa=k) for k in sorted(set(numa))}
+    bw = ic.pcie_bandwidth(model)
+    for i, gpu in enumerate(gpus):
+        b.link(gpu, cpus[numa[i]], "pcie", bw, 2 * hw.PCIE_EDGE_LATENCY)
+    ic.mesh_cpus(b, list(cpus.values()), hw.UPI_BANDWIDTH_AMD)
+    if xgmi:
+        link_bw = ic.need_link_bandwidth(model, "xgmi")
+        for i, j in xgmi:
+            b.link(gpus[i], gpus[j], "xgmi", link_bw, hw.XGMI_HOP_LATENCY)
+    return b.graph
