@@ -29,12 +29,12 @@ torch.set_num_threads(1)
 
 
 def _run_distributed(spec, model, prompt, world, algorithm, new_tokens, eos=None,
-                     context_tokens=0, segment=()):
+                     context_tokens=0, segment=(), loaded=None):
     lengths = split_lengths(context_tokens or len(prompt), world)
     schedule = make_schedule(algorithm, world, model.config, lengths)
     request = GenerateRequest(spec, tuple(prompt), new_tokens, schedule, eos, context_tokens,
                               tuple(segment))
-    return generate_distributed(request, world, timeout_s=120)
+    return generate_distributed(request, world, timeout_s=120, loaded=loaded)
 
 
 def _assert_same(dist_gen, ref):
@@ -119,7 +119,8 @@ def test_smollm2_world_1_and_2_give_the_same_sensible_text(smollm2, capsys):
     text = tok.decode(ref.tokens)
     assert "Paris" in text  # a sensible answer: the weights and tokenizer are read right
     assert len(set(ref.tokens)) > 2
-    result = _run_distributed(smollm2.source, smollm2.model, prompt, 2, "tree", 12, tok.eos_id)
+    result = _run_distributed(smollm2.source, smollm2.model, prompt, 2, "tree", 12, tok.eos_id,
+                              loaded=smollm2)
     _assert_same(result["generation"], ref)
 
 

@@ -18,7 +18,10 @@ FIX = Path(__file__).parent / "fixtures"
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse usage errors exit from inside the parser
+        code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -96,7 +96,7 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
                              args.context_tokens, segment)
         algorithm = "local"
     else:
-        gen, algorithm = _distributed(args, spec, model, prompt, tok.eos_id, segment, stream)
+        gen, algorithm = _distributed(args, loaded, prompt, segment, stream)
     if stream:
         sys.stdout.write("\n")
         sys.stdout.flush()
@@ -124,7 +124,7 @@ def _segment(tok, context_tokens: int, model) -> list[int] | None:
     return document_segment(tok)
 
 
-def _distributed(args, spec, model, prompt, eos_id, segment, stream):
+def _distributed(args, loaded, prompt, segment, stream):
     from treeattn.runtime.generate_dist import (
         GenerateRequest,
         generate_distributed,
@@ -132,12 +132,13 @@ def _distributed(args, spec, model, prompt, eos_id, segment, stream):
         split_lengths,
     )
 
+    model, eos_id = loaded.model, loaded.tokenizer.eos_id
     cached = args.context_tokens or len(prompt)
     schedule = make_schedule(args.algorithm, args.nproc, model.config,
                              split_lengths(cached, args.nproc))
-    request = GenerateRequest(spec, tuple(prompt), args.max_new_tokens, schedule, eos_id,
+    request = GenerateRequest(loaded.source, tuple(prompt), args.max_new_tokens, schedule, eos_id,
                               args.context_tokens, tuple(segment or ()), stream)
-    result = generate_distributed(request, args.nproc)
+    result = generate_distributed(request, args.nproc, loaded=loaded)
     shape = schedule.params.get("shape")
     name = f"{schedule.algorithm}({shape})" if shape else schedule.algorithm
     return result["generation"], name

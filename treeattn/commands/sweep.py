@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from treeattn.errors import UserError
 from treeattn.sweep import plots
-from treeattn.sweep.grid import ALGORITHMS, check_models, expand_grid, memory_rows, run_sweep
+from treeattn.sweep.grid import ALGORITHMS, check_points, expand_grid, memory_rows, run_sweep
 
 
 def _tokens(text: str) -> int:
@@ -69,8 +69,8 @@ def handle(args: argparse.Namespace) -> int:
 
 def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
     models = args.model or ["llama-3.1-8b"]
-    check_models(models)
     points = expand_grid(args.topology or ["dgx-h100"], models, seq_lens, args.nodes)
+    check_points(points)  # fail on bad input before any work or progress output
     columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:

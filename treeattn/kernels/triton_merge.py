@@ -57,7 +57,7 @@ def _merge_kernel(
     for s0 in range(0, N, BLOCK_S):
         idx = s0 + offs_s
         lse = tl.load(lse_base + idx * stride_ln, mask=idx < N, other=float("-inf"))
-        w = tl.exp(lse.to(tl.float32) - m)  # (BLOCK_S,); 0 for identities and padding
+        w = tl.exp(lse.to(tl.float32) - m_safe)  # (BLOCK_S,); 0 for identities and padding
         o = tl.load(o_base + idx[:, None] * stride_in + offs_d[None, :],
                     mask=(idx < N)[:, None] & mask_d[None, :], other=0.0)  # (BLOCK_S, D_PAD)
         l_vec += w

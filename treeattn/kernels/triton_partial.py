@@ -57,8 +57,8 @@ def _partial_split_kernel(
 ):  # fmt: skip
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
-    b = pid_bh // HKV
-    hk = pid_bh % HKV
+    b = (pid_bh // HKV).to(tl.int64)  # int64: b * stride_kb passes 2**31 at long T
+    hk = (pid_bh % HKV).to(tl.int64)
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D_PAD)
     offs_n = tl.arange(0, BLOCK_N)
@@ -83,8 +83,8 @@ def _partial_split_kernel(
             mask_kv = (offs_t < end)[:, None]
         else:
             mask_kv = (offs_t < end)[:, None] & mask_d[None, :]
-        k = tl.load(k_base + offs_t[:, None] * stride_kt + offs_d[None, :], mask=mask_kv,
-                    other=0.0)  # (BLOCK_N, D_PAD)
+        kv_offs = n0.to(tl.int64) * stride_kt + offs_n[:, None] * stride_kt + offs_d[None, :]
+        k = tl.load(k_base + kv_offs, mask=mask_kv, other=0.0)  # (BLOCK_N, D_PAD)
         if UPCAST:
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -94,8 +94,8 @@ def _partial_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])  # (G_PAD, BLOCK_N)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + offs_t[:, None] * stride_vt + offs_d[None, :], mask=mask_kv,
-                    other=0.0)  # (BLOCK_N, D_PAD)
+        v_offs = n0.to(tl.int64) * stride_vt + offs_n[:, None] * stride_vt + offs_d[None, :]
+        v = tl.load(v_base + v_offs, mask=mask_kv, other=0.0)  # (BLOCK_N, D_PAD)
         p_lo = p.to(v.dtype)  # FlashAttention rounding; a no-op for fp32 inputs
         if UPCAST:
             pv = tl.dot(p_lo.to(tl.float32), v.to(tl.float32), input_precision="ieee")

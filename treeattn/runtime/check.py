@@ -89,6 +89,16 @@ def validate(req: RunRequest, world: int) -> None:
         raise RuntimeFailure("--check needs at least 2 ranks (there is nothing to predict)")
     if req.steps < 1 or req.warmup < 0:
         raise RuntimeFailure("--steps must be at least 1 and --warmup at least 0")
+    if world >= 2:  # let the generators reject bad parameters before any rank starts
+        workload = workload_for(req.dims, shard_lengths(max(req.seq_lens), world))
+        for name in req.algorithms:
+            if name != "auto":
+                build(name, local_topology(world), workload, **params_for(req, name))
+
+
+def params_for(req: RunRequest, algorithm: str) -> dict:
+    """Generator parameters for ``algorithm``: ``req.params`` apply to ``tree`` only."""
+    return dict(req.params) if algorithm == "tree" else {}
 
 
 def make_query(seed: int, dims: AttnDims, device) -> torch.Tensor:
@@ -134,8 +144,7 @@ def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, wo
 
     topology, hardware, backend = predictor(profile, world)
     workload = workload_for(dims, lengths)
-    params = req.params if algorithm in ("tree", "allreduce3") else {}
-    schedule = build(algorithm, topology, workload, **params)
+    schedule = build(algorithm, topology, workload, **params_for(req, algorithm))
     if not req.check:
         return schedule, None, []
     sim = simulate(schedule, topology, workload, hardware, backend)

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import functools
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -197,9 +199,20 @@ def make_schedule(algorithm: str, world: int, config, lengths: list[int],
     return build(algorithm, topology, workload)
 
 
-def generate_distributed(request: GenerateRequest, world: int, timeout_s=GENERATE_TIMEOUT_S):
-    """Launch ``world`` local ranks running ``request``; return rank 0's result dict."""
-    from treeattn.runtime.launch import LaunchOptions, launch
+def generate_distributed(request: GenerateRequest, world: int, timeout_s=GENERATE_TIMEOUT_S,
+                         loaded=None):
+    """Launch ``world`` local ranks running ``request``; return rank 0's result dict.
 
-    job = functools.partial(rank_generate, request=request)
-    return launch(job, world, LaunchOptions(timeout_s=timeout_s, threads=1))
+    ``loaded`` (the caller's :class:`~treeattn.runtime.weights.LoadedModel`) is handed to
+    the ranks as a temporary snapshot, so they skip parsing the original file.
+    """
+    from treeattn.runtime.launch import LaunchOptions, launch
+    from treeattn.runtime.weights_snapshot import save_snapshot
+
+    options = LaunchOptions(timeout_s=timeout_s, threads=1)
+    if loaded is None:
+        return launch(functools.partial(rank_generate, request=request), world, options)
+    with tempfile.TemporaryDirectory(prefix="treeattn-model-") as tmp:
+        snapshot = save_snapshot(loaded, Path(tmp))
+        request = replace(request, model=str(snapshot))
+        return launch(functools.partial(rank_generate, request=request), world, options)

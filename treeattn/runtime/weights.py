@@ -21,6 +21,7 @@ from treeattn.runtime.fetch import DEFAULT_ALIASES, fetch_default_model
 from treeattn.runtime.model import ModelConfig, Transformer, random_model
 from treeattn.runtime.model_errors import ModelError
 from treeattn.runtime.tokenizer import Tokenizer
+from treeattn.runtime.weights_snapshot import is_snapshot, load_snapshot
 
 
 @dataclass
@@ -167,7 +168,7 @@ def resolve_model(spec: str | None = None) -> str:
     if spec in DEFAULT_ALIASES:
         return str(fetch_default_model())
     path = Path(spec).expanduser()
-    if path.is_dir() and not (path / "config.json").is_file():
+    if path.is_dir() and not (path / "config.json").is_file() and not is_snapshot(path):
         raise ModelError(f"{spec} is a directory without config.json")
     if not path.exists():
         raise ModelError(f"model not found: {spec} (give a .gguf file, a Hugging Face "
@@ -180,6 +181,8 @@ def load_model(spec: str | None = None, dtype: torch.dtype = torch.float32) -> L
     resolved = resolve_model(spec)
     if resolved == "debug":
         loaded = debug_model()
+    elif is_snapshot(Path(resolved)):
+        loaded = load_snapshot(Path(resolved))
     elif Path(resolved).is_dir():
         loaded = load_hf_dir(Path(resolved))
     else:

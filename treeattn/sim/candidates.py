@@ -8,6 +8,9 @@ enumerated for ``p`` ranks on ``h`` hosts:
   there is more than one host; searched (FNF, O(p²)) for p ≤ 256;
 * roots: every rank for p ≤ 16, else rank 0 and rank p/2 (on a symmetric cluster the root
   matters little; on small irregular boxes every root is tried);
+* beyond ``HUGE`` (4096) ranks, only binomial, 8-ary and the two hierarchical trees with
+  a flat or binomial inner tree, rooted at 0: every distinct (src, dst) pair costs a route
+  look-up, and the full list would need millions of them;
 * butterfly always; allgather for p ≤ 256 (its p(p−1) messages make it hopeless beyond);
 * allreduce3 over a binomial tree, and over a ring for p ≤ 1024;
 * ring always (its closed form is vectorised; see the planner for when it is simulated).
@@ -21,6 +24,7 @@ from treeattn.sim.results import SimResult
 from treeattn.sim.trees import Tree
 
 TREE_STYLE = ("tree", "butterfly", "allgather")
+HUGE = 4096  # beyond this many ranks only a short list of shapes is scored
 
 
 @dataclass
@@ -40,7 +44,7 @@ class Candidate:
 
     @property
     def method(self) -> str:
-        return "simulated" if self.result is not None else "closed_form"
+        return self.result.method if self.result is not None else "closed_form"
 
     @property
     def family(self) -> str:
@@ -52,10 +56,16 @@ class Candidate:
 
 
 def roots_for(world: int) -> list[int]:
-    return list(range(world)) if world <= 16 else sorted({0, world // 2})
+    if world <= 16:
+        return list(range(world))
+    return sorted({0, world // 2}) if world <= HUGE else [0]
 
 
 def tree_shapes(world: int, hosts: int) -> list[dict]:
+    if world > HUGE:
+        return [dict(shape="binomial"), dict(shape="kary", k=8),
+                dict(shape="hierarchical", inner="flat", outer="binomial"),
+                dict(shape="hierarchical", inner="binomial", outer="binomial")]
     shapes = [dict(shape="binomial"), dict(shape="binary"), dict(shape="kary", k=4),
               dict(shape="kary", k=8), dict(shape="double_binary")]
     if world <= 64:

@@ -164,7 +164,7 @@ def simulate(schedule: Schedule, topology, workload: DecodeWorkload, hardware=No
     return SimResult(
         algorithm=schedule.algorithm, params=dict(schedule.params), makespan_s=makespan,
         comm_bytes=sum(run.sent), bytes_per_rank=list(run.sent),
-        peak_memory_bytes=peak_memory(schedule, workload),
-        timeline=run.timeline() if timeline else [], bytes_per_link=run.link_bytes,
+        memory=lambda: peak_memory(schedule, workload),
+        steps_timeline=run.timeline if timeline else [], bytes_per_link=run.link_bytes,
         critical_path=critical_path(schedule.steps, run.start, run.end, run.cause),
     )

@@ -50,6 +50,7 @@ class Network:
         self.names = list(topology.gpus)
         self._hops: dict[tuple[int, int], tuple[tuple[Edge, float, float], ...]] = {}
         self._summary: dict[tuple[int, int], tuple[float, float, float]] = {}
+        self._edges: dict = {}
 
     @property
     def world(self) -> int:
@@ -60,13 +61,17 @@ class Network:
         key = (src, dst)
         found = self._hops.get(key)
         if found is None:
-            graph = self.topology.graph
-            edges = self.topology.route(self.names[src], self.names[dst])
-            found = tuple(
-                ((u, v), float(graph.edges[u, v]["bandwidth"]), float(graph.edges[u, v]["latency"]))
-                for u, v in edges
-            )
+            edges = self.topology.route(src, dst)
+            found = tuple(self._edge(e) for e in edges)
             self._hops[key] = found
+        return found
+
+    def _edge(self, edge) -> tuple[Edge, float, float]:
+        found = self._edges.get(edge)
+        if found is None:
+            data = self.topology.graph.edges[edge]
+            found = self._edges[edge] = (tuple(edge), float(data["bandwidth"]),
+                                         float(data["latency"]))
         return found
 
     def summary(self, src: int, dst: int) -> tuple[float, float, float]:

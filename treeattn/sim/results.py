@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from treeattn.sim.schedule import Compute, Merge, Recv, Send
@@ -25,11 +26,25 @@ class SimResult:
     makespan_s: float
     comm_bytes: int
     bytes_per_rank: list[int]
-    peak_memory_bytes: list[int]
-    timeline: list[tuple[int, int, str, float, float]] = field(default_factory=list)
-    bytes_per_link: dict[tuple[str, str], int] = field(default_factory=dict)
+    memory: list[int] | Callable[[], list[int]] = field(default_factory=list, repr=False)
+    steps_timeline: list | Callable[[], list] = field(default_factory=list, repr=False)
+    bytes_per_link: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
     critical_path: dict = field(default_factory=dict)
     method: str = "simulated"
+
+    @property
+    def peak_memory_bytes(self) -> list[int]:
+        """Peak bytes per rank (computed on first use; see :mod:`treeattn.sim.memory`)."""
+        if callable(self.memory):
+            self.memory = self.memory()
+        return self.memory
+
+    @property
+    def timeline(self) -> list[tuple[int, int, str, float, float]]:
+        """``(rank, step_index, step_name, start_s, end_s)`` for every step (built lazily)."""
+        if callable(self.steps_timeline):
+            self.steps_timeline = self.steps_timeline()
+        return self.steps_timeline
 
     @property
     def latency_s(self) -> float:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from treeattn.sim import DecodeWorkload, ModelConfig, SimError, plan
 from treeattn.sim.planner import closed_form_result
-from treeattn.topo import Topology, TopologyError
+from treeattn.topo import Topology
 
 ALGORITHMS = ("tree", "butterfly", "allgather", "allreduce3", "ring")
 
@@ -47,17 +47,38 @@ def expand_grid(topologies: Iterable[str], models: Iterable[str], seq_lens: Iter
     return [SweepPoint(s, m, int(L)) for s in specs for m in models for L in seq_lens]
 
 
-def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHMS,
-                  model: ModelConfig | None = None) -> list[dict]:
-    """One row per algorithm for ``point``, with its speedup over ring.
+def check_points(points: Iterable[SweepPoint]) -> dict[str, Topology]:
+    """Build every topology of the grid and check every point, before any work is done.
 
-    ``model`` overrides the registry lookup of ``point.model`` (synthetic models).
+    Returns the topologies by spec. Raises ``SimError``/``TopologyError`` naming the point.
     """
-    topology = Topology.from_spec(point.topology)
+    topologies: dict[str, Topology] = {}
+    for point in points:
+        if point.topology not in topologies:
+            topologies[point.topology] = Topology.from_spec(point.topology)
+        _check_point(point, topologies[point.topology])
+        ModelConfig.from_name(point.model)
+    return topologies
+
+
+def _check_point(point: SweepPoint, topology: Topology) -> None:
     if topology.num_gpus < 2:
         raise SimError(f"{point.topology} has one GPU: there is no reduction to plan")
     if point.seq_len < topology.num_gpus:
-        raise SimError(f"seq_len {point.seq_len} is smaller than the {topology.num_gpus} GPUs")
+        raise SimError(f"{point.topology}: seq_len {point.seq_len} is smaller than its "
+                       f"{topology.num_gpus} GPUs")
+
+
+def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHMS,
+                  model: ModelConfig | None = None,
+                  topology: Topology | None = None) -> list[dict]:
+    """One row per algorithm for ``point``, with its speedup over ring.
+
+    ``model`` overrides the registry lookup of ``point.model`` (synthetic models);
+    ``topology`` saves building it again.
+    """
+    topology = topology or Topology.from_spec(point.topology)
+    _check_point(point, topology)
     workload = DecodeWorkload(model or point.model, point.seq_len)
     chosen = plan(topology, workload, simulate_each=True)
     ring = chosen.best("ring")
@@ -84,13 +105,13 @@ def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHMS,
 
 def run_sweep(points: list[SweepPoint], algorithms: Iterable[str] = ALGORITHMS,
               progress: Callable[[SweepPoint], None] | None = None) -> list[dict]:
-    """Predict every point; ``progress`` is called after each one."""
+    """Check the whole grid first, then predict every point; ``progress`` is called after
+    each one."""
+    topologies = check_points(points)
     rows: list[dict] = []
     for point in points:
-        try:
-            rows.extend(predict_point(point, tuple(algorithms)))
-        except (SimError, TopologyError) as exc:
-            raise SimError(f"{point.topology} at {point.seq_len} tokens: {exc}") from exc
+        rows.extend(predict_point(point, tuple(algorithms),
+                                  topology=topologies[point.topology]))
         if progress:
             progress(point)
     return rows
@@ -113,6 +134,3 @@ def memory_rows(spec: str, seq_len: int, hidden_sizes=(1024, 2048, 4096, 8192, 1
     return rows
 
 
-def check_models(models: Iterable[str]) -> None:
-    for name in models:
-        ModelConfig.from_name(name)

@@ -65,33 +65,100 @@ def _fill_intra(g, router, gpus, by_host, lat, bw) -> None:
 
 
 def _fill_cross(g, router, gpus, lat, bw) -> None:
+    seg = _Segments(g, router, gpus, lat.dtype)
     p = len(gpus)
-    rails = sorted({router.rail_of(b) for b in gpus})
-    rail_ix = np.array([rails.index(router.rail_of(b)) for b in gpus])
-    leaves: dict[str, int] = {}
-    up_lat, up_bw = np.zeros((p, len(rails))), np.zeros((p, len(rails)))
-    up_leaf = np.zeros((p, len(rails)), dtype=np.int64)
-    for i, a in enumerate(gpus):
-        for r, rail in enumerate(rails):
-            up_lat[i, r], up_bw[i, r], leaf = router.up_cost(a, rail)
-            up_leaf[i, r] = leaves.setdefault(leaf, len(leaves))
-    dn_lat, dn_bw = np.zeros(p), np.zeros(p)
-    dn_leaf = np.zeros(p, dtype=np.int64)
-    for j, b in enumerate(gpus):
-        dn_lat[j], dn_bw[j], leaf = router.down_cost(b)
-        dn_leaf[j] = leaves.setdefault(leaf, len(leaves))
-    mid_lat, mid_bw = _mid_tables(g, router, leaves, up_leaf, dn_leaf, rail_ix, len(rails))
-    n, dt = len(leaves), lat.dtype
-    mid_lat, mid_bw = mid_lat.astype(dt).ravel(), mid_bw.astype(dt).ravel()
-    up_lat, up_bw, dn_lat, dn_bw = (x.astype(dt) for x in (up_lat, up_bw, dn_lat, dn_bw))
+    k = _uniform_hosts(g, gpus)
+    if k:
+        _fill_by_host_class(seg, lat, bw, p // k, k)
+        return
     block = max(1, (1 << 20) // p)
+    cols = np.arange(p)
     for s in range(0, p, block):
-        rows = slice(s, min(p, s + block))
-        flat = up_leaf[rows].take(rail_ix, axis=1) * n + dn_leaf  # (rows, p)
-        np.add(up_lat[rows].take(rail_ix, axis=1), mid_lat.take(flat), out=lat[rows])
-        lat[rows] += dn_lat
-        np.minimum(up_bw[rows].take(rail_ix, axis=1), mid_bw.take(flat), out=bw[rows])
-        np.minimum(bw[rows], dn_bw, out=bw[rows])
+        rows = np.arange(s, min(p, s + block))
+        lat[s:s + len(rows)], bw[s:s + len(rows)] = seg.block(rows, cols)
+
+
+class _Segments:
+    """Per-GPU up/down segment costs and the leaf-to-leaf table, as numpy arrays."""
+
+    def __init__(self, g, router, gpus, dtype) -> None:
+        p = len(gpus)
+        rails = sorted({router.rail_of(b) for b in gpus})
+        self.rail_ix = np.array([rails.index(router.rail_of(b)) for b in gpus])
+        leaves: dict[str, int] = {}
+        self.up_lat, self.up_bw = np.zeros((p, len(rails))), np.zeros((p, len(rails)))
+        self.up_leaf = np.zeros((p, len(rails)), dtype=np.int64)
+        for i, a in enumerate(gpus):
+            for r, rail in enumerate(rails):
+                self.up_lat[i, r], self.up_bw[i, r], leaf = router.up_cost(a, rail)
+                self.up_leaf[i, r] = leaves.setdefault(leaf, len(leaves))
+        self.dn_lat, self.dn_bw = np.zeros(p), np.zeros(p)
+        self.dn_leaf = np.zeros(p, dtype=np.int64)
+        for j, b in enumerate(gpus):
+            self.dn_lat[j], self.dn_bw[j], leaf = router.down_cost(b)
+            self.dn_leaf[j] = leaves.setdefault(leaf, len(leaves))
+        mid_lat, mid_bw = _mid_tables(
+            g, router, leaves, self.up_leaf, self.dn_leaf, self.rail_ix, len(rails)
+        )
+        self.n = len(leaves)
+        self.mid_lat, self.mid_bw = mid_lat.astype(dtype).ravel(), mid_bw.astype(dtype).ravel()
+        for name in ("up_lat", "up_bw", "dn_lat", "dn_bw"):
+            setattr(self, name, getattr(self, name).astype(dtype))
+
+    def block(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Cross-host ``(latency, bandwidth)`` for GPU indices ``rows`` x ``cols``."""
+        r_ix = self.rail_ix[cols]
+        flat = self.up_leaf[rows][:, r_ix] * self.n + self.dn_leaf[cols]  # (rows, cols)
+        lat = self.up_lat[rows][:, r_ix] + self.mid_lat.take(flat)
+        lat += self.dn_lat[cols]
+        bw = np.minimum(self.up_bw[rows][:, r_ix], self.mid_bw.take(flat))
+        np.minimum(bw, self.dn_bw[cols], out=bw)
+        return lat, bw
+
+    def host_key(self, lo: int, hi: int) -> bytes:
+        parts = (self.up_lat, self.up_bw, self.up_leaf, self.dn_lat, self.dn_bw, self.dn_leaf,
+                 self.rail_ix)
+        return b"|".join(np.ascontiguousarray(x[lo:hi]).tobytes() for x in parts)
+
+
+def _uniform_hosts(g, gpus) -> int:
+    """GPUs per host when ranks are host-contiguous with equal counts, else 0."""
+    hosts = [g.nodes[x]["host"] for x in gpus]
+    k = hosts.count(hosts[0])
+    if len(hosts) % k:
+        return 0
+    for h in range(0, len(hosts), k):
+        if len(set(hosts[h:h + k])) != 1 or (h and hosts[h] == hosts[h - 1]):
+            return 0
+    return k
+
+
+def _fill_by_host_class(seg: _Segments, lat, bw, n_hosts: int, k: int) -> None:
+    """Hosts with identical segment costs form a class; fill one k x k block per class pair."""
+    classes: dict[bytes, list[int]] = {}
+    for h in range(n_hosts):
+        classes.setdefault(seg.host_key(h * k, (h + 1) * k), []).append(h)
+    lat4 = lat.reshape(n_hosts, k, n_hosts, k)
+    bw4 = bw.reshape(n_hosts, k, n_hosts, k)
+    for src in classes.values():
+        rows = np.arange(src[0] * k, (src[0] + 1) * k)
+        for dst in classes.values():
+            cols = np.arange(dst[0] * k, (dst[0] + 1) * k)
+            b_lat, b_bw = seg.block(rows, cols)
+            i, j = _host_index(src), _host_index(dst)
+            if isinstance(i, slice) and isinstance(j, slice):
+                lat4[i, :, j, :] = b_lat[None, :, None, :]
+                bw4[i, :, j, :] = b_bw[None, :, None, :]
+            else:
+                ii, jj = np.asarray(src)[:, None], np.asarray(dst)[None, :]
+                lat4[ii, :, jj, :] = b_lat[None, None]
+                bw4[ii, :, jj, :] = b_bw[None, None]
+
+
+def _host_index(hosts: list[int]) -> slice | list[int]:
+    if hosts[-1] - hosts[0] == len(hosts) - 1:
+        return slice(hosts[0], hosts[-1] + 1)
+    return hosts
 
 
 def _mid_tables(g, router, leaves, up_leaf, dn_leaf, rail_ix, n_rails):

@@ -37,8 +37,9 @@ class Device:
 def link_bandwidth(el: ET.Element) -> float | None:
     """Effective PCIe bandwidth of a ``<pci>`` element's link, or ``None`` when unknown.
 
-    >>> link_bandwidth(ET.fromstring('<pci link_speed="32.0 GT/s PCIe" link_width="16"/>'))
-    50412307692.30769
+    >>> el = ET.fromstring('<pci link_speed="32.0 GT/s PCIe" link_width="16"/>')
+    >>> round(link_bandwidth(el) / 1e9, 1)
+    50.4
     """
     speed, width = el.get("link_speed", ""), el.get("link_width", "").strip()
     m = _SPEED.match(speed)

@@ -35,7 +35,9 @@ def add_peer_links(b: GraphBuilder, gpus: list, override: str | None) -> None:
             elif link.tag == "nvlink" and target:
                 switch_links.setdefault(dev.name, {})[target] = count
             else:
-                raise TopologyError(f"NCCL XML: {link.tag} of {dev.name} targets unknown {target!r}")
+                raise TopologyError(
+                    f"NCCL XML: {link.tag} of {dev.name} targets unknown {target!r}"
+                )
     for (u, v), (kind, count) in sorted(direct.items()):
         model = b.graph.nodes[u]["model"]
         bw = ic.need_link_bandwidth(model, kind)

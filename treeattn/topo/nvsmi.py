@@ -56,11 +56,9 @@ def parse_nvidia_smi(text: str, gpu: str | None = None) -> nx.DiGraph:
 
 def _read_matrix(text: str) -> tuple[list[str], dict[str, list[str]]]:
     lines = text.splitlines()
-    for k, line in enumerate(lines):
-        tokens = line.split()
-        if tokens and tokens[0] == "GPU0" and line[:1].isspace():
-            break
-    else:
+    k = next((i for i, line in enumerate(lines)
+              if line[:1].isspace() and line.split()[:1] == ["GPU0"]), None)
+    if k is None:
         raise TopologyError("nvidia-smi: no header line with GPU0 found")
     header = [t.strip() for t in re.split(r"\t| {2,}", lines[k].strip()) if t.strip()]
     names = []

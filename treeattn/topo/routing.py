@@ -307,12 +307,10 @@ def _freeze(d: dict, host: str) -> tuple:
 
 
 def _edge_key(d: dict, host: str) -> tuple:
-    items = tuple(d.items())
+    items = tuple(d.items())  # edge attributes never hold node names
     try:
         hash(items)
     except TypeError:
-        return _freeze(d, host)
-    if any(isinstance(v, str) and v.startswith(host + "/") for _, v in items):
         return _freeze(d, host)
     return items
 

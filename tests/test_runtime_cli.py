@@ -1,0 +1,92 @@
+"""`treeattn run` and `treeattn calibrate` from the command line: bad input, a real run."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+
+import pytest
+
+from treeattn.cli import main
+
+SMALL = ["--heads", "4", "--kv-heads", "2", "--head-dim", "16"]
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # one line, no traceback
+    assert err[0].startswith("error:")
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["run", "--nproc", "0", "--seq-len", "64"], "--nproc"),
+        (["run", "--nproc", "100000", "--seq-len", "64"], "--nproc"),
+        (["run", "--nproc", "4", "--seq-len", "3"], "smaller than the world"),
+        (["run", "--nproc", "2", "--seq-len", "64", "--algorithm", "spiral"], "invalid choice"),
+        (["run", "--nproc", "2", "--seq-len", "64", "--profile", "/nonexistent/p.json"],
+         "cannot read profile"),
+        (["run", "--nproc", "2", "--seq-len", "sixty"], "not a token count"),
+        (["run", "--nproc", "2", "--seq-len", "64", "--heads", "5", "--kv-heads", "2"],
+         "multiple"),
+        (["run", "--nproc", "1", "--seq-len", "64", "--check"], "at least 2 ranks"),
+        (["run", "--nproc", "2", "--seq-len", "64", "--algorithm", "tree", "--shape", "blob"],
+         "blob"),
+        (["calibrate", "--nproc", "1"], "at least 2"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, words, capsys) -> None:
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        status = exc.code
+    assert status == 2
+    assert words in _error_line(capsys)
+
+
+def test_unreadable_profile_contents(tmp_path, capsys) -> None:
+    bad = tmp_path / "p.json"
+    bad.write_text("{not json")
+    assert main(["run", "--nproc", "2", "--seq-len", "64", "--profile", str(bad)]) == 2
+    assert "cannot read profile" in _error_line(capsys)
+    bad.write_text(json.dumps({"version": 99}))
+    assert main(["run", "--nproc", "2", "--seq-len", "64", "--profile", str(bad)]) == 2
+    assert "version" in _error_line(capsys)
+
+
+def test_port_in_use(capsys) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        assert main(["run", "--nproc", "2", "--seq-len", "64", "--port", str(port)]) == 2
+    assert "in use" in _error_line(capsys)
+
+
+@pytest.mark.timeout(240)
+def test_run_json_reports_every_point(capsys) -> None:
+    argv = ["run", "--nproc", "3", "--seq-len", "301", "--seq-len", "1k", "--algorithm", "tree",
+            "--algorithm", "ring", "--algorithm", "allreduce3", "--native", "--steps", "2",
+            "--warmup", "1", "--json", *SMALL]
+    assert main(argv) == 0
+    points = json.loads(capsys.readouterr().out)
+    assert [(p["seq_len"], p["requested"]) for p in points] == [
+        (n, a) for n in (301, 1024) for a in ("tree", "ring", "allreduce3")
+    ]
+    keys = {"algorithm", "world", "seq_len", "measured_s", "predicted_s", "error",
+            "max_abs_diff", "bytes_sent", "peak_memory_bytes"}
+    for p in points:
+        assert keys <= set(p)
+        assert p["world"] == 3 and p["predicted_s"] is None and p["error"] is None
+        assert p["measured_s"] > 0 and math.isfinite(p["measured_s"])
+        # fp32 kernels against the float64 single-process oracle over <= 1k keys
+        assert p["max_abs_diff"] < 1e-5
+        assert len(p["bytes_sent"]) == 3 and len(p["peak_memory_bytes"]) == 3
+        names = {entry[2] for entry in p["timeline"]}
+        assert "attention" in names
+    ring, tree = points[4], points[3]
+    assert min(ring["peak_memory_bytes"]) > min(tree["peak_memory_bytes"])
+    assert points[5]["algorithm"] == "allreduce3+native"
