@@ -263,3 +263,16 @@ def test_auto_backend_uses_torch_on_cpu(monkeypatch):
     got = partial_attention(q, k, v)
     want = reference.partial_attention(q, k, v)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_interpreter_switched_on_after_triton_import_is_explained(monkeypatch):
+    pytest.importorskip("triton")
+    from treeattn.kernels.dispatch import triton_is_interpreted
+
+    if triton_is_interpreted():  # imports Triton now, with this process's setting
+        pytest.skip("this process runs Triton interpreted")
+    monkeypatch.setenv("TREEATTN_KERNEL", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v = make_qkv(1, 2, 2, 3, 8, torch.float32)
+    with pytest.raises(KernelError, match="before starting Python"):
+        partial_attention(q, k, v)

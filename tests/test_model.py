@@ -209,3 +209,24 @@ def test_tokenizer_and_chat_template(tmp_path):
     evil = Tokenizer(tok.backend, chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(Exception):  # noqa: B017 - the sandbox refuses; any error is fine
         evil.render_chat("hi")
+
+
+def test_bos_is_added_once():
+    from treeattn.runtime.tokenizer import Tokenizer, byte_tokenizer
+
+    backend = byte_tokenizer().backend
+    bos = backend.token_to_id("A")
+    tok = Tokenizer(backend, bos_id=bos, add_bos=True)
+    assert tok.encode("bc")[0] == bos and len(tok.encode("bc")) == 3
+    assert tok.encode("Abc") == [bos, *tok.encode("bc")[1:]]  # a template's own BOS is kept
+
+
+def test_hf_directory_tokenizer_config_gives_eos_and_chat_template(tmp_path):
+    write_hf_checkpoint(tmp_path, hf_conf())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": {"content": "!"}, "bos_token": "#",
+        "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }}"
+                         "{{ eos_token }}{% endfor %}"}))
+    tok = load_model(str(tmp_path)).tokenizer
+    assert tok.eos_id == tok.backend.token_to_id("!")
+    assert tok.render_chat("hi") == "#hi!"

@@ -90,3 +90,41 @@ def test_run_json_reports_every_point(capsys) -> None:
     ring, tree = points[4], points[3]
     assert min(ring["peak_memory_bytes"]) > min(tree["peak_memory_bytes"])
     assert points[5]["algorithm"] == "allreduce3+native"
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cal") / "profile.json"
+    assert main(["calibrate", "--nproc", "2", "-o", str(path), *SMALL]) == 0
+    return path
+
+
+@pytest.mark.timeout(240)
+def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
+    import os
+
+    from treeattn.sim.profile import hardware_from_profile, load_profile
+
+    profile = load_profile(profile_path)
+    assert profile["world"] == 2 and profile["cores"] == os.cpu_count()
+    for section in ("p2p", "allreduce"):
+        assert len(profile[section]["sizes"]) == len(profile[section]["times_s"])
+        assert all(t > 0 for t in profile[section]["times_s"])
+    assert profile["p2p"]["bandwidth_Bps"] > 0 and profile["p2p"]["latency_s"] >= 0
+    assert profile["attention"]["threads_per_rank"] == 1
+    assert hardware_from_profile(profile).cores == os.cpu_count()
+
+
+@pytest.mark.timeout(240)
+def test_check_predicts_then_gates_on_the_error(profile_path, capsys) -> None:
+    base = ["run", "--nproc", "2", "--seq-len", "2k", "--algorithm", "tree", "--steps", "2",
+            "--warmup", "0", "--check", "--profile", str(profile_path), "--json", *SMALL]
+    assert main(base + ["--max-error", "1e9"]) == 0
+    (point,) = json.loads(capsys.readouterr().out)
+    assert point["predicted_s"] > 0
+    assert point["error"] == pytest.approx(abs(point["predicted_s"] / point["measured_s"] - 1))
+    names = [(e[0], e[1], e[2]) for e in point["timeline"]]
+    predicted = [(e[0], e[1], e[2]) for e in point["predicted_timeline"]]
+    assert sorted(names) == sorted(predicted)  # same steps, same names, on both sides
+    assert main(base + ["--max-error", "1e-12"]) == 1
+    assert "exceeds --max-error" in capsys.readouterr().err

@@ -219,3 +219,36 @@ def test_routes_are_cached_and_not_aliased():
 
 def test_graph_is_a_networkx_digraph():
     assert isinstance(Topology.from_spec("mi300x").graph, nx.DiGraph)
+
+
+def test_forwarding_through_a_gpu_only_when_nothing_else_connects():
+    b = GraphBuilder()
+    for i in range(3):
+        b.node(f"h/gpu{i}", "gpu", "h", rank=i, model="X")
+    b.link("h/gpu0", "h/gpu1", "nvlink", 25e9, 1e-6)
+    b.link("h/gpu1", "h/gpu2", "nvlink", 25e9, 1e-6)
+    t = Topology(b.graph)
+    assert route_nodes(t.route(0, 2)) == ["h/gpu0", "h/gpu1", "h/gpu2"]
+
+
+def test_no_p2p_without_host_memory_is_refused_at_load():
+    b = GraphBuilder()
+    for i in range(2):
+        b.node(f"h/gpu{i}", "gpu", "h", rank=i, model="RTX4090", p2p=False)
+    b.node("h/pcie0", "pcie_switch", "h")
+    b.link("h/gpu0", "h/pcie0", "pcie", 25e9, 1e-6)
+    b.link("h/gpu1", "h/pcie0", "pcie", 25e9, 1e-6)
+    with pytest.raises(TopologyError, match="cpu"):
+        Topology(b.graph)
+
+
+def test_undirected_json_and_wrong_graph_types():
+    import json
+
+    t = Topology.from_spec("local:ranks=3")
+    data = json.loads(t.to_json())
+    data["directed"] = False
+    data["links"] = [link for link in data["links"] if link["source"] < link["target"]]
+    assert Topology.from_json(json.dumps(data)) == t
+    with pytest.raises(TopologyError, match="DiGraph"):
+        Topology(nx.Graph(t.graph))

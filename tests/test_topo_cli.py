@@ -31,7 +31,7 @@ def test_show_json_contract(capsys):
     assert code == 0 and err == ""
     data = json.loads(out)
     assert data["gpus"] == 16 and data["hosts"] == 2
-    assert data["links"]["nvlink"] == 2 * 8 * 4 and data["links"]["ib"] == 16
+    assert data["links"]["nvlink"] == 2 * 8 * 18 and data["links"]["ib"] == 16
     bw, lat = data["bandwidth"], data["latency"]
     assert len(bw) == len(lat) == 16 and all(len(row) == 16 for row in bw + lat)
     assert all(bw[i][i] == 0 and lat[i][i] == 0 for i in range(16))
@@ -107,6 +107,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:"), (argv, err)
         assert "Traceback" not in err
+
+
+def test_show_json_refuses_huge_matrices(capsys, monkeypatch):
+    import treeattn.commands.topo as topo_cmd
+
+    monkeypatch.setattr(topo_cmd, "MAX_JSON_GPUS", 8)
+    code, out, err = run(capsys, "topo", "show", "dgx-h100:nodes=2", "--json")
+    assert code == 2 and out == "" and err.startswith("error:") and "16 GPUs" in err
 
 
 def test_bad_input_through_a_real_process(tmp_path):

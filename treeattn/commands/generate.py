@@ -133,7 +133,7 @@ def _distributed(args, loaded, prompt, segment, stream):
     )
 
     model, eos_id = loaded.model, loaded.tokenizer.eos_id
-    cached = args.context_tokens or len(prompt)
+    cached = args.context_tokens + len(prompt)
     schedule = make_schedule(args.algorithm, args.nproc, model.config,
                              split_lengths(cached, args.nproc))
     request = GenerateRequest(loaded.source, tuple(prompt), args.max_new_tokens, schedule, eos_id,

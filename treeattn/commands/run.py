@@ -228,7 +228,7 @@ def demo_section(console: Console) -> int:
     """Tree vs ring on 2 local ranks: calibrate, predict, measure, compare."""
     console.rule("real runs: tree vs ring on 2 local ranks (gloo, CPU)")
     req = RunRequest(seq_lens=DEMO_SEQ_LENS, algorithms=("tree", "ring"), check=True,
-                     steps=5, warmup=1)
+                     steps=3, warmup=1, ref_limit_bytes=512 << 20)
     validate(req, 2)
     points = launch(req, 2, LaunchOptions(timeout_s=60.0))
     print_points(console, points)

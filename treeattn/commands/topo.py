@@ -19,8 +19,9 @@ from rich.table import Table
 
 from treeattn.topo import Topology, TopologyError
 from treeattn.topo.importers import FORMATS
-from treeattn.topo.summary import summary_rows
+from treeattn.topo.summary import span, summary_rows
 
+MAX_JSON_GPUS = 4096  # 4096^2 matrix entries are ~0.3 GB of JSON already
 DEMO_SPECS = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x:nodes=1", "pcie-4090:gpus=8")
 
 
@@ -72,6 +73,11 @@ def show_json(t: Topology) -> dict:
 def handle_show(args: argparse.Namespace) -> int:
     t = _load(args, args.source)
     if args.json:
+        if t.num_gpus > MAX_JSON_GPUS:
+            raise TopologyError(
+                f"{t.num_gpus} GPUs is too many for --json matrices (limit {MAX_JSON_GPUS}); "
+                "use the Python API (Topology.pair_matrices)"
+            )
         sys.stdout.write(json.dumps(show_json(t)) + "\n")
         return 0
     table = Table(title=f"topology {t.name}", show_header=False)
@@ -129,11 +135,6 @@ def demo_section(console: Console) -> int:
     return 0
 
 
-def _span(values: list[float], fmt: str) -> str:
-    lo, hi = format(min(values), fmt), format(max(values), fmt)
-    return lo if lo == hi else f"{lo}-{hi}"
-
-
 def _route_cells(t: Topology) -> list[str]:
     first, cells = t.gpus[0], []
     for same in (True, False):
@@ -141,6 +142,6 @@ def _route_cells(t: Topology) -> list[str]:
         if not group:
             cells += ["-", "-"]
             continue
-        cells.append(_span([t.path_bandwidth(first, g) / 1e9 for g in group], "g"))
-        cells.append(_span([t.path_latency(first, g) * 1e6 for g in group], ".1f"))
+        cells.append(span([t.path_bandwidth(first, g) / 1e9 for g in group], "g"))
+        cells.append(span([t.path_latency(first, g) * 1e6 for g in group], ".1f"))
     return cells

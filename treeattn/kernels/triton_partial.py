@@ -72,8 +72,10 @@ def _partial_split_kernel(
 
     q_ptrs = Q + b * stride_qb + (hk * G + offs_g)[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_g[:, None] & mask_d[None, :], other=0.0)  # (G_PAD, D_PAD)
-    k_base = K + b * stride_kb + hk * stride_kh
-    v_base = V + b * stride_vb + hk * stride_vh
+    tile = offs_n[:, None] * stride_kt + offs_d[None, :]  # (BLOCK_N, D_PAD)
+    k_ptrs = K + b * stride_kb + hk * stride_kh + start.to(tl.int64) * stride_kt + tile
+    tile = offs_n[:, None] * stride_vt + offs_d[None, :]
+    v_ptrs = V + b * stride_vb + hk * stride_vh + start.to(tl.int64) * stride_vt + tile
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
@@ -83,8 +85,7 @@ def _partial_split_kernel(
             mask_kv = (offs_t < end)[:, None]
         else:
             mask_kv = (offs_t < end)[:, None] & mask_d[None, :]
-        kv_offs = n0.to(tl.int64) * stride_kt + offs_n[:, None] * stride_kt + offs_d[None, :]
-        k = tl.load(k_base + kv_offs, mask=mask_kv, other=0.0)  # (BLOCK_N, D_PAD)
+        k = tl.load(k_ptrs, mask=mask_kv, other=0.0)  # (BLOCK_N, D_PAD)
         if UPCAST:
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -94,8 +95,7 @@ def _partial_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])  # (G_PAD, BLOCK_N)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_offs = n0.to(tl.int64) * stride_vt + offs_n[:, None] * stride_vt + offs_d[None, :]
-        v = tl.load(v_base + v_offs, mask=mask_kv, other=0.0)  # (BLOCK_N, D_PAD)
+        v = tl.load(v_ptrs, mask=mask_kv, other=0.0)  # (BLOCK_N, D_PAD)
         p_lo = p.to(v.dtype)  # FlashAttention rounding; a no-op for fp32 inputs
         if UPCAST:
             pv = tl.dot(p_lo.to(tl.float32), v.to(tl.float32), input_precision="ieee")
@@ -103,6 +103,8 @@ def _partial_split_kernel(
             pv = tl.dot(p_lo, v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+        k_ptrs += BLOCK_N * stride_kt
+        v_ptrs += BLOCK_N * stride_vt
 
     nonempty = l_i > 0.0
     o = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)

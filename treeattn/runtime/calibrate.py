@@ -71,6 +71,11 @@ def _reps(first_s: float, lo: int = 3, hi: int = 200) -> int:
     return int(min(hi, max(lo, TARGET_S / max(first_s, 1e-7))))
 
 
+def _sync(ctx: RankContext) -> None:
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+
+
 def _ping_pong_once(ctx: RankContext, buf: torch.Tensor, peer: int, first: bool) -> None:
     if first:
         wait_work(dist.isend(buf, peer, tag=1), ctx, peer, "ping")
@@ -78,6 +83,7 @@ def _ping_pong_once(ctx: RankContext, buf: torch.Tensor, peer: int, first: bool)
     else:
         wait_work(dist.irecv(buf, peer, tag=1), ctx, peer, "ping")
         wait_work(dist.isend(buf, peer, tag=2), ctx, peer, "pong")
+    _sync(ctx)
 
 
 def measure_p2p(ctx: RankContext, sizes=P2P_SIZES) -> list[float]:
@@ -124,6 +130,7 @@ def measure_allreduce(ctx: RankContext, sizes=ALLREDUCE_SIZES) -> list[float]:
             barrier(ctx)
             t0 = time.perf_counter()
             wait_work(dist.all_reduce(buf, async_op=True), ctx, None, "all_reduce")
+            _sync(ctx)
             if i >= 3:
                 samples.append(time.perf_counter() - t0)
         worst = torch.tensor([statistics.median(samples)], dtype=torch.float64)
@@ -239,10 +246,13 @@ def read_profile(path: str | os.PathLike) -> dict:
         raise RuntimeFailure(f"cannot read profile {path}: {exc}") from exc
     if not isinstance(profile, dict) or profile.get("version") != PROFILE_VERSION:
         raise RuntimeFailure(f"profile {path} is not a version {PROFILE_VERSION} profile")
-    for key in ("p2p", "attention", "cores"):
-        if key not in profile:
-            raise RuntimeFailure(f"profile {path} lacks {key!r}")
-    return profile
+    from treeattn.sim import SimError
+    from treeattn.sim.profile import load_profile
+
+    try:
+        return load_profile(profile)
+    except SimError as exc:
+        raise RuntimeFailure(f"profile {path}: {exc}") from exc
 
 
 def write_profile(profile: dict, path: str | os.PathLike) -> None:

@@ -79,13 +79,17 @@ class LocalCache:
         return o.to(q.dtype)[:, :, None]  # (B, Hq, 1, D)
 
 
+def model_device(model: Transformer) -> torch.device:
+    return model.tok_embeddings.weight.device
+
+
 @torch.no_grad()
 def prefill(model: Transformer, tokens: list[int], backend, start: int = 0,
             chunk: int = PREFILL_CHUNK) -> torch.Tensor:
     """Run ``tokens`` through the model in chunks; return the last token's logits (1, V)."""
     if not tokens:
         raise ModelError("the prompt is empty")
-    ids = torch.tensor([tokens], dtype=torch.long)  # (1, T)
+    ids = torch.tensor([tokens], dtype=torch.long, device=model_device(model))  # (1, T)
     logits = None
     for lo in range(0, len(tokens), chunk):
         logits = model(ids[:, lo : lo + chunk], start + lo, backend)  # (1, V)
@@ -120,15 +124,6 @@ class Generation:
 
 
 @torch.no_grad()
-def feed(model: Transformer, backend, tokens: list[int], start: int) -> torch.Tensor:
-    """Run ``tokens`` one decode step at a time from position ``start``; last logits (1, V)."""
-    logits = None
-    for i, token in enumerate(tokens):
-        logits = model(torch.tensor([[token]], dtype=torch.long), start + i, backend)  # (1, V)
-    return logits
-
-
-@torch.no_grad()
 def greedy_decode(model, backend, first_logits, start, max_new_tokens, eos_id=None,
                   on_token: Callable[[int], None] | None = None, choose=None):
     """Greedy loop from ``first_logits`` (1, V); the next token sits at position ``start``.
@@ -147,7 +142,7 @@ def greedy_decode(model, backend, first_logits, start, max_new_tokens, eos_id=No
             on_token(token)
         if token == eos_id or step == max_new_tokens - 1:
             break
-        ids = torch.tensor([[token]], dtype=torch.long)  # (1, 1)
+        ids = torch.tensor([[token]], dtype=torch.long, device=model_device(model))  # (1, 1)
         logits = model(ids, start + step, backend)  # (1, V)
     return tokens, logits_seen
 
@@ -173,22 +168,17 @@ def generate_local(model: Transformer, prompt_ids: list[int], max_new_tokens: in
     """Prefill ``prompt_ids`` (after ``context_tokens`` of document) and decode greedily here.
 
     With ``context_tokens`` > 0 the cache first holds that many tokens of the repeated
-    document ``segment`` (:mod:`treeattn.runtime.generate_context`), and the prompt is fed
-    one decode step at a time after it.
+    document ``segment`` (:mod:`treeattn.runtime.generate_context`), and the prompt is
+    prefilled after it.
     """
     check_request(model, prompt_ids, max_new_tokens, context_tokens)
     backend = LocalCache(model.config.n_layers)
     t0 = time.perf_counter()
     if context_tokens:
-        from treeattn.runtime.generate_context import context_kv, segment_kv
+        from treeattn.runtime.generate_context import fill_document
 
-        ks, vs = segment_kv(model, segment)
-        ks, vs = context_kv(ks, vs, model.inv_freq, 0, context_tokens)
-        for layer, (k, v) in enumerate(zip(ks, vs, strict=True)):
-            backend.store(layer, k, v, 0)
-        logits = feed(model, backend, prompt_ids, context_tokens)
-    else:
-        logits = prefill(model, prompt_ids, backend)
+        fill_document(backend, model, segment, context_tokens)
+    logits = prefill(model, prompt_ids, backend, start=context_tokens)
     t1 = time.perf_counter()
     backend.attention_s = 0.0
     start = context_tokens + len(prompt_ids)

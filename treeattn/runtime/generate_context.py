@@ -50,13 +50,21 @@ def segment_kv(model: Transformer, segment: list[int]):
 
 def context_kv(ks, vs, inv_freq: torch.Tensor, lo: int, hi: int):
     """K/V of the repeated document at positions ``lo..hi-1``, per layer (1, Hkv, hi-lo, D)."""
-    s = ks[0].shape[2]
-    pos = torch.arange(lo, hi)  # (n,)
+    s, device = ks[0].shape[2], ks[0].device
+    pos = torch.arange(lo, hi, device=device)  # (n,)
     src = pos % s  # position inside the segment
-    cos, sin = rope_cos_sin(inv_freq, pos - src)  # (n, D/2): the extra rotation of each copy
+    cos, sin = rope_cos_sin(inv_freq.to(device), pos - src)  # (n, D/2): each copy's rotation
     out_k = [apply_rope(k[:, :, src], cos, sin) for k in ks]  # each (1, Hkv, n, D)
     out_v = [v[:, :, src].clone() for v in vs]  # each (1, Hkv, n, D)
     return out_k, out_v
+
+
+def fill_document(cache, model: Transformer, segment: list[int], length: int) -> None:
+    """Store ``length`` tokens of the repeated ``segment`` at positions ``0..length-1``."""
+    ks, vs = segment_kv(model, segment)
+    ks, vs = context_kv(ks, vs, model.inv_freq, 0, length)
+    for layer, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        cache.store(layer, k, v, 0)
 
 
 def document_segment(tokenizer) -> list[int]:

@@ -4,9 +4,9 @@ Every rank runs the same model on the same tokens (everything but attention is r
 
 * **Prefill** (the simplest correct way): every rank runs the whole prompt through the model
   with a local cache, then keeps only its contiguous shard of every layer's K/V in a
-  :class:`~treeattn.runtime.cache.ShardedKVCache`. In long-context mode each rank instead
-  builds its own shard of the repeated document directly
-  (:mod:`treeattn.runtime.generate_context`) and the prompt is fed as decode steps.
+  :class:`~treeattn.runtime.cache.ShardedKVCache`. In long-context mode the local cache
+  first receives the repeated document (:mod:`treeattn.runtime.generate_context`, cheap),
+  so each rank briefly holds the whole cache: memory, not time, bounds ``L`` there.
 * **Decode**: at every layer, the new query attends over the sharded cache through the
   runtime's :class:`~treeattn.runtime.executor.Executor` running the plan's schedule (tree by
   default; every algorithm leaves the merged partial on every rank). The new token's own
@@ -32,7 +32,7 @@ import torch.distributed as dist
 from treeattn.kernels import merge, partial_attention
 from treeattn.runtime.cache import ShardedKVCache
 from treeattn.runtime.executor import Executor
-from treeattn.runtime.generate import Generation, LocalCache, feed, greedy_decode, prefill
+from treeattn.runtime.generate import Generation, LocalCache, greedy_decode, prefill
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.schedule import Schedule
@@ -94,12 +94,16 @@ class ShardBackend:
         return o.to(q.dtype)[:, :, None]  # (B, Hq, 1, D)
 
 
-def _shard_from_prefill(ctx, model, prompt: list[int]):
-    """Replicated prefill of ``prompt``; returns (this rank's ShardedKVCache, last logits)."""
-    cfg = model.config
+def _replicated_prefill(ctx, model, request: GenerateRequest):
+    """Every rank prefills (document +) prompt; returns (its ShardedKVCache, last logits)."""
+    cfg, prompt, context = model.config, list(request.prompt_ids), request.context_tokens
     local = LocalCache(cfg.n_layers)
-    logits = prefill(model, prompt, local)
-    lengths = split_lengths(len(prompt), ctx.world)
+    if context:
+        from treeattn.runtime.generate_context import fill_document
+
+        fill_document(local, model, list(request.segment), context)
+    logits = prefill(model, prompt, local, start=context)
+    lengths = split_lengths(context + len(prompt), ctx.world)
     lo = sum(lengths[: ctx.rank])
     hi = lo + lengths[ctx.rank]
     cache = ShardedKVCache(ctx.rank, lengths, cfg.n_layers, 1, cfg.n_kv_heads, cfg.head_dim,
@@ -107,22 +111,6 @@ def _shard_from_prefill(ctx, model, prompt: list[int]):
     for layer in range(cfg.n_layers):
         cache.fill(layer, local.k[layer][:, :, lo:hi], local.v[layer][:, :, lo:hi])
     return cache, logits
-
-
-def _shard_from_document(ctx, model, request: GenerateRequest) -> ShardedKVCache:
-    """This rank's shard of ``request.context_tokens`` tokens of the repeated document."""
-    from treeattn.runtime.generate_context import context_kv, segment_kv
-
-    cfg = model.config
-    lengths = split_lengths(request.context_tokens, ctx.world)
-    lo = sum(lengths[: ctx.rank])
-    ks, vs = segment_kv(model, list(request.segment))
-    ks, vs = context_kv(ks, vs, model.inv_freq, lo, lo + lengths[ctx.rank])
-    cache = ShardedKVCache(ctx.rank, lengths, cfg.n_layers, 1, cfg.n_kv_heads, cfg.head_dim,
-                           dtype=ks[0].dtype, device=ctx.device)
-    for layer in range(cfg.n_layers):
-        cache.fill(layer, ks[layer], vs[layer])
-    return cache
 
 
 def _agreed_token(ctx: RankContext, logits: torch.Tensor) -> int:
@@ -158,18 +146,11 @@ def rank_generate(ctx: RankContext, request: GenerateRequest) -> dict:
     model, prompt = loaded.model.to(ctx.device), list(request.prompt_ids)
     cfg = model.config
     t0 = time.perf_counter()
-    if request.context_tokens:
-        cache = _shard_from_document(ctx, model, request)
-    else:
-        cache, logits = _shard_from_prefill(ctx, model, prompt)
+    cache, logits = _replicated_prefill(ctx, model, request)
     dims = AttnDims(1, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cache.kv(0).dtype)
     backend = ShardBackend(ctx, cache, request.schedule, dims)
-    start = len(prompt)
-    if request.context_tokens:
-        logits = feed(model, backend, prompt, request.context_tokens)
-        start += request.context_tokens
+    start = request.context_tokens + len(prompt)
     t1 = time.perf_counter()
-    backend.attention_s = 0.0
     on_token = _streamer(loaded.tokenizer) if request.stream and ctx.rank == 0 else None
     tokens, seen = greedy_decode(model, backend, logits, start, request.max_new_tokens,
                                  request.eos_id, on_token,

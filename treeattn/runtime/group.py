@@ -73,6 +73,7 @@ def init_group(
     if threads is not None:
         torch.set_num_threads(max(1, threads))
     if use_cuda:
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # wait(timeout) blocks the host
         torch.cuda.set_device(local_rank)
         dev, backend = torch.device("cuda", local_rank), "nccl"
     else:

@@ -106,7 +106,6 @@ def _child(local_rank: int, world: int, port: int, job, options: LaunchOptions, 
         MASTER_PORT=str(port),
     )
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     try:
         _, result = run_in_group(job, options)
     except BaseException as exc:  # report, then exit non-zero
@@ -146,7 +145,22 @@ def launch(job: Callable[[RankContext], Any], world: int, options: LaunchOptions
     check_world(world)
     if options.port is not None:
         check_port(options.port)
-    port = options.port or free_port()
+        return _launch_once(job, world, options, options.port)
+    for attempt in range(3):  # a free port can be taken before rank 0 binds it: pick another
+        try:
+            return _launch_once(job, world, options, free_port())
+        except RuntimeFailure as exc:
+            if attempt == 2 or not _port_taken(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _port_taken(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "eaddrinuse" in text or "address already in use" in text
+
+
+def _launch_once(job, world: int, options: LaunchOptions, port: int):
     spawn = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="treeattn-launch-") as out:
         procs = [

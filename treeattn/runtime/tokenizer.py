@@ -48,8 +48,11 @@ class Tokenizer:
         self.add_bos = add_bos
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; BOS first when the model wants it and the text lacks it."""
         ids = self.backend.encode(text, add_special_tokens=False).ids
-        return [self.bos_id, *ids] if self.add_bos and self.bos_id is not None else ids
+        if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids = [self.bos_id, *ids]
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=True)

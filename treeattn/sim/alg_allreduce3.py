@@ -19,7 +19,7 @@ all-gather step ``s`` sends slice ``(r + 1 − s) mod p`` and receives slice ``(
 from __future__ import annotations
 
 from treeattn.sim import alg_tree
-from treeattn.sim.alg_common import Tags, chunk_bytes, local_attention
+from treeattn.sim.alg_common import Tags, chunk_sizes, local_attention
 from treeattn.sim.errors import SimError
 from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send
 from treeattn.sim.workload import DecodeWorkload
@@ -28,7 +28,7 @@ from treeattn.sim.workload import DecodeWorkload
 def ring_allreduce_phase(steps, workload: DecodeWorkload, tags: Tags, payload: str,
                          op: str) -> None:
     world = len(steps)
-    sizes = [chunk_bytes(workload, payload, c, world) for c in range(world)]
+    sizes = chunk_sizes(workload, payload, world)
     for replace in (False, True):
         for s in range(world - 1):
             out = [tags(r, (r + 1) % world) for r in range(world)]

@@ -26,18 +26,22 @@ def split_sizes(total: int, count: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(count)]
 
 
-def chunk_bytes(workload: DecodeWorkload, payload: str, index: int, count: int) -> int:
-    """Bytes of slice ``index`` of ``count`` of a payload buffer (see schedule.py's chunks).
+def chunk_sizes(workload: DecodeWorkload, payload: str, count: int) -> list[int]:
+    """Bytes of each of ``count`` slices of a payload buffer (see schedule.py's chunks).
 
     ``partial`` is sliced along the query-head axis (``o`` and ``lse`` together);
     ``max``/``num``/``den`` are sliced as flat fp32 arrays.
+
+    >>> from treeattn.sim.workload import DecodeWorkload
+    >>> chunk_sizes(DecodeWorkload("debug", 8), "partial", 3)  # 4 heads: 2, 1, 1
+    [136, 68, 68]
     """
     m = workload.model
     if payload == "partial":
-        heads = split_sizes(m.n_heads, count)[index]
-        return FP32 * workload.batch * heads * (m.head_dim + 1)
+        per_head = FP32 * workload.batch * (m.head_dim + 1)
+        return [per_head * h for h in split_sizes(m.n_heads, count)]
     elements = workload.buffer_bytes(payload) // FP32
-    return FP32 * split_sizes(elements, count)[index]
+    return [FP32 * n for n in split_sizes(elements, count)]
 
 
 def local_attention(workload: DecodeWorkload, tokens: int) -> Compute:

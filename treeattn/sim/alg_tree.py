@@ -16,7 +16,7 @@ half of the payload (``chunk=(0, 2)`` and ``(1, 2)``): up A, up B, down A, down 
 from __future__ import annotations
 
 from treeattn.sim import trees as T
-from treeattn.sim.alg_common import Tags, chunk_bytes, local_attention
+from treeattn.sim.alg_common import Tags, chunk_sizes, local_attention
 from treeattn.sim.errors import SimError
 from treeattn.sim.schedule import Merge, Recv, Schedule, Send, Step
 from treeattn.sim.workload import DecodeWorkload
@@ -49,7 +49,7 @@ def allreduce_phase(steps, trees: list[T.Tree], workload: DecodeWorkload, tags: 
                     payload: str = "partial", op: str = "partial") -> None:
     """Tree all-reduce of ``payload`` (one tree, or a double-binary pair split in halves)."""
     count = len(trees)
-    sizes = [chunk_bytes(workload, payload, i, count) for i in range(count)]
+    sizes = chunk_sizes(workload, payload, count)
     chunks = [None] if count == 1 else [(i, count) for i in range(count)]
     for tree, size, chunk in zip(trees, sizes, chunks):
         reduce_phase(steps, tree, size, tags, payload, op, chunk)

@@ -6,13 +6,13 @@ enumerated for ``p`` ranks on ``h`` hosts:
 * tree shapes: binomial, binary, 4-ary, 8-ary and double binary always; flat for p ≤ 64;
   chain for p ≤ 16; hierarchical (inner flat or binomial × outer binomial or 4-ary) when
   there is more than one host; searched (FNF, O(p²)) for p ≤ 256;
-* roots: every rank for p ≤ 16, else rank 0 and rank p/2 (on a symmetric cluster the root
-  matters little; on small irregular boxes every root is tried);
+* roots: every rank for p ≤ 16, rank 0 and rank p/2 up to 256 ranks, rank 0 beyond (on a
+  symmetric cluster the root matters little; on small irregular boxes every root is tried);
 * beyond ``HUGE`` (4096) ranks, only binomial, 8-ary and the two hierarchical trees with
   a flat or binomial inner tree, rooted at 0: every distinct (src, dst) pair costs a route
   look-up, and the full list would need millions of them;
 * butterfly always; allgather for p ≤ 256 (its p(p−1) messages make it hopeless beyond);
-* allreduce3 over a binomial tree, and over a ring for p ≤ 1024;
+* allreduce3 over a binomial tree, and over a ring for p ≤ 256;
 * ring always (its closed form is vectorised; see the planner for when it is simulated).
 """
 
@@ -58,7 +58,7 @@ class Candidate:
 def roots_for(world: int) -> list[int]:
     if world <= 16:
         return list(range(world))
-    return sorted({0, world // 2}) if world <= HUGE else [0]
+    return sorted({0, world // 2}) if world <= 256 else [0]
 
 
 def tree_shapes(world: int, hosts: int) -> list[dict]:
@@ -101,7 +101,7 @@ def enumerate_candidates(world: int, hosts: int) -> list[Candidate]:
     if world <= 256:
         out.append(Candidate("allgather", "allgather", {}))
     out.append(Candidate("allreduce3/tree", "allreduce3", {"inner": "tree"}))
-    if world <= 1024:
+    if world <= 256:
         out.append(Candidate("allreduce3/ring", "allreduce3", {"inner": "ring"}))
     out.append(Candidate("ring", "ring", {}))
     return out

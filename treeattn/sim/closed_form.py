@@ -1,7 +1,7 @@
 """Closed-form α-β latency of each algorithm on uncontended links.
 
 Every message from ``a`` to ``b`` of ``n`` bytes costs ``send_s`` on the sender, then the
-pipelined wire time of :mod:`treeattn.sim.network` (``Σ latency + n/β`` for many chunks),
+cut-through wire time of :mod:`treeattn.sim.network` (``Σ latency + n/β_bottleneck``),
 then ``recv_s`` on the receiver: ``α_ab + n/β_ab``. Compute steps cost
 ``max(bytes/BW, FLOPs/peak) + launch``. The formulas below follow each algorithm's step
 order (the schedule generators' docstrings) and propagate per-rank ready times:
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from treeattn.sim.alg_common import chunk_bytes
+from treeattn.sim.alg_common import chunk_sizes
 from treeattn.sim.costs import CostModel
 from treeattn.sim.trees import Tree
 
@@ -68,7 +68,7 @@ def tree_down(cm: CostModel, start, tree: Tree, nbytes: float) -> list[float]:
 
 def tree_allreduce(cm: CostModel, start, trees: list[Tree], payload: str = "partial"):
     count = len(trees)
-    sizes = [chunk_bytes(cm.workload, payload, i, count) for i in range(count)]
+    sizes = chunk_sizes(cm.workload, payload, count)
     t = list(start)
     for tree, n in zip(trees, sizes):
         t = tree_up(cm, t, tree, n)
@@ -129,7 +129,7 @@ def ring(cm: CostModel) -> float:
     fl = 4.0 * w.batch * w.model.n_heads * w.model.head_dim * shards
     merge = cm.compute_vec(3 * w.partial_bytes)
     prv, ranks = _ring_pairs(cm)
-    inv_min = cm.pair_summary(prv, ranks)[:, 2]
+    inv_min = cm.pair_summary(prv, ranks)[:, 1]
     t = np.zeros(p)
     last_arrival = np.full(p, -np.inf)
     for i in range(p - 1):
@@ -147,7 +147,7 @@ def ring(cm: CostModel) -> float:
 
 def ring_allreduce(cm: CostModel, start, payload: str, op_merge: bool = True) -> np.ndarray:
     p = cm.world
-    sizes = np.array([chunk_bytes(cm.workload, payload, c, p) for c in range(p)], dtype=float)
+    sizes = np.array(chunk_sizes(cm.workload, payload, p), dtype=float)
     prv, ranks = _ring_pairs(cm)
     t = np.asarray(start, dtype=float)
     for replace in (False, True):

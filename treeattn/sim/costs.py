@@ -89,7 +89,7 @@ class CostModel:
         return self.net.wire_time(src, dst, nbytes)
 
     def pair_summary(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """``(p, 3)`` array of :meth:`Network.summary` rows, cached per pair list."""
+        """``(p, 2)`` array of :meth:`Network.summary` rows, cached per pair list."""
         key = (src.tobytes(), dst.tobytes())
         found = self._pair_cache.get(key)
         if found is None:
@@ -100,7 +100,4 @@ class CostModel:
     def wire_vec(self, src: np.ndarray, dst: np.ndarray, nbytes) -> np.ndarray:
         """Vectorised :meth:`Network.wire_time` over pairs ``(src[i], dst[i])``."""
         summ = self.pair_summary(np.asarray(src), np.asarray(dst))
-        nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), (len(summ),))
-        count = np.clip(np.ceil(nbytes / self.net.chunk_bytes), 1, self.net.max_chunks)
-        size = nbytes / count
-        return size * summ[:, 0] + summ[:, 1] + (count - 1) * size * summ[:, 2]
+        return summ[:, 0] + np.asarray(nbytes, dtype=float) * summ[:, 1]

@@ -9,8 +9,9 @@
 * ``Send`` occupies the sender for the backend's ``send_s``; the message is injected by a
   simpy event at that moment. ``Recv`` waits for the arrival, then pays ``recv_s``.
 * A message is cut into chunks (:mod:`treeattn.sim.network`) that cross the route with
-  cut-through pipelining: a chunk holds each link for ``chunk / bandwidth`` and reaches the
-  next link ``latency`` later. Links are resources booked first-fit at injection
+  cut-through pipelining: a chunk holds each link for ``chunk / bandwidth`` (and until its
+  tail has arrived), and its head reaches the next link ``latency`` after it started on
+  this one. Links are resources booked first-fit at injection
   (:mod:`treeattn.sim.links`): a chunk gets the earliest idle slot at or after the moment it
   can reach the link. Without contention this is exactly the closed-form pipeline; with
   contention it differs from a strict arrival-order FIFO only when a later-posted message
@@ -73,14 +74,13 @@ class _Run:
         self.sent[src] += step.nbytes
         arrival = now
         for k in range(count):
-            ready = now
+            head, tail = now, now  # head may enter the next link at `head`; tail is in by `tail`
             for edge, bw, lat in hops:
                 if k == 0:
                     self.link_bytes[edge] = self.link_bytes.get(edge, 0) + step.nbytes
-                duration = size / bw
-                begin = self.links.reserve(edge, ready, duration, now) if duration else ready
-                ready = begin + duration + lat
-            arrival = max(arrival, ready)
+                begin, end = self.links.reserve(edge, head, size / bw, tail, now)
+                head, tail = begin + lat, end + lat
+            arrival = max(arrival, tail)
         key = (src, step.dst, step.tag)
         info = (src, step_index, now, arrival)
         self.mail[key] = info

@@ -1,7 +1,7 @@
 """Directed links as reservable resources: first-fit calendars of busy intervals.
 
-A chunk that can reach a link at ``ready`` and needs it for ``duration`` is granted the
-earliest idle interval of that length starting no earlier than ``ready``. Reservations are
+A chunk whose head can reach a link at ``ready`` is granted the earliest idle interval
+starting no earlier than ``ready`` that is long enough for it (see :meth:`reserve`). Reservations are
 made in the order messages are injected (posted), which is simulated time order.
 """
 
@@ -19,26 +19,29 @@ class LinkCalendar:
         self._starts: dict = {}
         self._ends: dict = {}
 
-    def reserve(self, edge, ready: float, duration: float, now: float) -> float:
-        """Book ``edge`` for ``duration`` at the earliest fit ≥ ``ready``; return the start.
+    def reserve(self, edge, ready: float, hold: float, tail: float, now: float) -> tuple:
+        """Book ``edge`` at the earliest fit ≥ ``ready``; return ``(begin, end)``.
 
-        ``now`` is the current simulated time: intervals ending before it can never be
-        used again (every future request is ready at or after ``now``) and are dropped.
+        The chunk holds the link for ``hold`` seconds and at least until ``tail`` (when its
+        last byte has come in from the previous link). ``now`` is the current simulated
+        time: intervals ending before it can never matter again and are dropped.
         """
         starts = self._starts.get(edge)
+        begin = ready
+        end = max(begin + hold, tail)
         if starts is None:
-            self._starts[edge] = [ready]
-            self._ends[edge] = [ready + duration]
-            return ready
+            self._starts[edge] = [begin]
+            self._ends[edge] = [end]
+            return begin, end
         ends = self._ends[edge]
         if len(ends) > PRUNE_AT:
             old = bisect_right(ends, now)
             del starts[:old], ends[:old]
         idx = bisect_right(ends, ready)
-        begin = ready
-        while idx < len(starts) and begin + duration > starts[idx]:
+        while idx < len(starts) and end > starts[idx]:
             begin = max(begin, ends[idx])
+            end = max(begin + hold, tail)
             idx += 1
         starts.insert(idx, begin)
-        ends.insert(idx, begin + duration)
-        return begin
+        ends.insert(idx, end)
+        return begin, end

@@ -1,14 +1,15 @@
 """Message costs on a topology: routes, chunking and the uncontended wire time.
 
 A message of ``n`` bytes is cut into ``c = clamp(ceil(n / chunk_bytes), 1, max_chunks)``
-chunks of ``s = n / c`` bytes. A chunk holds each link of its route for ``s / bandwidth``
-and then waits that link's ``latency`` before it reaches the next link (cut-through
-pipelining at chunk granularity). With no other traffic the message arrives after
+chunks of ``s = n / c`` bytes that cross the route with cut-through pipelining: a chunk's
+head reaches link ``j + 1`` a latency ``l_j`` after it started on link ``j``, and the chunk
+holds each link for at least ``s / b_j`` and until its tail has come in from the link before.
+With no other traffic the chunks stream through the slowest link back to back, so
 
-    wire(n) = Σ_hops (s / b_j + l_j) + (c − 1) · s / min_j b_j
+    wire(n) = Σ_hops l_j + n / min_j b_j
 
-which tends to ``latency + n / β_bottleneck`` for many chunks. The engine simulates exactly
-this with contention; :mod:`treeattn.sim.closed_form` uses the formula.
+exactly (the closed form); chunking matters when messages share links, where chunks of
+different messages interleave. The engine simulates this with contention.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Network:
         self.max_chunks = int(max_chunks)
         self.names = list(topology.gpus)
         self._hops: dict[tuple[int, int], tuple[tuple[Edge, float, float], ...]] = {}
-        self._summary: dict[tuple[int, int], tuple[float, float, float]] = {}
+        self._summary: dict[tuple[int, int], tuple[float, float]] = {}
         self._edges: dict = {}
 
     @property
@@ -74,20 +75,16 @@ class Network:
                                          float(data["latency"]))
         return found
 
-    def summary(self, src: int, dst: int) -> tuple[float, float, float]:
-        """``(Σ 1/b_j, Σ l_j, 1/min b_j)`` of the route: all the wire formula needs."""
+    def summary(self, src: int, dst: int) -> tuple[float, float]:
+        """``(Σ l_j, 1 / min b_j)`` of the route: all the wire formula needs."""
         key = (src, dst)
         found = self._summary.get(key)
         if found is None:
             hops = self.hops(src, dst)
             if not hops:
-                found = (0.0, 0.0, 0.0)
+                found = (0.0, 0.0)
             else:
-                found = (
-                    sum(1.0 / b for _, b, _ in hops),
-                    sum(lat for _, _, lat in hops),
-                    1.0 / min(b for _, b, _ in hops),
-                )
+                found = (sum(lat for _, _, lat in hops), 1.0 / min(b for _, b, _ in hops))
             self._summary[key] = found
         return found
 
@@ -98,9 +95,8 @@ class Network:
 
     def wire_time(self, src: int, dst: int, nbytes: float) -> float:
         """Uncontended seconds from injection at ``src`` to arrival at ``dst``."""
-        inv_sum, lat_sum, inv_min = self.summary(src, dst)
-        count, size = self.chunking(nbytes)
-        return size * inv_sum + lat_sum + (count - 1) * size * inv_min
+        lat_sum, inv_min = self.summary(src, dst)
+        return lat_sum + nbytes * inv_min
 
     def message_time(self, src: int, dst: int, nbytes: float) -> float:
         """α + wire: sender overhead, wire time, receiver overhead."""

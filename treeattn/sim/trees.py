@@ -7,7 +7,7 @@ to start at the root: ``root, root+1, …, root-1``) and connect positions:
 * ``chain``: position i's parent is i − 1 (depth p − 1);
 * ``flat``: every rank is a child of the root (a star, depth 1);
 * ``kary`` (``binary`` is k = 2): heap layout, parent of i is (i − 1) // k;
-* ``binomial``: parent of i is i with its lowest set bit cleared (depth ⌈log2 p⌉);
+* ``binomial``: parent of i is i with its lowest set bit cleared (depth ≤ ⌈log2 p⌉);
 * ``double_binary``: NCCL's pair of in-order binary trees, the second mirrored (even p) or
   shifted by one (odd p), so most inner nodes of one tree are leaves of the other. Each tree
   carries half of the payload (see :mod:`treeattn.sim.alg_tree`);
@@ -160,44 +160,38 @@ def binomial(world: int, root: int = 0, order: list[int] | None = None) -> Tree:
     return _from_positions(order or rotated(world, root), lambda i: i & (i - 1), "binomial")
 
 
-def _inorder_parents(lo: int, hi: int, parent: list[int]) -> int:
-    """Balanced in-order binary tree over positions [lo, hi); returns its root position."""
-    stack = [(lo, hi, -1)]
-    top = -1
-    while stack:
-        a, b, up = stack.pop()
-        if a >= b:
-            continue
-        mid = (a + b) // 2
-        parent[mid] = up
-        if up == -1:
-            top = mid
-        stack.append((a, mid, mid))
-        stack.append((mid + 1, b, mid))
-    return top
+def _btree_parent(i: int, n: int) -> int:
+    """Parent of position ``i`` in the in-order binary tree by lowest set bit (root 0).
+
+    Position ``i`` with lowest set bit ``b`` hangs under ``(i ^ b) | 2b`` when that exists,
+    else under ``i ^ b``; odd positions are the leaves, even ones the inner nodes.
+    """
+    bit = i & -i
+    up = (i ^ bit) | (bit << 1)
+    return up if up < n else i ^ bit
 
 
 def double_binary(world: int, root: int = 0) -> tuple[Tree, Tree]:
     """NCCL-style pair of complementary in-order binary trees; the first is rooted at ``root``.
 
+    Tree A places position ``i`` on rank ``(i + root) % p``; tree B mirrors the positions
+    (``p − 1 − i``) when p is even and shifts them by one when p is odd, so the inner nodes
+    (even positions) of one tree are leaves of the other.
+
     >>> a, b = double_binary(8)
     >>> a.root, b.root
     (0, 7)
     """
-    pos_parent = [-1] * world
-    top = _inorder_parents(0, world, pos_parent)
-    shift = root - top  # position i sits on rank (i + shift) % world: tree A's root is `root`
     if world % 2 == 0:
-        second_pos = [world - 1 - i for i in range(world)]  # mirror
+        second = [world - 1 - i for i in range(world)]  # mirror
     else:
-        second_pos = [(i + 1) % world for i in range(world)]  # shift by one
+        second = [(i + 1) % world for i in range(world)]  # shift by one
     trees = []
-    for place in (list(range(world)), second_pos):
+    for place in (list(range(world)), second):
         parent = [-1] * world
-        for i, up in enumerate(pos_parent):
-            rank = (place[i] + shift) % world
-            parent[rank] = -1 if up < 0 else (place[up] + shift) % world
-        trees.append(Tree((place[top] + shift) % world, tuple(parent), "double_binary"))
+        for i in range(1, world):
+            parent[(place[i] + root) % world] = (place[_btree_parent(i, world)] + root) % world
+        trees.append(Tree((place[0] + root) % world, tuple(parent), "double_binary"))
     return trees[0], trees[1]
 
 

@@ -60,6 +60,8 @@ def validate_graph(g: nx.DiGraph) -> list[str]:
     >>> validate_graph(b.graph)
     ['h/gpu0']
     """
+    if not isinstance(g, nx.DiGraph) or g.is_multigraph():
+        raise TopologyError("a topology graph must be a networkx.DiGraph")
     for name, data in g.nodes(data=True):
         _check_node(name, data)
     for u, v, data in g.edges(data=True):

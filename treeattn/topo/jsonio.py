@@ -48,6 +48,10 @@ def graph_from_json(text: str) -> tuple[nx.DiGraph, str]:
         _add_node(g, i, node)
     for i, link in enumerate(links):
         _add_link(g, i, link)
+    if data.get("directed") is False:  # an undirected document: each link is full duplex
+        for u, v, d in list(g.edges(data=True)):
+            if not g.has_edge(v, u):
+                g.add_edge(v, u, **d)
     name = meta.get("name") if isinstance(meta.get("name"), str) else ""
     return g, name
 

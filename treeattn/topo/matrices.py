@@ -116,8 +116,8 @@ class _Segments:
         return lat, bw
 
     def host_key(self, lo: int, hi: int) -> bytes:
-        parts = (self.up_lat, self.up_bw, self.up_leaf, self.dn_lat, self.dn_bw, self.dn_leaf,
-                 self.rail_ix)
+        """Bytes identifying the up-segments of GPUs ``lo:hi`` (one host)."""
+        parts = (self.up_lat, self.up_bw, self.up_leaf)
         return b"|".join(np.ascontiguousarray(x[lo:hi]).tobytes() for x in parts)
 
 
@@ -134,25 +134,19 @@ def _uniform_hosts(g, gpus) -> int:
 
 
 def _fill_by_host_class(seg: _Segments, lat, bw, n_hosts: int, k: int) -> None:
-    """Hosts with identical segment costs form a class; fill one k x k block per class pair."""
+    """Hosts whose GPUs have identical up-segments share their rows of the matrices: compute
+    one (k, p) strip per class of hosts and copy it to every host of the class."""
     classes: dict[bytes, list[int]] = {}
     for h in range(n_hosts):
         classes.setdefault(seg.host_key(h * k, (h + 1) * k), []).append(h)
-    lat4 = lat.reshape(n_hosts, k, n_hosts, k)
-    bw4 = bw.reshape(n_hosts, k, n_hosts, k)
-    for src in classes.values():
-        rows = np.arange(src[0] * k, (src[0] + 1) * k)
-        for dst in classes.values():
-            cols = np.arange(dst[0] * k, (dst[0] + 1) * k)
-            b_lat, b_bw = seg.block(rows, cols)
-            i, j = _host_index(src), _host_index(dst)
-            if isinstance(i, slice) and isinstance(j, slice):
-                lat4[i, :, j, :] = b_lat[None, :, None, :]
-                bw4[i, :, j, :] = b_bw[None, :, None, :]
-            else:
-                ii, jj = np.asarray(src)[:, None], np.asarray(dst)[None, :]
-                lat4[ii, :, jj, :] = b_lat[None, None]
-                bw4[ii, :, jj, :] = b_bw[None, None]
+    p = n_hosts * k
+    lat3, bw3 = lat.reshape(n_hosts, k, p), bw.reshape(n_hosts, k, p)
+    cols = np.arange(p)
+    for hosts in classes.values():
+        s_lat, s_bw = seg.block(np.arange(hosts[0] * k, (hosts[0] + 1) * k), cols)
+        i = _host_index(hosts)
+        lat3[i] = s_lat
+        bw3[i] = s_bw
 
 
 def _host_index(hosts: list[int]) -> slice | list[int]:

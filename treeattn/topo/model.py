@@ -52,6 +52,14 @@ class Topology:
         self.hosts: list[str] = list(dict.fromkeys(graph.nodes[g]["host"] for g in self.gpus))
         self._router = Router(graph, self.gpus)
         self._matrices: tuple[np.ndarray, np.ndarray] | None = None
+        self._check_routes()
+
+    def _check_routes(self) -> None:
+        """Every GPU can route to and from GPU 0 (raises :class:`TopologyError` otherwise)."""
+        first = self.gpus[0]
+        for gpu in self.gpus[1:]:
+            self._router.route(first, gpu)
+            self._router.route(gpu, first)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -134,7 +142,8 @@ class Topology:
         return [g for g in self.gpus if self.graph.nodes[g]["host"] == host]
 
     def gpu_model(self, ref: GpuRef) -> str:
-        return self.graph.nodes[self.gpu(ref)]["model"]
+        """The GPU model, e.g. ``"H100"``; ``"unknown"`` when the source did not say."""
+        return str(self.graph.nodes[self.gpu(ref)].get("model", "unknown"))
 
     def edge(self, u: str, v: str) -> dict:
         """Attributes of the directed edge ``u -> v``."""
@@ -143,15 +152,18 @@ class Topology:
         return self.graph.edges[u, v]
 
     def links(self) -> dict[str, int]:
-        """Physical links by kind (a full-duplex link counts once, bonded links count once).
+        """Physical links by kind: a full-duplex link counts once, a bond of ``count`` links
+        counts ``count`` times, and logical routing aggregates not at all.
 
         >>> Topology.from_spec("mi300x").links()["xgmi"]
         28
+        >>> Topology.from_spec("dgx-h100").links()["nvlink"]  # 8 GPUs x 18 NVLink4
+        144
         """
-        seen = Counter()
+        seen: Counter = Counter()
         for u, v, d in self.graph.edges(data=True):
             if not d.get("logical") and (u < v or not self.graph.has_edge(v, u)):
-                seen[d["kind"]] += 1
+                seen[d["kind"]] += d.get("count", 1)
         return dict(sorted(seen.items()))
 
     def link_bandwidth_out(self, ref: GpuRef, kinds: tuple[str, ...] = ("nvlink", "xgmi")) -> float:
@@ -172,6 +184,9 @@ class Topology:
         >>> Topology.from_spec("pcie-4090:gpus=2").route(0, 1)[:2]
         [('node0/gpu0', 'node0/pcie0'), ('node0/pcie0', 'node0/cpu0')]
         """
+        gpus = self.gpus
+        if src.__class__ is int and dst.__class__ is int and 0 <= src < len(gpus) > dst >= 0:
+            return list(self._router.route(gpus[src], gpus[dst]))  # the hot path
         return list(self._router.route(self.gpu(src), self.gpu(dst)))
 
     def path_latency(self, src: GpuRef, dst: GpuRef) -> float:

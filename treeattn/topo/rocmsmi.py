@@ -2,14 +2,16 @@
 
 The output has four blocks: *Weight*, *Hops* and *Link Type between two GPUs* (GPU x GPU
 matrices) and *Numa Nodes* (``GPU[n] : (Topology) Numa Node: k``, or ``GPU n`` in older
-releases). A pair whose link type is ``XGMI`` with one hop becomes a direct ``xgmi`` link;
-``XGMI`` pairs more than one hop apart (MI250 GCDs across packages) and ``PCIE`` pairs get no
-direct edge and are routed through the CPUs. Each NUMA node becomes a ``cpu`` node, every GPU
-hangs off its NUMA node's CPU over PCIe, and the CPUs are joined by inter-socket links.
+releases). A pair whose link type is ``XGMI`` with one hop becomes a direct ``xgmi`` link
+that keeps rocm-smi's weight (15 for xGMI) as ``weight``. ``XGMI`` pairs more than one hop
+apart (MI250 GCDs across packages) and ``PCIE`` pairs get no direct edge and are routed
+through the CPUs. Each NUMA node becomes a ``cpu`` node, every GPU hangs off its NUMA node's
+CPU over PCIe, and the CPUs are joined by inter-socket links.
 
 rocm-smi does not name the GPU model, and the link bandwidth depends on it. An 8-GPU full
-xGMI mesh is taken to be MI300X; anything else needs ``gpu=`` (``--gpu``), e.g. ``MI210``,
-``MI250`` or ``MI300A``.
+xGMI mesh is taken to be MI300X; otherwise pass ``gpu=`` (``--gpu``), e.g. ``MI210``,
+``MI250`` or ``MI300A``, or the model stays ``"unknown"`` with the assumed per-link figure of
+:data:`treeattn.topo.importcommon.ASSUMED_LINK_BANDWIDTH`.
 """
 
 from __future__ import annotations
@@ -43,15 +45,28 @@ def parse_rocm_smi(text: str, gpu: str | None = None) -> nx.DiGraph:
     links = _matrix(sections["link type between two gpus"], "Link Type")
     n = len(links)
     ic.check_count(n, "GPUs in the rocm-smi output")
-    hops = _matrix(sections["hops between two gpus"], "Hops") if (
-        "hops between two gpus" in sections) else None
-    if hops is not None and len(hops) != n:
-        raise TopologyError(f"rocm-smi: Hops block has {len(hops)} GPUs, Link Type has {n}")
+    hops = _optional(sections, "Hops", n)
+    weights = _optional(sections, "Weight", n)
     xgmi = _xgmi_pairs(links, hops)
     detected = "MI300X" if n == 8 and len(xgmi) == 28 else None
     model = ic.resolve_model(gpu, detected)
     numa = _numa(text, n)
-    return _build(n, xgmi, numa, model)
+    return _build(n, xgmi, numa, model, weights)
+
+
+def _optional(sections: dict[str, list[str]], what: str, n: int) -> list[list[str]] | None:
+    """The ``What between two GPUs`` matrix if present; its size must match Link Type's."""
+    key = f"{what.lower()} between two gpus"
+    if key not in sections:
+        return None
+    matrix = _matrix(sections[key], what)
+    if len(matrix) != n:
+        raise TopologyError(f"rocm-smi: {what} block has {len(matrix)} GPUs, Link Type has {n}")
+    for i, row in enumerate(matrix):
+        for j, cell in enumerate(row):
+            if not cell.isdigit() or int(cell) > 10**6:
+                raise TopologyError(f"rocm-smi: {what} cell {cell!r} at GPU{i}/GPU{j}")
+    return matrix
 
 
 def _sections(text: str) -> dict[str, list[str]]:
@@ -106,12 +121,7 @@ def _xgmi_pairs(links: list[list[str]], hops: list[list[str]] | None) -> list[tu
 
 
 def _hop_count(hops: list[list[str]] | None, i: int, j: int) -> int:
-    if hops is None:
-        return 1
-    cell = hops[i][j]
-    if not cell.isdigit():
-        raise TopologyError(f"rocm-smi: hop count {cell!r} at GPU{i}/GPU{j} is not a number")
-    return int(cell)
+    return 1 if hops is None else int(hops[i][j])
 
 
 def _numa(text: str, n: int) -> list[int]:
@@ -123,7 +133,10 @@ def _numa(text: str, n: int) -> list[int]:
     return numa
 
 
-def _build(n: int, xgmi: list[tuple[int, int]], numa: list[int], model: str) -> nx.DiGraph:
+def _build(
+    n: int, xgmi: list[tuple[int, int]], numa: list[int], model: str,
+    weights: list[list[str]] | None,
+) -> nx.DiGraph:
     b = GraphBuilder()
     gpus = [ic.add_gpu(b, i, i, model, numa=numa[i]) for i in range(n)]
     cpus = {k: b.node(f"{ic.HOST}/cpu{k}", "cpu", ic.HOST, numa=k) for k in sorted(set(numa))}
@@ -134,5 +147,6 @@ def _build(n: int, xgmi: list[tuple[int, int]], numa: list[int], model: str) -> 
     if xgmi:
         link_bw = ic.need_link_bandwidth(model, "xgmi")
         for i, j in xgmi:
-            b.link(gpus[i], gpus[j], "xgmi", link_bw, hw.XGMI_HOP_LATENCY)
+            extra = {"weight": int(weights[i][j])} if weights else {}  # rocm-smi's weight
+            b.link(gpus[i], gpus[j], "xgmi", link_bw, hw.XGMI_HOP_LATENCY, **extra)
     return b.graph

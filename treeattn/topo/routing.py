@@ -44,6 +44,8 @@ class Router:
         self._nearest_cpu: dict[str, str] = {}
         self._paths: dict[Edge, list[str]] = {}
         self._reps: dict[str, str] | None = None
+        self._leaves: dict[tuple[str, bool], str] = {}
+        self._switch_adj: dict[tuple[str, bool], list[str]] = {}
         self._up_cost: dict[tuple[str, str], tuple[float, float, str]] = {}
         self._down_cost: dict[str, tuple[float, float]] = {}
         self._rail_nics: dict[tuple[str, str], str] = {}
@@ -71,6 +73,8 @@ class Router:
             rail = self._gpu_rail[b] = self.rail_of(b)
         up = self._up.get((a, rail)) or self.up(a, rail)
         down = self._down.get(b) or self.down(b)
+        if up[1] == down[0]:
+            return up[0] + down[1]
         return up[0] + self.mid(up[1], down[0]) + down[1]
 
     def host(self, n: str) -> str:
@@ -129,11 +133,17 @@ class Router:
             return [_rename(n, rep, host) for n in path]
         key = (x, y)
         if key not in self._paths:
-            try:
-                self._paths[key] = nx.dijkstra_path(self.g, x, y, weight=self._weight(x, y))
-            except nx.NetworkXNoPath:
-                raise TopologyError(f"no route from {x} to {y} inside host {host}") from None
+            self._paths[key] = self._search(x, y, host)
         return list(self._paths[key])
+
+    def _search(self, x: str, y: str, host: str) -> list[str]:
+        """Avoid other GPUs; only when that is impossible forward through them (NCCL's NVB)."""
+        for through_gpus in (False, True):
+            try:
+                return nx.dijkstra_path(self.g, x, y, weight=self._weight(x, y, through_gpus))
+            except nx.NetworkXNoPath:
+                continue
+        raise TopologyError(f"no route from {x} to {y} inside host {host}")
 
     def rep(self, host: str) -> str:
         """The first host with the same internal structure as ``host`` (its template)."""
@@ -141,7 +151,9 @@ class Router:
             self._reps = host_templates(self.g)
         return self._reps.get(host, host)
 
-    def _weight(self, x: str, y: str | None) -> Callable[[str, str, dict], float | None]:
+    def _weight(
+        self, x: str, y: str | None, through_gpus: bool = False
+    ) -> Callable[[str, str, dict], float | None]:
         """Edge cost restricted to the host of ``x``, never through GPUs or parallel chips."""
         nodes, host = self.g.nodes, self.host(x)
 
@@ -149,7 +161,7 @@ class Router:
             nv = nodes[v]
             if nv["host"] != host or "routed_via" in nv:
                 return None
-            if nv["kind"] == "gpu" and v != y:
+            if nv["kind"] == "gpu" and v != y and not through_gpus:
                 return None
             return d["latency"] + REF_BYTES / d["bandwidth"]
 
@@ -227,11 +239,25 @@ class Router:
         return self._down[b]
 
     def _leaf_of(self, nic: str, out: bool) -> str:
+        hit = self._leaves.get((nic, out))
+        if hit is not None:
+            return hit
         nbrs = self.g.successors(nic) if out else self.g.predecessors(nic)
         for n in nbrs:
             if self.g.nodes[n]["kind"] == "net_switch":
+                self._leaves[nic, out] = n
                 return n
         raise TopologyError(f"NIC {nic} is not connected to a network switch")
+
+    def _switch_nbrs(self, leaf: str, out: bool) -> list[str]:
+        """Network switches after (``out``) or before ``leaf``, sorted (cached)."""
+        key = (leaf, out)
+        if key not in self._switch_adj:
+            nbrs = self.g.successors(leaf) if out else self.g.predecessors(leaf)
+            self._switch_adj[key] = sorted(
+                n for n in nbrs if self.g.nodes[n]["kind"] == "net_switch"
+            )
+        return self._switch_adj[key]
 
     def mid(self, leaf_s: str, leaf_d: str) -> tuple[Edge, ...]:
         """Edges between two leaves: none, one spine (deterministic ECMP choice) or a path."""
@@ -241,8 +267,8 @@ class Router:
         hit = self._mid.get(key)
         if hit is not None:
             return hit
-        ups = {n for n in self.g.successors(leaf_s) if self.g.nodes[n]["kind"] == "net_switch"}
-        common = sorted(n for n in self.g.predecessors(leaf_d) if n in ups)
+        ups = set(self._switch_nbrs(leaf_s, out=True))
+        common = [n for n in self._switch_nbrs(leaf_d, out=False) if n in ups]
         if self.g.has_edge(leaf_s, leaf_d):
             path = [leaf_s, leaf_d]
         elif common:
@@ -270,22 +296,25 @@ def host_templates(g: nx.DiGraph) -> dict[str, str]:
     """Map every host to the first host with an identical internal structure.
 
     Two hosts match when their nodes, named ``HOST/local``, have the same local names and
-    attributes and their host-internal edges the same attributes. A host whose nodes do not
-    all follow the ``HOST/`` naming is its own template.
+    attributes, and their host-internal edges the same ``kind``, ``bandwidth`` and
+    ``latency`` (all that routing reads). A host whose nodes do not all follow the ``HOST/``
+    naming is its own template.
     """
-    sigs: dict[str, set] = {}
+    sigs: dict[str, list] = {}
     bad: set[str] = set()
+    host_of, local = {}, {}
     for n, d in g.nodes(data=True):
-        host = d["host"]
+        host = host_of[n] = d["host"]
+        local[n] = n[len(host) + 1:]
         if not n.startswith(host + "/"):
             bad.add(host)
-        sigs.setdefault(host, set()).add((n[len(host) + 1:], _freeze(d, host)))
-    nodes = g.nodes
-    for u, v, d in g.edges(data=True):
-        host = nodes[u]["host"]
-        if host == nodes[v]["host"]:
-            p = len(host) + 1
-            sigs[host].add((u[p:], v[p:], _edge_key(d, host)))
+        sigs.setdefault(host, []).append((local[n], _freeze(d, host)))
+    for u, nbrs in g.adj.items():
+        host, lu = host_of[u], local[u]
+        sig = sigs[host]
+        for v, d in nbrs.items():
+            if host_of[v] == host:
+                sig.append((lu, local[v], d["kind"], d["bandwidth"], d["latency"]))
     reps: dict[str, str] = {}
     first: dict[frozenset, str] = {}
     for host, sig in sigs.items():
@@ -304,15 +333,6 @@ def _freeze(d: dict, host: str) -> tuple:
             v = v[len(p):]
         items.append((k, v if isinstance(v, (str, int, float, bool, type(None))) else repr(v)))
     return tuple(items)
-
-
-def _edge_key(d: dict, host: str) -> tuple:
-    items = tuple(d.items())  # edge attributes never hold node names
-    try:
-        hash(items)
-    except TypeError:
-        return _freeze(d, host)
-    return items
 
 
 def _rename(n: str, old_host: str, new_host: str) -> str:

@@ -29,14 +29,20 @@ def _route_rows(t) -> list[tuple[str, str]]:
     for label, group in (("same host", same), ("other host", other)):
         if not group:
             continue
-        bws = [t.path_bandwidth(first, g) for g in group]
-        lats = [t.path_latency(first, g) for g in group]
-        rows.append((
-            f"GPU 0 -> {label}",
-            f"{min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} GB/s, "
-            f"{min(lats) * 1e6:.2f}-{max(lats) * 1e6:.2f} us",
-        ))
+        bws = [t.path_bandwidth(first, g) / 1e9 for g in group]
+        lats = [t.path_latency(first, g) * 1e6 for g in group]
+        rows.append((f"GPU 0 -> {label}", f"{span(bws, '.1f')} GB/s, {span(lats, '.2f')} us"))
     return rows
+
+
+def span(values: list[float], fmt: str) -> str:
+    """``"lo-hi"`` of ``values`` in ``fmt``, or one figure when they agree.
+
+    >>> span([450.0, 450.0], ".1f"), span([10, 25], "g")
+    ('450.0', '10-25')
+    """
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def describe(t) -> str:

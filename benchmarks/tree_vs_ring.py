@@ -1,0 +1,217 @@
+"""Tree vs Ring Attention decode on local CPU ranks: measured, predicted, and against a floor.
+
+For world 2 and 4 (gloo on loopback, one torch thread per rank), one process group per world:
+
+1. calibrate with microbenchmarks only (``treeattn.runtime.calibrate``);
+2. predict every point with the simulator from that profile;
+3. measure tree and ring at seq_len 16k … 1M (Hq=32, Hkv=8, D=128, fp32, batch 1).
+
+Reported per (world, seq_len): measured and predicted step time of both, the measured and
+predicted speedup of tree over ring, the prediction errors, the peak-memory ratio ring/tree
+(tensor bytes the runtime holds per rank, max over ranks), and tree's step time against its
+floor: all KV bytes read at the machine's calibrated memory bandwidth (per-rank bandwidth ×
+ranks that can run at once) plus the calibrated p2p latency × tree depth.
+
+A ring point whose KV blocks would not fit in this machine's memory (own shard + block held +
+block arriving, on every rank) is predicted but not run; the table says so.
+
+Run: ``.venv/bin/python benchmarks/tree_vs_ring.py [--quick]``. Writes
+``benchmarks/results/tree_vs_ring.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from treeattn.runtime.calibrate import calibrate_in_group, machine_info  # noqa: E402
+from treeattn.runtime.check import RunRequest, predictor, run_points  # noqa: E402
+from treeattn.runtime.group import broadcast_object  # noqa: E402
+from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
+from treeattn.runtime.plans import build, workload_for  # noqa: E402
+from treeattn.runtime.cache import shard_lengths  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+K = 1024
+SEQ_LENS = (16 * K, 64 * K, 256 * K, 1024 * K)
+WORLDS = (2, 4)
+BASE = RunRequest(seq_lens=(), algorithms=("tree", "ring"), steps=6, warmup=1, check=True,
+                  ref_limit_bytes=512 << 20)
+MEMORY_BUDGET = 0.6  # of MemAvailable, for one point's tensors on all ranks
+
+
+@dataclass
+class BenchJob:
+    """One process group: calibrate once, then run each request against that profile."""
+
+    requests: list[RunRequest]
+
+    def __call__(self, ctx):
+        profile = broadcast_object(ctx, calibrate_in_group(ctx, BASE.dims))
+        return profile, [run_points(ctx, replace(r, profile=profile)) for r in self.requests]
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 8 << 30
+
+
+def ring_bytes(seq_len: int, world: int) -> int:
+    """Tensor bytes ring needs on all ranks: own shard + block held + block arriving."""
+    shard = 2 * BASE.n_kv_heads * BASE.head_dim * 4 * math.ceil(seq_len / world)
+    return world * shard * (2 if world == 2 else 3)
+
+
+def tree_depth(parent: list[int]) -> int:
+    def depth(v: int) -> int:
+        return 0 if parent[v] < 0 else 1 + depth(parent[v])
+
+    return max(depth(v) for v in range(len(parent)))
+
+
+def predict(profile: dict, world: int, seq_len: int, algorithm: str):
+    from treeattn.sim import simulate
+
+    topology, hardware, backend = predictor(profile, world)
+    workload = workload_for(BASE.dims, shard_lengths(seq_len, world))
+    schedule = build(algorithm, topology, workload)
+    return schedule, simulate(schedule, topology, workload, hardware, backend).makespan_s
+
+
+def floor_s(profile: dict, world: int, seq_len: int, depth: int) -> float:
+    att = profile["attention"]
+    machine_bw = att["bandwidth_Bps"] * att.get("concurrent_ranks", 1)
+    kv_bytes = 2 * BASE.n_kv_heads * BASE.head_dim * 4 * seq_len
+    return kv_bytes / machine_bw + att["launch_s"] + profile["p2p"]["latency_s"] * depth
+
+
+def run_world(world: int, seq_lens: tuple[int, ...], steps: int) -> dict:
+    budget = MEMORY_BUDGET * mem_available()
+    both = tuple(n for n in seq_lens if ring_bytes(n, world) <= budget)
+    tree_only = tuple(n for n in seq_lens if n not in both)
+    requests = [replace(BASE, seq_lens=both, steps=steps)]
+    if tree_only:
+        requests.append(replace(BASE, seq_lens=tree_only, algorithms=("tree",), steps=steps))
+    profile, parts = launch(BenchJob(requests), world,
+                            LaunchOptions(timeout_s=120.0, deadline_s=1500.0))
+    points = [p for part in parts for p in part]
+    for n in tree_only:  # predicted only: too big to hold here
+        _, pred = predict(profile, world, n, "ring")
+        points.append({"algorithm": "ring", "world": world, "seq_len": n, "measured_s": None,
+                       "predicted_s": pred, "error": None, "skipped": "does not fit in memory",
+                       "peak_memory_bytes": None, "bytes_sent": None, "max_abs_diff": None})
+    return {"profile": profile, "points": points}
+
+
+def summarize(world: int, result: dict) -> list[dict]:
+    by = {(p["algorithm"], p["seq_len"]): p for p in result["points"]}
+    rows = []
+    for n in sorted({p["seq_len"] for p in result["points"]}):
+        tree, ring = by[("tree", n)], by[("ring", n)]
+        depth = tree_depth(tree["params"]["parent"])
+        floor = floor_s(result["profile"], world, n, depth)
+        measured_ring = ring["measured_s"]
+        rows.append({
+            "world": world, "seq_len": n,
+            "tree_measured_s": tree["measured_s"], "tree_predicted_s": tree["predicted_s"],
+            "ring_measured_s": measured_ring, "ring_predicted_s": ring["predicted_s"],
+            "speedup_measured": measured_ring / tree["measured_s"] if measured_ring else None,
+            "speedup_predicted": ring["predicted_s"] / tree["predicted_s"],
+            "tree_error": tree["error"], "ring_error": ring["error"],
+            "peak_mem_ratio": (max(ring["peak_memory_bytes"]) / max(tree["peak_memory_bytes"])
+                               if ring["peak_memory_bytes"] else None),
+            "tree_floor_s": floor, "tree_over_floor": tree["measured_s"] / floor,
+            "tree_depth": depth, "tree_shape": tree["params"].get("shape"),
+            "max_abs_diff": max((p["max_abs_diff"] or 0.0) for p in (tree, ring)),
+            "ring_skipped": ring.get("skipped"),
+        })  # fmt: skip
+    return rows
+
+
+def geo_mean_error(rows: list[dict]) -> float:
+    logs = []
+    for r in rows:
+        for alg in ("tree", "ring"):
+            meas, pred = r[f"{alg}_measured_s"], r[f"{alg}_predicted_s"]
+            if meas and pred:
+                logs.append(abs(math.log(pred / meas)))
+    return math.exp(sum(logs) / len(logs)) - 1
+
+
+def _f(x, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    lines = [
+        "# Tree vs Ring Attention decode, local CPU ranks (gloo)", "",
+        f"Machine: {meta['machine']['cpu']}, {meta['machine']['cpu_count']} cores, "
+        f"torch {meta['machine']['torch']}, python {meta['machine']['python']}. "
+        f"Hq=32, Hkv=8, D=128, fp32, batch 1, one torch thread per rank. "
+        f"Step time = median of {meta['steps']} timed steps, max over ranks.", "",
+        "| world | seq_len | tree meas | tree pred | ring meas | ring pred | speedup meas "
+        "| speedup pred | err tree | err ring | ring/tree peak mem | tree/floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ms = lambda x: _f(x and x * 1e3, ".2f")  # noqa: E731
+        lines.append(
+            f"| {r['world']} | {r['seq_len'] // K}k | {ms(r['tree_measured_s'])} "
+            f"| {ms(r['tree_predicted_s'])} | {ms(r['ring_measured_s'])} "
+            f"| {ms(r['ring_predicted_s'])} | {_f(r['speedup_measured'], '.2f')}× "
+            f"| {_f(r['speedup_predicted'], '.2f')}× | {_f(r['tree_error'], '.1%')} "
+            f"| {_f(r['ring_error'], '.1%')} | {_f(r['peak_mem_ratio'], '.2f')}× "
+            f"| {_f(r['tree_over_floor'], '.2f')}× |"
+        )
+    lines += ["", f"Geometric-mean prediction error over all measured points: "
+              f"{meta['geo_mean_error']:.1%}", "",
+              "Times in ms. A dash: ring not run (its blocks do not fit in this machine's "
+              "memory); its prediction is still shown.", ""]
+    for world, prof in meta["profiles"].items():
+        lines.append(
+            f"Calibration, world {world}: p2p α = {prof['p2p']['latency_s'] * 1e6:.1f} µs, "
+            f"β = {prof['p2p']['bandwidth_Bps'] / 1e9:.2f} GB/s; attention "
+            f"{prof['attention']['bandwidth_Bps'] / 1e9:.2f} GB/s per rank "
+            f"({prof['attention']['concurrent_ranks']} at once), launch "
+            f"{prof['attention']['launch_s'] * 1e6:.0f} µs; cores {prof['cores']}.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="16k and 64k only, 3 steps")
+    parser.add_argument("--steps", type=int, default=BASE.steps)
+    args = parser.parse_args(argv)
+    seq_lens = SEQ_LENS[:2] if args.quick else SEQ_LENS
+    steps = 3 if args.quick else args.steps
+    t0 = time.time()
+    rows, profiles, raw = [], {}, {}
+    for world in WORLDS:
+        result = run_world(world, seq_lens, steps)
+        profiles[world], raw[world] = result["profile"], result["points"]
+        rows += summarize(world, result)
+        print(f"world {world} done after {time.time() - t0:.0f} s", file=sys.stderr)
+    meta = {"machine": machine_info(), "steps": steps, "profiles": profiles,
+            "geo_mean_error": geo_mean_error(rows), "wall_s": time.time() - t0,
+            "env": {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = "-quick" if args.quick else ""
+    (RESULTS / f"tree_vs_ring{suffix}.json").write_text(
+        json.dumps({"meta": meta, "rows": rows, "points": raw}, indent=2) + "\n")
+    text = markdown(rows, meta)
+    (RESULTS / f"tree_vs_ring{suffix}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""`treeattn predict` and `treeattn plan`: simulate the reductions of one decode step.
+
+``predict`` prints, per sequence length, the predicted latency of the best tree-style plan
+(``tree``: tree shapes, butterfly and all-gather), of each named algorithm, of the paper's
+three all-reduces and of Ring Attention. ``plan`` prints the chosen tree and the ranking.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from treeattn.sim import DecodeWorkload, SimError, plan
+from treeattn.sim.planner import Plan, closed_form_result
+
+ALGORITHMS = ("tree", "butterfly", "allgather", "allreduce3", "ring")
+DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")
+DEMO_SEQ_LENS = (32 * 1024, 128 * 1024, 1024 * 1024)
+DEMO_MODEL = "llama-3.1-8b"
+
+
+def _common(parser: argparse.ArgumentParser, many: bool) -> None:
+    parser.add_argument("--topology", required=True, help="topology spec, e.g. dgx-h100:nodes=2")
+    parser.add_argument("--model", required=True, help="model name, e.g. llama-3.1-8b")
+    parser.add_argument("--seq-len", type=int, required=True, action="append" if many else None,
+                        help="cached tokens" + (" (repeatable)" if many else ""))
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    parser.add_argument("--profile", help="calibration profile JSON (CPU ranks)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("predict", help="predict decode-step latency per algorithm")
+    _common(p, many=True)
+    p.set_defaults(func=handle_predict)
+    q = subparsers.add_parser("plan", help="choose the reduction tree for a cluster")
+    _common(q, many=False)
+    q.set_defaults(func=handle_plan)
+
+
+def _load(args: argparse.Namespace, seq_len: int):
+    """Topology, workload and (hardware, backend) overrides for one sequence length."""
+    from treeattn.topo import Topology
+
+    topo = Topology.from_spec(args.topology)
+    if topo.num_gpus < 2:
+        raise SimError(f"topology {args.topology!r} has one GPU: there is no reduction to plan")
+    workload = DecodeWorkload(args.model, seq_len, batch=args.batch)
+    overrides = {}
+    if args.profile:
+        from treeattn.sim.profile import backend_from_profile, hardware_from_profile
+
+        overrides = {"hardware": hardware_from_profile(args.profile),
+                     "backend": backend_from_profile(args.profile)}
+    return topo, workload, overrides
+
+
+def rows_for(plan_: Plan, spec: str) -> list[dict]:
+    """One JSON-ready row per algorithm for a plan made with ``simulate_each``."""
+    ring = plan_.best("ring")
+    rows = []
+    for algorithm in ALGORITHMS:
+        cand = plan_.best(algorithm)
+        if cand is None:
+            continue
+        result = cand.result or closed_form_result(cand, plan_.topology, plan_.costs)
+        rows.append({
+            "topology": spec, "gpus": plan_.topology.num_gpus,
+            "model": plan_.workload.model.name, "seq_len": plan_.workload.seq_len,
+            "batch": plan_.workload.batch, "algorithm": algorithm, "name": cand.name,
+            "latency_s": float(cand.latency_s),
+            "token_latency_s": float(plan_.token_latency_s(cand.latency_s)),
+            "comm_bytes": int(result.comm_bytes),
+            "peak_memory_bytes": int(max(result.peak_memory_bytes)),
+            "speedup_vs_ring": float(ring.latency_s / cand.latency_s) if ring else None,
+            "method": result.method,
+        })
+    return rows
+
+
+def handle_predict(args: argparse.Namespace) -> int:
+    rows = []
+    for seq_len in args.seq_len:
+        topo, workload, overrides = _load(args, seq_len)
+        rows += rows_for(plan(topo, workload, simulate_each=True, **overrides), args.topology)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(title=f"Predicted attention latency per layer: {args.topology}, {args.model}")
+    for col in ("seq_len", "algorithm", "plan", "layer", "token", "comm", "peak mem",
+                "vs ring", "method"):
+        table.add_column(col, justify="left" if col in ("algorithm", "plan", "method")
+                         else "right")
+    for r in rows:
+        table.add_row(f"{r['seq_len']:,}", r["algorithm"], r["name"], _time(r["latency_s"]),
+                      _time(r["token_latency_s"]), _size(r["comm_bytes"]),
+                      _size(r["peak_memory_bytes"]), f"{r['speedup_vs_ring']:.1f}×",
+                      r["method"])
+    Console().print(table)
+    return 0
+
+
+def handle_plan(args: argparse.Namespace) -> int:
+    topo, workload, overrides = _load(args, args.seq_len)
+    chosen = plan(topo, workload, **overrides)
+    if args.json:
+        print(json.dumps(chosen.to_dict(), indent=2, default=float))
+        return 0
+    console = Console()
+    console.print(f"[bold]{chosen.name}[/bold]: {_time(chosen.latency_s)} per layer, "
+                  f"{_time(chosen.token_latency_s())} per token ({chosen.prediction.method})")
+    tree = chosen.tree
+    if tree is None:
+        best_tree = next((c for c in chosen.candidates if c.algorithm == "tree"), None)
+        console.print(f"{chosen.algorithm} uses no single tree."
+                      + (f" Best tree, {best_tree.name}:" if best_tree else ""))
+        tree = best_tree.trees[0] if best_tree else None
+    if tree is not None:
+        console.print(tree.ascii(), markup=False, highlight=False)
+    table = Table(title="Candidates (closed_form = lower bound, not simulated)")
+    for col in ("#", "candidate", "latency", "method"):
+        table.add_column(col)
+    for i, c in enumerate(chosen.candidates[:15], 1):
+        table.add_row(str(i), c.name, _time(c.latency_s), c.method)
+    console.print(table)
+    console.print(chosen.explain())
+    return 0
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e6:,.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:,.2f} ms"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def demo_speedups() -> list[dict]:
+    """Predicted tree-vs-ring speedups on the demo clusters (fast: no ring simulation)."""
+    from treeattn.topo import Topology
+
+    out = []
+    for spec in DEMO_TOPOLOGIES:
+        topo = Topology.from_spec(spec)
+        for seq_len in DEMO_SEQ_LENS:
+            chosen = plan(topo, DecodeWorkload(DEMO_MODEL, seq_len))
+            tree, ring = chosen.best("tree"), chosen.best("ring")
+            out.append({"topology": spec, "gpus": topo.num_gpus, "seq_len": seq_len,
+                        "plan": tree.name, "tree_s": tree.latency_s, "ring_s": ring.latency_s,
+                        "speedup": ring.latency_s / tree.latency_s})
+    return out
+
+
+def demo_section(console: Console) -> int:
+    """Predicted Tree-vs-Ring speedups for one decode step of llama-3.1-8b."""
+    table = Table(title=f"Predicted decode attention per layer, {DEMO_MODEL}: tree vs ring")
+    for col in ("topology", "GPUs", "seq_len", "best tree-style plan", "tree", "ring",
+                "speedup"):
+        table.add_column(col, justify="left" if col in ("topology", "best tree-style plan")
+                         else "right")
+    for r in demo_speedups():
+        table.add_row(r["topology"], str(r["gpus"]), f"{r['seq_len']:,}", r["plan"],
+                      _time(r["tree_s"]), _time(r["ring_s"]), f"{r['speedup']:.1f}×")
+    console.print(table)
+    return 0
