@@ -240,7 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="T up to 64k only")
     parser.add_argument("--no-cpu", action="store_true", help="skip the CPU sweep")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     result: dict = {"machine": machine_info()}
     cap = 65536 if args.quick else None
     if not args.no_cpu:

@@ -276,3 +276,21 @@ def test_interpreter_switched_on_after_triton_import_is_explained(monkeypatch):
     q, k, v = make_qkv(1, 2, 2, 3, 8, torch.float32)
     with pytest.raises(KernelError, match="before starting Python"):
         partial_attention(q, k, v)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    b=st.integers(1, 64),
+    hkv=st.integers(1, 16),
+    t=st.integers(0, 1 << 21),
+    sms=st.sampled_from([4, 108, 132]),
+)
+def test_split_plan_covers_t_in_whole_blocks(b, hkv, t, sms):
+    tp = pytest.importorskip("treeattn.kernels.triton_partial")
+    splits, per_split = tp.num_splits_for(b, hkv, t, sms)
+    assert per_split % tp.SPLIT_QUANTUM == 0 and per_split > 0
+    assert splits * per_split >= t and (splits - 1) * per_split < max(t, 1)  # no empty split
+    assert 1 <= splits <= tp.MAX_SPLITS
+    # Long enough sequences fill the GPU: at least PROGRAMS_PER_SM programs per SM.
+    if t >= tp.MIN_SPLIT_TOKENS * tp.PROGRAMS_PER_SM * sms * 2:
+        assert b * hkv * splits >= min(tp.PROGRAMS_PER_SM * sms, b * hkv * tp.MAX_SPLITS) // 2

@@ -10,14 +10,17 @@ import argparse
 import importlib
 import sys
 
-from treeattn.commands import COMMAND_MODULES
+from treeattn.commands import COMMAND_MODULES, COMMAND_OWNERS
 from treeattn.errors import UserError
 
 EXIT_BAD_INPUT = 2
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
-    """Every exception type that means "the input was bad", from the packages that exist."""
+    """Every exception type that means "the input was bad".
+
+    Only packages already imported are asked: an error can only come from one of those.
+    """
     found: list[type[BaseException]] = [UserError]
     for module_name, class_name in (
         ("treeattn.topo", "TopologyError"),
@@ -26,11 +29,7 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
         ("treeattn.runtime", "RuntimeFailure"),
         ("treeattn.runtime", "ModelError"),
     ):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        error_type = getattr(module, class_name, None)
+        error_type = getattr(sys.modules.get(module_name), class_name, None)
         if isinstance(error_type, type) and issubclass(error_type, BaseException):
             found.append(error_type)
     return tuple(found)
@@ -44,13 +43,16 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or, when ``command`` names a known sub-command, one with only the
+    module that registers it (so running it imports nothing else)."""
     parser = _Parser(
         prog="treeattn",
         description="Topology-aware Tree Attention: model, predict, run and check.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module_name in COMMAND_MODULES:
+    modules = (COMMAND_OWNERS[command],) if command in COMMAND_OWNERS else COMMAND_MODULES
+    for module_name in modules:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -62,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

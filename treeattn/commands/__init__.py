@@ -15,3 +15,16 @@ COMMAND_MODULES = (
     "treeattn.commands.sweep",
     "treeattn.commands.demo",
 )
+
+# Which module registers each sub-command, so the CLI imports only the one it runs (torch is
+# slow to import, and `treeattn topo ...` should not pay for it).
+COMMAND_OWNERS = {
+    "topo": "treeattn.commands.topo",
+    "predict": "treeattn.commands.predict",
+    "plan": "treeattn.commands.predict",
+    "run": "treeattn.commands.run",
+    "calibrate": "treeattn.commands.run",
+    "generate": "treeattn.commands.generate",
+    "sweep": "treeattn.commands.sweep",
+    "demo": "treeattn.commands.demo",
+}

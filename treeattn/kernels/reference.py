@@ -131,23 +131,13 @@ def partial_attention(
     return o.reshape(b, hq, d), lse.reshape(b, hq)
 
 
-def _merge_list(
-    os_: list[torch.Tensor], lses: list[torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge partials given as lists of (B, Hq, D) and (B, Hq) tensors, in fp32."""
-    lses = [x.to(torch.float32) for x in lses]
-    m = lses[0]
-    for x in lses[1:]:
-        m = torch.maximum(m, x)  # (B, Hq)
-    m_safe = _safe_max(m)
-    l_sum = torch.zeros_like(m)
-    acc = torch.zeros(os_[0].shape, dtype=torch.float32, device=os_[0].device)
-    for o_i, lse_i in zip(os_, lses, strict=True):
-        w = torch.exp(lse_i - m_safe)  # (B, Hq); 0 for an identity
-        l_sum = l_sum + w
-        acc = acc + w[..., None] * o_i.to(torch.float32)  # (B, Hq, D)
-    o, lse = _finish(m[..., None], l_sum[..., None], acc)
-    return o, lse
+def _merge_stacked(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge stacked partials (n >= 1, B, Hq, D) and (n, B, Hq), in fp32."""
+    lse = lse.to(torch.float32)
+    m = lse.amax(0)  # (B, Hq)
+    w = torch.exp(lse - _safe_max(m))  # (n, B, Hq); 0 for an identity
+    acc = (w[..., None] * o.to(torch.float32)).sum(0)  # (B, Hq, D)
+    return _finish(m[..., None], w.sum(0)[..., None], acc)
 
 
 def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,7 +154,7 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, to
     check_partials(o, lse, stacked=True)
     if o.shape[0] == 0:
         return identity_partial(o.shape[1], o.shape[2], o.shape[3], o.device)
-    return _merge_list(list(o.unbind(0)), list(lse.unbind(0)))
+    return _merge_stacked(o, lse)
 
 
 def merge(
@@ -172,7 +162,9 @@ def merge(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partials ``(o, lse)``; ``-inf``-safe, so two identities give the identity."""
     check_pair(a, b)
-    return _merge_list([a[0], b[0]], [a[1], b[1]])
+    o = torch.stack([a[0].to(torch.float32), b[0].to(torch.float32)])  # (2, B, Hq, D)
+    lse = torch.stack([a[1].to(torch.float32), b[1].to(torch.float32)])  # (2, B, Hq)
+    return _merge_stacked(o, lse)
 
 
 def naive_attention(

@@ -11,7 +11,10 @@ Three measurements, run inside an existing process group (every rank calls
   with ``min(world, cores)`` ranks running at once so the memory-bandwidth contention of
   concurrent ranks is captured. Oversubscription (more ranks than cores) is *not* folded in
   here: the profile records ``cores`` and the simulator shares the cores among the ranks.
-  Fitted to ``t = launch + bytes/bandwidth``.
+  ``launch`` is the time of a tiny shard (16 tokens: the fixed per-call cost); the bandwidth
+  is the median of ``bytes / (t − launch)`` over shards of 128 and 512 MiB (fp32, the
+  default shape), the memory-bound regime of long-context decode. A straight-line fit over
+  all sizes would let noise in the large times swing the intercept by milliseconds.
 
 The profile::
 
@@ -44,7 +47,7 @@ from treeattn.runtime.wire import AttnDims
 PROFILE_VERSION = 1
 P2P_SIZES = (4, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
 ALLREDUCE_SIZES = (4, 256, 4096, 65536)
-ATTENTION_TOKENS = (4096, 16384, 65536)
+ATTENTION_TOKENS = (16, 16384, 65536)  # the first measures the fixed per-call cost
 TARGET_S = 0.15  # time budget per measured point
 
 
@@ -171,7 +174,11 @@ def measure_attention(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         sizes.append(2 * dims.batch * dims.n_kv_heads * n * dims.head_dim * _bytes(dims))
         times.append(float(worst.item()))
-    launch, bandwidth = fit_latency_bandwidth(sizes, times)
+    launch = times[0]
+    rates = [n / (t - launch) for n, t in zip(sizes[1:], times[1:], strict=True) if t > launch]
+    if not rates:
+        raise RuntimeFailure("calibration: attention time does not grow with the shard size")
+    bandwidth = statistics.median(rates)
     return {
         "bandwidth_Bps": bandwidth,
         "launch_s": launch,
