@@ -126,11 +126,13 @@ def test_smollm2_world_1_and_2_give_the_same_sensible_text(smollm2, capsys):
 
 def test_generate_command_json_verify(capsys):
     status = main(["generate", "--nproc", "2", "--model", "debug", "--prompt", "hello world",
-                   "--max-new-tokens", "4", "--verify", "--json", "--algorithm", "ring"])
+                   "--max-new-tokens", "4", "--verify", "--json", "--algorithm", "ring",
+                   "--context-tokens", "200"])
     record = json.loads(capsys.readouterr().out)
     assert status == 0
     assert record["identical_to_single_process"] is True
     assert record["world"] == 2 and record["algorithm"] == "ring"
+    assert record["context_tokens"] == 200 and record["prompt_tokens"] == len("hello world")
     assert len(record["tokens"]) == 4 and isinstance(record["text"], str)
     for key in ("tokens_per_s", "attention_s_per_token"):
         assert record[key] > 0

@@ -125,3 +125,25 @@ def test_ring_kv_messages_carry_the_senders_block(world: int) -> None:
         assert [sizes[(r, i)] for i in recvs] == [
             lengths[(r - 1 - j) % world] for j in range(world - 1)
         ]
+
+
+@given(st.floats(1e-6, 1e-3), st.floats(1e8, 1e11))
+@settings(max_examples=40, deadline=None)
+def test_latency_bandwidth_fit_recovers_exact_data(alpha: float, beta: float) -> None:
+    from treeattn.runtime.calibrate import fit_latency_bandwidth
+
+    sizes = [4, 4096, 1 << 20, 1 << 24, 1 << 26]
+    a, b = fit_latency_bandwidth(sizes, [alpha + n / beta for n in sizes])
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
+    with pytest.raises(RuntimeFailure):
+        fit_latency_bandwidth(sizes, [alpha] * len(sizes))
+
+
+def test_geo_mean_error_is_symmetric_in_over_and_under_prediction() -> None:
+    from treeattn.runtime.check import geo_mean_error
+
+    points = [{"measured_s": 1.0, "predicted_s": 2.0}, {"measured_s": 2.0, "predicted_s": 1.0},
+              {"measured_s": 1.0, "predicted_s": None}]
+    assert geo_mean_error(points) == pytest.approx(1.0)
+    assert geo_mean_error([{"measured_s": 3.0, "predicted_s": 3.0}]) == 0.0
+    assert geo_mean_error([]) is None

@@ -36,6 +36,8 @@ def _error_line(capsys) -> str:
         (["run", "--nproc", "2", "--seq-len", "64", "--algorithm", "tree", "--shape", "blob"],
          "blob"),
         (["calibrate", "--nproc", "1"], "at least 2"),
+        (["run", "--nproc", "2", "--seq-len", "64", "--topology", "dgx-h100"], "8 GPUs"),
+        (["run", "--nproc", "2", "--seq-len", "64", "--device", "cuda"], "CUDA"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, words, capsys) -> None:

@@ -17,7 +17,8 @@ VARIANTS = [("tree", {"shape": s}) for s in
             ("chain", "flat", "binary", "kary", "binomial", "double_binary", "hierarchical")] + [
     ("butterfly", {}), ("allgather", {}), ("ring", {}),
     ("allreduce3", {"inner": "tree"}), ("allreduce3", {"inner": "ring"})]
-TOPOLOGIES = ("mi300x", "dgx-h100:nodes=2", "pcie-4090:gpus=4", "local:ranks=6,latency=2e-6,bandwidth=5e9")
+TOPOLOGIES = ("mi300x", "dgx-h100:nodes=2", "pcie-4090:gpus=4",
+              "local:ranks=6,latency=2e-6,bandwidth=5e9")
 
 
 def fifo_slack(topo, w) -> float:

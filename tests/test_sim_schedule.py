@@ -108,7 +108,8 @@ def test_double_binary_trees_are_complementary(p):
     a, b = double_binary(p)
     inner_a = {v for v in range(p) if a.children[v]}
     inner_b = {v for v in range(p) if b.children[v]}
-    assert len(inner_a & inner_b) <= 1  # NCCL's property: inner nodes of one are leaves of the other
+    # NCCL's property: the inner nodes of one tree are leaves of the other
+    assert len(inner_a & inner_b) <= 1
 
 
 def test_hierarchical_reduces_within_hosts_first():

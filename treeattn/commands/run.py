@@ -67,6 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--max-error", type=float, default=0.25,
                      help="with --check, fail if the geometric-mean error exceeds this")
     run.add_argument("--profile", default=None, help="calibration profile (skips calibrating)")
+    run.add_argument("--topology", default=None,
+                     help="predict on this topology (spec or file, e.g. dgx-h100:nodes=2) "
+                          "instead of the calibrated local one; for multi-node runs")
     run.add_argument("--steps", type=int, default=10, help="timed decode steps per point")
     run.add_argument("--warmup", type=int, default=2, help="untimed warm-up steps")
     run.add_argument("--seed", type=int, default=0)
@@ -86,6 +89,11 @@ def _options(args: argparse.Namespace) -> LaunchOptions:
         raise RuntimeFailure(f"--threads must be at least 1, got {args.threads}")
     if args.timeout <= 0:
         raise RuntimeFailure("--timeout must be positive")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeFailure("--device cuda was asked for, but CUDA is not available")
     return LaunchOptions(timeout_s=args.timeout, threads=args.threads, device=args.device,
                          port=args.port)
 
@@ -142,6 +150,7 @@ def build_request(args: argparse.Namespace) -> RunRequest:
         head_dim=args.head_dim, dtype=args.dtype, warmup=args.warmup, steps=args.steps,
         check=args.check, profile=profile, native=args.native,
         reference=not args.no_reference, seed=args.seed, params=params,
+        topology=args.topology,
     )
 
 

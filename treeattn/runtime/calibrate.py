@@ -7,6 +7,9 @@ Three measurements, run inside an existing process group (every rank calls
   by least squares to ``t = α + n/β`` (weighted by ``1/t``, so small and large sizes count
   alike).
 - **allreduce**: ``all_reduce`` of small and medium tensors on all ranks.
+- **exchange**: every rank sends to ``r+1`` and receives from ``r−1`` at once (the ring's
+  pattern). Recorded for the simulator: on loopback, concurrent messages share the host's
+  copy throughput, which ping-pong alone cannot show.
 - **attention**: ``treeattn.kernels.partial_attention`` over local shards of several lengths,
   with ``min(world, cores)`` ranks running at once so the memory-bandwidth contention of
   concurrent ranks is captured. Oversubscription (more ranks than cores) is *not* folded in
@@ -21,6 +24,8 @@ The profile::
     {"version": 1, "backend": "gloo", "world": N, "cores": C,
      "p2p": {"latency_s": α, "bandwidth_Bps": β, "sizes": [...], "times_s": [...]},
      "allreduce": {"latency_s": ..., "sizes": [...], "times_s": [...]},
+     "exchange": {"latency_s": ..., "bandwidth_Bps": ..., "aggregate_Bps": ..., "ranks": N,
+                  "sizes": [...], "times_s": [...]},
      "attention": {"bandwidth_Bps": ..., "launch_s": ..., "threads_per_rank": 1, ...},
      "machine": {...}}
 """
@@ -47,6 +52,7 @@ from treeattn.runtime.wire import AttnDims
 PROFILE_VERSION = 1
 P2P_SIZES = (4, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
 ALLREDUCE_SIZES = (4, 256, 4096, 65536)
+EXCHANGE_SIZES = (4096, 1 << 20, 1 << 24, 1 << 26)
 ATTENTION_TOKENS = (16, 16384, 65536)  # the first measures the fixed per-call cost
 TARGET_S = 0.15  # time budget per measured point
 
@@ -58,13 +64,18 @@ def fit_latency_bandwidth(sizes: list[float], times: list[float]) -> tuple[float
     >>> round(a, 9), round(b / 1e9, 3)
     (1e-05, 1.0)
     """
-    n = np.asarray(sizes, dtype=float)
+    scale_n = max(float(max(sizes)), 1.0)  # scale both axes: a well-conditioned system
+    n = np.asarray(sizes, dtype=float) / scale_n
     t = np.asarray(times, dtype=float)
+    scale_t = max(float(t.max()), 1e-12)
+    t = t / scale_t
     w = 1.0 / np.maximum(t, 1e-12)
     design = np.stack([np.ones_like(n), n], axis=1) * w[:, None]
     (a, slope), *_ = np.linalg.lstsq(design, t * w, rcond=None)
-    a = max(float(a), 0.0)
-    slope = float(slope)
+    if slope <= 1e-9:  # (normalised units) flat or falling: no bandwidth to speak of
+        raise RuntimeFailure("calibration: times do not grow with size; cannot fit a bandwidth")
+    a = max(float(a), 0.0) * scale_t
+    slope = float(slope) * scale_t / scale_n
     if slope <= 0:
         raise RuntimeFailure("calibration: times do not grow with size; cannot fit a bandwidth")
     return a, 1.0 / slope
@@ -121,6 +132,36 @@ def _broadcast_pair_int(ctx: RankContext, value: int) -> int:
     else:
         wait_work(dist.irecv(box, 0, tag=3), ctx, 0, "repetition count")
     return int(box.item())
+
+
+def measure_exchange(ctx: RankContext, sizes=EXCHANGE_SIZES) -> list[float]:
+    """Seconds for every rank at once to send ``n`` bytes to ``r+1`` and receive from ``r-1``.
+
+    This is the ring's traffic pattern. On loopback every byte is copied by the host's CPUs,
+    so concurrent messages share the host's copy throughput instead of each getting the
+    ping-pong bandwidth; this measurement shows by how much.
+    """
+    times = []
+    nxt, prv = (ctx.rank + 1) % ctx.world, (ctx.rank - 1) % ctx.world
+    for size in sizes:
+        out = torch.zeros(max(1, size // 4), device=ctx.device)
+        inc = torch.empty_like(out)
+        samples = []
+        for i in range(6):
+            barrier(ctx)
+            t0 = time.perf_counter()
+            works = dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, out, nxt, tag=5), dist.P2POp(dist.irecv, inc, prv, tag=5)]
+            )
+            for work, peer in zip(works, (nxt, prv), strict=True):
+                wait_work(work, ctx, peer, "exchange")
+            _sync(ctx)
+            if i >= 2:
+                samples.append(time.perf_counter() - t0)
+        worst = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        times.append(float(worst.item()))
+    return times
 
 
 def measure_allreduce(ctx: RankContext, sizes=ALLREDUCE_SIZES) -> list[float]:
@@ -220,10 +261,12 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims) -> dict | None:
         raise RuntimeFailure("calibration needs at least 2 ranks (ping-pong)")
     p2p_times = measure_p2p(ctx)
     ar_times = measure_allreduce(ctx)
+    ex_times = measure_exchange(ctx)
     attention = measure_attention(ctx, dims)
     if ctx.rank != 0:
         return None
     latency, bandwidth = fit_latency_bandwidth(list(P2P_SIZES), p2p_times)
+    ex_latency, ex_bandwidth = fit_latency_bandwidth(list(EXCHANGE_SIZES), ex_times)
     return {
         "version": PROFILE_VERSION,
         "backend": ctx.backend,
@@ -239,6 +282,14 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims) -> dict | None:
             "latency_s": ar_times[0],
             "sizes": list(ALLREDUCE_SIZES),
             "times_s": ar_times,
+        },
+        "exchange": {
+            "latency_s": ex_latency,
+            "bandwidth_Bps": ex_bandwidth,  # per message, all ranks exchanging at once
+            "aggregate_Bps": ex_bandwidth * ctx.world,
+            "ranks": ctx.world,
+            "sizes": list(EXCHANGE_SIZES),
+            "times_s": ex_times,
         },
         "attention": attention,
         "machine": machine_info(),

@@ -61,6 +61,7 @@ class RunRequest:
     ref_limit_bytes: int = 2 << 30  # skip the reference above this much global KV
     seed: int = 0
     params: dict = field(default_factory=dict)  # generator parameters (tree shape, ...)
+    topology: str | None = None  # predict on this topology (spec or file) instead
 
     @property
     def dims(self) -> AttnDims:
@@ -89,6 +90,8 @@ def validate(req: RunRequest, world: int) -> None:
         raise RuntimeFailure("--check needs at least 2 ranks (there is nothing to predict)")
     if req.steps < 1 or req.warmup < 0:
         raise RuntimeFailure("--steps must be at least 1 and --warmup at least 0")
+    if req.topology is not None and world >= 2:
+        predictor(None, world, req.topology)  # readable, and the right size
     if world >= 2:  # let the generators reject bad parameters before any rank starts
         workload = workload_for(req.dims, shard_lengths(max(req.seq_lens), world))
         for name in req.algorithms:
@@ -121,8 +124,20 @@ def geo_mean_error(points: list[dict]) -> float | None:
     return math.exp(sum(logs) / len(logs)) - 1 if logs else None
 
 
-def predictor(profile: dict | None, world: int):
-    """``(topology, hardware, backend)`` for the simulator: from the profile if given."""
+def predictor(profile: dict | None, world: int, topology: str | None = None):
+    """``(topology, hardware, backend)`` for the simulator.
+
+    With a topology spec (a multi-node GPU cluster, say) the simulator uses that topology and
+    its devices' datasheet models; otherwise the calibrated ``local`` topology and ``cpu``
+    model from the profile; with neither, the uncalibrated ``local`` defaults.
+    """
+    if topology is not None:
+        from treeattn.topo import Topology
+
+        topo = Topology.load(topology)
+        if topo.num_gpus != world:
+            raise RuntimeFailure(f"topology {topology} has {topo.num_gpus} GPUs, world is {world}")
+        return topo, None, None
     if profile is None:
         return local_topology(world), None, None
     from treeattn.sim.profile import (
@@ -142,7 +157,7 @@ def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, wo
         return local_schedule(dims, lengths[0]), None, []
     from treeattn.sim import simulate
 
-    topology, hardware, backend = predictor(profile, world)
+    topology, hardware, backend = predictor(profile, world, req.topology)
     workload = workload_for(dims, lengths)
     schedule = build(algorithm, topology, workload, **params_for(req, algorithm))
     if not req.check:
@@ -155,7 +170,7 @@ def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
     """Every rank: measure each (seq_len, algorithm); rank 0 returns one dict per point."""
     dims = req.dims
     profile = req.profile
-    if req.check and profile is None:
+    if req.check and profile is None and req.topology is None:
         profile = broadcast_object(ctx, calibrate_in_group(ctx, dims))
     q = make_query(req.seed, dims, ctx.device)  # (B, Hq, D)
     points, outputs = [], []

@@ -53,7 +53,7 @@ class RunStats:
     peak_bytes: int = 0
 
 
-class _Memory:
+class TensorMemory:
     """Peak bytes of the distinct tensor storages held at step boundaries (CPU accounting)."""
 
     def __init__(self, resident: list[torch.Tensor]) -> None:
@@ -169,7 +169,7 @@ class _RunState:
         self.next_recv = 0  # position in ex.recv_order of the next receive to post
         self.sends: list[tuple[object, torch.Tensor, int]] = []  # (work, tensor, dst)
         self.stats = RunStats()
-        self.memory = _Memory(resident + ex.kv_pool.buffers)
+        self.memory = TensorMemory(resident + ex.kv_pool.buffers)
 
     # -- receives and sends ----------------------------------------------------------------
     def _recv_buffer(self, index: int, step: Recv) -> torch.Tensor:

@@ -27,25 +27,29 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     """Attention of ``q`` (B, Hq, T, D) at positions ``start..`` over keys ``0..S-1``.
 
     ``k``, ``v`` are (B, Hkv, S, D) with ``S = start + T``; query ``i`` sees keys ``≤ start+i``.
+    The ``G = Hq / Hkv`` query heads of a group are stacked along T, so K and V are read as
+    they are, never repeated per query head.
     """
-    t, s = q.shape[2], k.shape[2]
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)  # (B, Hq, S, D)
-    v = v.repeat_interleave(group, dim=1)  # (B, Hq, S, D)
+    b, hq, t, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    group = hq // hkv
     q_pos = torch.arange(start, start + t, device=q.device)[:, None]  # (T, 1)
     mask = torch.arange(s, device=q.device)[None, :] <= q_pos  # (T, S)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, Hq, T, D)
+    qg = q.reshape(b, hkv, group * t, d)  # (B, Hkv, G*T, D): query heads h*G+g, then T
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask.repeat(group, 1))
+    return o.reshape(b, hq, t, d)  # (B, Hq, T, D)
 
 
 @dataclass
 class LocalCache:
     """A whole KV cache in one process; implements :class:`AttentionBackend`.
 
-    ``k[l]``/``v[l]`` are (B, Hkv, capacity, D), grown by doubling; ``attention_s`` sums the
-    time spent in decode-step attention.
+    ``k[l]``/``v[l]`` are (B, Hkv, capacity, D), allocated at ``capacity`` tokens (when
+    known) and grown by doubling; ``attention_s`` sums the time spent in decode attention.
     """
 
     n_layers: int
+    capacity: int = 0
     k: list = field(default_factory=list)
     v: list = field(default_factory=list)
     length: int = 0
@@ -54,8 +58,9 @@ class LocalCache:
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
         end = start + k.shape[2]
         if layer >= len(self.k):
-            self.k.append(k.new_zeros(*k.shape[:2], max(end, 16), k.shape[3]))
-            self.v.append(v.new_zeros(*v.shape[:2], max(end, 16), v.shape[3]))
+            cap = max(end, self.capacity, 16)
+            self.k.append(k.new_zeros(*k.shape[:2], cap, k.shape[3]))
+            self.v.append(v.new_zeros(*v.shape[:2], cap, v.shape[3]))
         if end > self.k[layer].shape[2]:
             grow = max(end, 2 * self.k[layer].shape[2])
             for store in (self.k, self.v):
@@ -172,7 +177,8 @@ def generate_local(model: Transformer, prompt_ids: list[int], max_new_tokens: in
     prefilled after it.
     """
     check_request(model, prompt_ids, max_new_tokens, context_tokens)
-    backend = LocalCache(model.config.n_layers)
+    total = context_tokens + len(prompt_ids) + max_new_tokens
+    backend = LocalCache(model.config.n_layers, capacity=total)
     t0 = time.perf_counter()
     if context_tokens:
         from treeattn.runtime.generate_context import fill_document

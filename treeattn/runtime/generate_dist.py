@@ -97,7 +97,7 @@ class ShardBackend:
 def _replicated_prefill(ctx, model, request: GenerateRequest):
     """Every rank prefills (document +) prompt; returns (its ShardedKVCache, last logits)."""
     cfg, prompt, context = model.config, list(request.prompt_ids), request.context_tokens
-    local = LocalCache(cfg.n_layers)
+    local = LocalCache(cfg.n_layers, capacity=context + len(prompt))
     if context:
         from treeattn.runtime.generate_context import fill_document
 

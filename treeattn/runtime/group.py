@@ -69,6 +69,8 @@ def init_group(
     """
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeFailure("--device cuda was asked for, but CUDA is not available")
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if threads is not None:
         torch.set_num_threads(max(1, threads))

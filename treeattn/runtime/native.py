@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import partial_attention
-from treeattn.runtime.executor import RunStats, _Memory
+from treeattn.runtime.executor import RunStats, TensorMemory
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.wire import AttnDims
 
@@ -41,7 +41,7 @@ def run_allreduce3_native(
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], RunStats]:
     """Attention over this rank's ``kv`` (2, B, Hkv, T, D), merged with three all-reduces."""
     scale = scale if scale is not None else 1.0 / math.sqrt(dims.head_dim)
-    stats, memory = RunStats(), _Memory(resident or [kv])
+    stats, memory = RunStats(), TensorMemory(resident or [kv])
     t0 = time.perf_counter()
     live: list[torch.Tensor] = []
 

@@ -3,9 +3,10 @@
 A :class:`Candidate` is an algorithm plus the parameters ``build_schedule`` takes. What is
 enumerated for ``p`` ranks on ``h`` hosts:
 
-* tree shapes: binomial, binary, 4-ary, 8-ary and double binary always; flat for p ≤ 64;
-  chain for p ≤ 16; hierarchical (inner flat or binomial × outer binomial or 4-ary) when
-  there is more than one host; searched (FNF, O(p²)) for p ≤ 256;
+* tree shapes: binomial, 4-ary, 8-ary and double binary always; binary for p ≤ 256; flat
+  for p ≤ 64; chain for p ≤ 16; hierarchical (inner flat or binomial × outer binomial or
+  4-ary; flat/4-ary only up to 256 ranks) when there is more than one host; searched (FNF,
+  O(p²)) for p ≤ 256;
 * roots: every rank for p ≤ 16, rank 0 and rank p/2 up to 256 ranks, rank 0 beyond (on a
   symmetric cluster the root matters little; on small irregular boxes every root is tried);
 * beyond ``HUGE`` (4096) ranks, only binomial, 8-ary and the two hierarchical trees with
@@ -66,8 +67,10 @@ def tree_shapes(world: int, hosts: int) -> list[dict]:
         return [dict(shape="binomial"), dict(shape="kary", k=8),
                 dict(shape="hierarchical", inner="flat", outer="binomial"),
                 dict(shape="hierarchical", inner="binomial", outer="binomial")]
-    shapes = [dict(shape="binomial"), dict(shape="binary"), dict(shape="kary", k=4),
-              dict(shape="kary", k=8), dict(shape="double_binary")]
+    shapes = [dict(shape="binomial"), dict(shape="kary", k=4), dict(shape="kary", k=8),
+              dict(shape="double_binary")]
+    if world <= 256:
+        shapes.append(dict(shape="binary"))
     if world <= 64:
         shapes.append(dict(shape="flat"))
     if world <= 16:
@@ -75,7 +78,8 @@ def tree_shapes(world: int, hosts: int) -> list[dict]:
     if 1 < hosts < world:
         for inner in ("flat", "binomial"):
             shapes.append(dict(shape="hierarchical", inner=inner, outer="binomial"))
-            shapes.append(dict(shape="hierarchical", inner=inner, outer="kary", k=4))
+            if inner == "binomial" or world <= 256:
+                shapes.append(dict(shape="hierarchical", inner=inner, outer="kary", k=4))
     if world <= 256:
         shapes.append(dict(shape="searched"))
     return shapes

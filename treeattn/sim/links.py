@@ -1,8 +1,8 @@
 """Directed links as reservable resources: first-fit calendars of busy intervals.
 
 A chunk whose head can reach a link at ``ready`` is granted the earliest idle interval
-starting no earlier than ``ready`` that is long enough for it (see :meth:`reserve`). Reservations are
-made in the order messages are injected (posted), which is simulated time order.
+starting no earlier than ``ready`` that is long enough for it (see :meth:`reserve`).
+Reservations are made in the order messages are injected (posted): simulated time order.
 """
 
 from __future__ import annotations

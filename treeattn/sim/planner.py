@@ -70,8 +70,7 @@ class Plan:
     @property
     def schedule(self) -> Schedule:
         if self._schedule is None:
-            self._schedule = build_schedule(self.winner.algorithm, self.topology,
-                                            self.workload, **self.winner.params)
+            self._schedule = schedule_for(self.winner, self.topology, self.workload)
         return self._schedule
 
     def token_latency_s(self, latency_s: float | None = None) -> float:
@@ -110,13 +109,17 @@ def token_latency(workload: DecodeWorkload, costs: CostModel, latency_s: float) 
 
 
 def _chunk_messages(c: Candidate, cm: CostModel) -> float:
+    """How many chunk-messages simulating ``c`` would inject (its simulation cost)."""
     p, w = cm.world, cm.workload
     if c.algorithm == "ring":
-        count, _ = cm.net.chunking(w.kv_bytes(max(cm.shards)))
-        return p * (p - 1) * count
-    if c.algorithm == "allgather" or c.params.get("inner") == "ring":
-        return 6 * p * (p - 1) if c.algorithm == "allreduce3" else p * (p - 1)
-    return 6 * p * max(1, math.ceil(math.log2(p)))
+        return p * (p - 1) * cm.net.chunking(w.kv_bytes(max(cm.shards)))[0]
+    if c.algorithm == "allgather":
+        return p * (p - 1)
+    if c.algorithm == "butterfly":
+        return p * (p.bit_length() - 1) + 2 * p
+    if c.algorithm == "allreduce3":
+        return 6 * p * (p - 1) if c.params.get("inner") == "ring" else 6 * p * len(c.trees)
+    return 2 * p * len(c.trees)
 
 
 def score(cands: list[Candidate], topology, cm: CostModel) -> None:
@@ -126,26 +129,31 @@ def score(cands: list[Candidate], topology, cm: CostModel) -> None:
             kw = {k: v for k, v in c.params.items() if k != "inner" or c.algorithm == "tree"}
             c.trees = make_trees(topology, kw.pop("shape", "binomial"), backend=cm.backend,
                                  message_bytes=cm.workload.partial_bytes, **kw)
-        c.bound_s = closed_form(c.algorithm, cm, c.trees, c.params.get("inner", "tree"))
+        c.bound_s = float(closed_form(c.algorithm, cm, c.trees, c.params.get("inner", "tree")))
+
+
+def schedule_for(c: Candidate, topology, workload: DecodeWorkload) -> Schedule:
+    """The candidate's schedule; a searched tree is reused, not searched again."""
+    if c.algorithm == "tree" and c.params.get("shape") == "searched":
+        schedule = build_schedule("tree", topology, workload, tree=c.trees[0])
+        schedule.params.update(shape="searched")
+        return schedule
+    return build_schedule(c.algorithm, topology, workload, **c.params)
 
 
 def run_candidate(c: Candidate, topology, cm: CostModel) -> None:
-    params = dict(c.params)
-    if c.algorithm == "tree" and params.get("shape") == "searched":
-        params = {"tree": c.trees[0]}
-    schedule = build_schedule(c.algorithm, topology, cm.workload, **params)
+    schedule = schedule_for(c, topology, cm.workload)
     c.result = simulate(schedule, topology, cm.workload, costs=cm, timeline=cm.world <= 4096)
-    if c.algorithm == "tree" and "tree" in params:
-        c.result.params.update(shape="searched")
 
 
 def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
          algorithms: tuple[str, ...] | None = None, max_simulated: int | None = None,
-         simulate_each: bool = False) -> Plan:
+         simulate_each: bool = False, prune: bool = True) -> Plan:
     """Pick the fastest way to reduce one decode step's attention on ``topology``.
 
     ``algorithms`` restricts the search; ``simulate_each`` also simulates the best-bounded
-    candidate of every algorithm (for side-by-side predictions).
+    candidate of every algorithm (for side-by-side predictions); ``prune=False`` simulates
+    every candidate small enough to simulate (for checking the pruning).
 
     Examples
     --------
@@ -165,7 +173,7 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     budget = max_simulated or (8 if cm.world <= 64 else 3 if cm.world <= 2048 else 2)
     best, used = math.inf, 0
     for c in cands:
-        if c.bound_s >= best or used >= budget:
+        if prune and (c.bound_s >= best or used >= budget):
             break
         if _chunk_messages(c, cm) <= MAX_CHUNK_MESSAGES:
             run_candidate(c, topology, cm)
@@ -192,7 +200,7 @@ def closed_form_result(c: Candidate, topology, cm: CostModel) -> SimResult:
         extra = max(kv) * (2 if p > 2 else 1)
         memory = [k + extra + 2 * w.partial_bytes for k in kv]
     else:
-        schedule = build_schedule(c.algorithm, topology, w, **c.params)
+        schedule = schedule_for(c, topology, w)
         sent = [sum(s.nbytes for s in steps if type(s).__name__ == "Send")
                 for steps in schedule.steps]
         memory = peak_memory(schedule, w)

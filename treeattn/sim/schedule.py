@@ -58,7 +58,6 @@ Tags are unique per (src, dst) pair within one schedule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 PAYLOADS = ("partial", "kv", "max", "num", "den")
 COMPUTE_LABELS = ("attention", "attention_block", "rescale", "finalize", "init_max")
@@ -106,7 +105,7 @@ class Merge:
     tag: int | None = None
 
 
-Step = Union[Compute, Send, Recv, Merge]
+Step = Compute | Send | Recv | Merge
 
 
 @dataclass

@@ -1,0 +1,87 @@
+"""`treeattn predict` / `treeattn plan`: the JSON contract and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from treeattn.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_predict_json_contract(capsys):
+    code, out, _ = run(capsys, "predict", "--topology", "mi300x", "--model", "llama-3.1-8b",
+                       "--seq-len", "32768", "--seq-len", "131072", "--json")
+    assert code == 0
+    rows = json.loads(out)
+    assert {(r["seq_len"], r["algorithm"]) for r in rows} == {
+        (s, a) for s in (32768, 131072)
+        for a in ("tree", "butterfly", "allgather", "allreduce3", "ring")}
+    for r in rows:
+        assert {"topology", "gpus", "model", "seq_len", "algorithm", "latency_s",
+                "token_latency_s", "comm_bytes", "peak_memory_bytes", "speedup_vs_ring"} <= set(r)
+        assert r["gpus"] == 8 and r["token_latency_s"] == pytest.approx(32 * r["latency_s"])
+    by = {(r["seq_len"], r["algorithm"]): r for r in rows}
+    assert by[(131072, "ring")]["speedup_vs_ring"] == pytest.approx(1.0)
+    assert by[(131072, "tree")]["speedup_vs_ring"] > 1
+    assert by[(131072, "tree")]["latency_s"] <= by[(131072, "butterfly")]["latency_s"]
+    # ring moves KV, the tree partials: ring's volume grows 4x with the context, the tree's not
+    assert by[(131072, "ring")]["comm_bytes"] == 4 * by[(32768, "ring")]["comm_bytes"]
+    assert by[(131072, "tree")]["comm_bytes"] == by[(32768, "tree")]["comm_bytes"]
+
+
+def test_predict_table(capsys):
+    code, out, _ = run(capsys, "predict", "--topology", "pcie-4090:gpus=2", "--model", "debug",
+                       "--seq-len", "64")
+    assert code == 0 and "ring" in out
+
+
+def test_plan_json_and_art(capsys):
+    code, out, _ = run(capsys, "plan", "--topology", "dgx-h100:nodes=2", "--model",
+                       "llama-3.1-8b", "--seq-len", "65536", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert {"algorithm", "tree", "latency_s", "candidates"} <= set(d)
+    assert d["latency_s"] == min(c["latency_s"] for c in d["candidates"])
+    if d["tree"] is not None:
+        assert d["tree"]["parent"][d["tree"]["root"]] == -1
+    code, out, _ = run(capsys, "plan", "--topology", "dgx-h100:nodes=2", "--model",
+                       "llama-3.1-8b", "--seq-len", "65536")
+    assert code == 0 and "└── " in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--model", "gpt-9", "--seq-len", "100"), "unknown model"),
+    (("--model", "debug", "--seq-len", "0"), "seq_len must be positive"),
+    (("--model", "debug", "--seq-len", "-5"), "seq_len must be positive"),
+    (("--model", "debug", "--seq-len", "4"), "smaller than the number of GPUs"),
+])
+@pytest.mark.parametrize("command", ["predict", "plan"])
+def test_bad_input_is_one_line_exit_2(capsys, command, argv, message):
+    code, out, err = run(capsys, command, "--topology", "mi300x", *argv)
+    assert code == 2
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_single_gpu_topology_is_refused(capsys):
+    code, _, err = run(capsys, "plan", "--topology", "local:ranks=1", "--model", "debug",
+                       "--seq-len", "64")
+    assert code == 2 and "one GPU" in err and err.count("\n") == 1
+
+
+def test_demo_section_prints_speedups():
+    from treeattn.commands.predict import demo_section, demo_speedups
+
+    rows = demo_speedups()
+    assert len(rows) == 4 * 3
+    assert all(r["speedup"] > 1 for r in rows if r["seq_len"] >= 128 * 1024)
+    console = Console(record=True, width=160)
+    assert demo_section(console) == 0
+    assert "1,048,576" in console.export_text()

@@ -1,0 +1,116 @@
+"""Planner, workloads, models, memory and communication-volume conventions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treeattn.sim import DecodeWorkload, ModelConfig, SimError, build_schedule, plan, simulate
+from treeattn.sim.memory import peak_memory
+from treeattn.topo import Topology
+
+
+def local(p: int) -> Topology:
+    return Topology.from_spec(f"local:ranks={p},latency=1e-6,bandwidth=1e9")
+
+
+def test_model_registry_matches_published_configs():
+    cases = {"smollm2-135m": (30, 9, 3, 64, 576), "llama-3.2-1b": (16, 32, 8, 64, 2048),
+             "llama-3.1-8b": (32, 32, 8, 128, 4096), "llama-3.1-70b": (80, 64, 8, 128, 8192)}
+    for name, shape in cases.items():
+        m = ModelConfig.from_name(name)
+        assert (m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim, m.dim) == shape
+        assert m.dtype_bytes == 2
+    assert ModelConfig.debug().n_heads % ModelConfig.debug().n_kv_heads == 0
+    with pytest.raises(SimError, match="unknown model"):
+        ModelConfig.from_name("gpt-5")
+
+
+def test_workload_split_rule_and_errors():
+    assert DecodeWorkload("debug", 11).shards(4) == [3, 3, 3, 2]
+    with pytest.raises(SimError, match="positive"):
+        DecodeWorkload("debug", 0)
+    with pytest.raises(SimError, match="sum to seq_len"):
+        DecodeWorkload("debug", 5, shard_lengths=(1, 1))
+    with pytest.raises(SimError, match="no reduction"):
+        DecodeWorkload("debug", 5).shards(1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(p=st.integers(2, 12), seq=st.integers(64, 10**6))
+def test_communication_volume_conventions(p, seq):
+    topo, w = local(p), DecodeWorkload("llama-3.1-8b", seq)
+    tree = simulate(build_schedule("tree", topo, w, shape="binomial"), topo, w)
+    ring = simulate(build_schedule("ring", topo, w), topo, w)
+    # tree: one partial up and one down per edge, O(p·d), independent of seq_len
+    assert tree.comm_bytes == 2 * (p - 1) * 4 * 32 * (128 + 1)
+    # ring: every rank forwards p-1 KV blocks: (p-1) × the whole layer's K and V
+    assert ring.comm_bytes == (p - 1) * 2 * seq * 8 * 128 * 2
+    assert min(ring.peak_memory_bytes) > max(tree.peak_memory_bytes)
+
+
+def test_ring_and_tree_peak_memory_by_hand():
+    p, seq = 4, 4000
+    w = DecodeWorkload("llama-3.1-8b", seq)
+    shard = 2 * 1000 * 8 * 128 * 2
+    pb = 4 * 32 * 129
+    ring = peak_memory(build_schedule("ring", local(p), w), w)
+    # own shard + the foreign block attended + the one received ahead + partial + block partial
+    assert ring == [shard + 2 * shard + 2 * pb] * p
+    chain = peak_memory(build_schedule("tree", local(p), w, shape="chain"), w)
+    # a middle rank: shard + partial + the child's partial kept for its merge + one posted recv
+    assert chain[1] == shard + pb + pb + pb
+
+
+def test_plan_picks_the_fastest_simulated_candidate():
+    topo, w = Topology.from_spec("pcie-4090:gpus=4"), DecodeWorkload("llama-3.1-8b", 32768)
+    chosen = plan(topo, w)
+    exhaustive = plan(topo, w, prune=False)
+    assert chosen.latency_s == pytest.approx(exhaustive.latency_s, rel=1e-12)
+    simulated = [c for c in exhaustive.candidates if c.method == "simulated"]
+    assert len(simulated) >= 10
+    assert chosen.latency_s <= min(c.latency_s for c in simulated) * (1 + 1e-12)
+    # every candidate not simulated has a closed form no better than the winner
+    assert all(c.bound_s >= chosen.latency_s * (1 - 1e-12) for c in chosen.candidates
+               if c.method == "closed_form")
+
+
+def test_plan_beats_ring_at_long_context_and_explains_itself():
+    topo = Topology.from_spec("dgx-h100:nodes=2")
+    chosen = plan(topo, DecodeWorkload("llama-3.1-70b", 1 << 20))
+    assert chosen.algorithm != "ring"
+    assert chosen.best("ring").latency_s > 10 * chosen.latency_s
+    d = chosen.to_dict()
+    assert {"algorithm", "tree", "latency_s", "candidates"} <= set(d)
+    assert all({"name", "latency_s"} <= set(c) for c in d["candidates"])
+    assert chosen.name in chosen.explain()
+    assert chosen.schedule.validate().world == 16
+    assert chosen.token_latency_s() == pytest.approx(80 * chosen.latency_s)
+
+
+def test_plan_restricted_to_trees_returns_a_tree():
+    topo = Topology.from_spec("dgx-h100:nodes=2")
+    chosen = plan(topo, DecodeWorkload("llama-3.1-8b", 65536), algorithms=("tree",))
+    assert chosen.tree is not None
+    tree = chosen.tree.to_dict()
+    assert tree["parent"][tree["root"]] == -1
+    assert sum(x == -1 for x in tree["parent"]) == 1
+
+
+def test_plan_on_a_large_cluster_prunes():
+    topo = Topology.from_spec("dgx-h100:nodes=64")
+    chosen = plan(topo, DecodeWorkload("llama-3.1-8b", 1 << 20))
+    simulated = sum(c.method == "simulated" for c in chosen.candidates)
+    assert 1 <= simulated <= 3
+    assert math.isfinite(chosen.latency_s)
+
+
+def test_include_model_adds_the_weights_read():
+    topo = Topology.from_spec("mi300x")
+    w = DecodeWorkload("llama-3.1-8b", 8192, include_model=True)
+    chosen = plan(topo, w)
+    weights = ModelConfig.from_name("llama-3.1-8b").weight_bytes_per_token()
+    assert chosen.token_latency_s() == pytest.approx(32 * chosen.latency_s + weights / 5.3e12)

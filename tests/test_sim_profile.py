@@ -1,0 +1,62 @@
+"""Calibration profiles: loading, and α counted exactly once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from treeattn.sim import DecodeWorkload, SimError, build_schedule, simulate
+from treeattn.sim.profile import (
+    backend_from_profile,
+    hardware_from_profile,
+    load_profile,
+    topology_from_profile,
+)
+
+PROFILE = {
+    "version": 1, "backend": "gloo", "world": 2, "cores": 2,
+    "p2p": {"latency_s": 40e-6, "bandwidth_Bps": 2e9, "sizes": [8, 1 << 20],
+            "times_s": [40e-6, 564e-6]},
+    "allreduce": {"latency_s": 90e-6, "sizes": [8], "times_s": [90e-6]},
+    "attention": {"bandwidth_Bps": 8e9, "launch_s": 15e-6, "threads_per_rank": 1},
+    "machine": {"cpu": "test"},
+}
+
+
+def test_one_message_costs_alpha_plus_n_over_beta(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(PROFILE))
+    topo = topology_from_profile(str(path))
+    hw, backend = hardware_from_profile(PROFILE), backend_from_profile(PROFILE)
+    w = DecodeWorkload("debug", 64)
+    r = simulate(build_schedule("tree", topo, w, shape="chain"), topo, w, hw, backend)
+    attn = w.attention_bytes(32) / 8e9 + 15e-6
+    merge = 3 * w.partial_bytes / 8e9 + 15e-6
+    message = 40e-6 + w.partial_bytes / 2e9
+    assert r.makespan_s == pytest.approx(attn + 2 * message + merge, rel=1e-12)
+
+
+def test_more_ranks_than_cores_share_them():
+    hw = hardware_from_profile(dict(PROFILE, cores=1))
+    assert hw.cores == 1
+    hw = hardware_from_profile(dict(PROFILE, cores=8, attention=dict(PROFILE["attention"],
+                                                                      threads_per_rank=4)))
+    assert hw.cores == 2
+
+
+@pytest.mark.parametrize("bad", [
+    {}, dict(PROFILE, version=2), dict(PROFILE, world=0),
+    dict(PROFILE, p2p={"latency_s": 1e-5}), dict(PROFILE, attention={"bandwidth_Bps": -1}),
+])
+def test_invalid_profiles_are_sim_errors(bad):
+    with pytest.raises(SimError):
+        load_profile(bad)
+
+
+def test_unreadable_profile(tmp_path):
+    with pytest.raises(SimError, match="cannot read"):
+        load_profile(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SimError, match="cannot read"):
+        load_profile(tmp_path / "bad.json")
