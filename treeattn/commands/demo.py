@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 from rich.console import Console
 
@@ -24,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    console = Console()
+    # Piped output (make demo under CI, a log file) would otherwise be cut to 80 columns.
+    console = Console() if sys.stdout.isatty() else Console(width=132)
     for module_name in COMMAND_MODULES:
         if module_name.endswith(".demo"):
             continue
