@@ -82,12 +82,25 @@ def _fill(shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int) ->
     return out
 
 
+_FLUSH = None
+
+
+def _flush_caches() -> None:
+    """Write 256 MiB so that the next run reads K and V from DRAM, not from the CPU caches
+    (a decode step reads a layer's cache once; at T=4k it would otherwise fit in L3)."""
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(1 << 26, dtype=torch.float32)
+    _FLUSH.fill_(1.0)
+
+
 def _time_cpu(fn, reps: int) -> tuple[float, float]:
-    """(best, median) seconds over ``reps`` runs after a warm-up. The best run is the figure
-    used: on a shared machine the others are slowed by neighbours, not by the code."""
+    """(best, median) seconds over ``reps`` cold-cache runs after a warm-up. The best run is
+    the figure used: on a shared machine the others are slowed by neighbours, not the code."""
     fn()  # warm up
     times = []
     for _ in range(reps):
+        _flush_caches()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -241,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="T up to 64k only")
     parser.add_argument("--no-cpu", action="store_true", help="skip the CPU sweep")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--tag", help="results file tag (default: cpu, or the GPU's name)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -253,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if torch.cuda.is_available():
         result["gpu"] = run_gpu([t for t in T_SWEEP_GPU if cap is None or t <= cap])
         tag = torch.cuda.get_device_name().lower().replace(" ", "-")
+    tag = args.tag or tag
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"kernels-{tag}.json").write_text(json.dumps(result, indent=2) + "\n")
     (RESULTS / f"kernels-{tag}.md").write_text(markdown(result))

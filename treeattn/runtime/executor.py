@@ -6,10 +6,10 @@ The semantics are those of ``treeattn/sim/schedule.py``, step for step:
   or small fp32 arithmetic (``init_max``, ``rescale``, ``finalize``);
 - ``Send``: ``isend`` of the payload buffer (or a chunk of it) with the step's tag. Buffers are
   never changed in place, so the tensor in flight *is* the snapshot;
-- ``Recv``: wait (with a timeout that names the peer) for a receive posted ahead; at most one
-  receive is in flight ahead of the step that needs it. A Send immediately followed by a Recv
-  (the ring's KV exchange) is posted as one ``batch_isend_irecv``, so the transfer overlaps the
-  next compute;
+- ``Recv``: wait (with a timeout that names the peer) for a receive posted ahead: the next
+  receive is posted as soon as the previous one completed, so at most one is in flight ahead.
+  For ring this puts the next KV block on the wire while the current one is attended to.
+  Every send and receive goes through ``batch_isend_irecv`` (NCCL groups it; gloo posts it);
 - ``Merge``: the log-sum-exp merge (``treeattn.kernels.merge``), a max or a sum.
 
 Each run records a per-step timeline (same step indices and names as the simulator's), the
@@ -187,22 +187,18 @@ class _RunState:
         held += [m for queue in self.pending.values() for _, m in queue]
         return {t.untyped_storage().data_ptr() for t in held if t is not None}
 
-    def post_next_recv(self, with_send: dist.P2POp | None = None) -> dist.P2POp | None:
-        """Post the next receive in order (optionally batched with a send). Returns the op."""
+    def post_next_recv(self) -> bool:
+        """Post the next receive in step order; False when none is left."""
         order = self.ex.recv_order
         if self.next_recv >= len(order):
-            return None
+            return False
         index = order[self.next_recv]
         step = self.ex.steps[index]
         buf = self._recv_buffer(index, step)
         op = dist.P2POp(dist.irecv, buf, step.src, tag=step.tag)
-        ops = [with_send, op] if with_send is not None else [op]
-        works = dist.batch_isend_irecv(ops)
-        self.posted[index] = (works[-1], buf)
-        if with_send is not None:
-            self.sends.append((works[0], with_send.tensor, with_send.peer))
+        self.posted[index] = (dist.batch_isend_irecv([op])[0], buf)
         self.next_recv += 1
-        return op
+        return True
 
     def _payload_flat(self, payload: str) -> torch.Tensor:
         buf = self.bufs[payload]
@@ -215,23 +211,13 @@ class _RunState:
         tensor = take_slice(flat, self.ex.dims, step.payload, step.chunk)
         self.stats.bytes_sent += tensor.numel() * tensor.element_size()
         op = dist.P2POp(dist.isend, tensor, step.dst, tag=step.tag)
-        steps, order = self.ex.steps, self.ex.recv_order
-        pair = (
-            index + 1 < len(steps)
-            and isinstance(steps[index + 1], Recv)
-            and self.next_recv < len(order)
-            and order[self.next_recv] == index + 1
-        )
-        if pair:  # the ring's exchange: post send and receive as one batch
-            self.post_next_recv(with_send=op)
-            return
         work = dist.batch_isend_irecv([op])[0]
         self.sends.append((work, tensor, step.dst))
 
     def recv(self, index: int, step: Recv) -> None:
         if index not in self.posted:  # not posted ahead (e.g. right after the start)
             while index not in self.posted:
-                if self.post_next_recv() is None:
+                if not self.post_next_recv():
                     raise RuntimeFailure(f"rank {self.ex.ctx.rank}: receive {index} was skipped")
         work, msg = self.posted.pop(index)
         wait_work(work, self.ex.ctx, step.src, f"receive of {step.payload!r} tag {step.tag}")
