@@ -106,7 +106,8 @@ class Generation:
     """What a generation produced: new token ids, the logits each was picked from, timings.
 
     ``decode_s`` and ``attention_s`` cover the ``steps`` decode forwards (one fewer than the
-    tokens: the first token comes from the prefill's logits).
+    tokens: the first token comes from the prefill's logits); ``attention_steps`` holds each
+    forward's attention time (all layers).
     """
 
     tokens: list[int]
@@ -114,6 +115,7 @@ class Generation:
     prefill_s: float
     decode_s: float
     attention_s: float
+    attention_steps: list[float] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -127,6 +129,12 @@ class Generation:
     def attention_per_token_s(self) -> float:
         return self.attention_s / self.steps if self.steps else float("nan")
 
+    @property
+    def attention_median_s(self) -> float:
+        """Median attention time of one decode step: robust to a slow first step."""
+        steps = sorted(self.attention_steps)
+        return steps[len(steps) // 2] if steps else float("nan")
+
 
 @torch.no_grad()
 def greedy_decode(model, backend, first_logits, start, max_new_tokens, eos_id=None,
@@ -134,10 +142,11 @@ def greedy_decode(model, backend, first_logits, start, max_new_tokens, eos_id=No
     """Greedy loop from ``first_logits`` (1, V); the next token sits at position ``start``.
 
     ``choose(logits) -> int`` picks the token (default: argmax; the distributed path makes
-    every rank agree on rank 0's choice). Returns ``(tokens, logits)``.
+    every rank agree on rank 0's choice). Returns ``(tokens, logits, attention_steps)``, the
+    last from the growth of ``backend.attention_s`` over each forward.
     """
     choose = choose or (lambda lg: int(torch.argmax(lg[0])))
-    tokens, logits_seen = [], []
+    tokens, logits_seen, attention_steps = [], [], []
     logits = first_logits
     for step in range(max_new_tokens):
         token = choose(logits)
@@ -148,8 +157,10 @@ def greedy_decode(model, backend, first_logits, start, max_new_tokens, eos_id=No
         if token == eos_id or step == max_new_tokens - 1:
             break
         ids = torch.tensor([[token]], dtype=torch.long, device=model_device(model))  # (1, 1)
+        before = backend.attention_s
         logits = model(ids, start + step, backend)  # (1, V)
-    return tokens, logits_seen
+        attention_steps.append(backend.attention_s - before)
+    return tokens, logits_seen, attention_steps
 
 
 def check_request(model: Transformer, prompt_ids: list[int], max_new_tokens: int,
@@ -188,6 +199,7 @@ def generate_local(model: Transformer, prompt_ids: list[int], max_new_tokens: in
     t1 = time.perf_counter()
     backend.attention_s = 0.0
     start = context_tokens + len(prompt_ids)
-    tokens, seen = greedy_decode(model, backend, logits, start, max_new_tokens, eos_id, on_token)
+    tokens, seen, steps = greedy_decode(model, backend, logits, start, max_new_tokens, eos_id,
+                                        on_token)
     t2 = time.perf_counter()
-    return Generation(tokens, seen, t1 - t0, t2 - t1, backend.attention_s)
+    return Generation(tokens, seen, t1 - t0, t2 - t1, backend.attention_s, steps)

@@ -152,11 +152,12 @@ def rank_generate(ctx: RankContext, request: GenerateRequest) -> dict:
     start = request.context_tokens + len(prompt)
     t1 = time.perf_counter()
     on_token = _streamer(loaded.tokenizer) if request.stream and ctx.rank == 0 else None
-    tokens, seen = greedy_decode(model, backend, logits, start, request.max_new_tokens,
+    tokens, seen, steps = greedy_decode(model, backend, logits, start, request.max_new_tokens,
                                  request.eos_id, on_token,
                                  choose=functools.partial(_agreed_token, ctx))
     t2 = time.perf_counter()
-    gen = Generation(tokens, [lg.cpu() for lg in seen], t1 - t0, t2 - t1, backend.attention_s)
+    gen = Generation(tokens, [lg.cpu() for lg in seen], t1 - t0, t2 - t1, backend.attention_s,
+                     steps)
     return {"generation": gen, "lengths": list(cache.lengths), "bytes_sent": backend.bytes_sent}
 
 
