@@ -182,6 +182,10 @@ def geo_mean_of_errors(rows: list[dict]) -> float:
     return math.exp(sum(math.log(e) for e in errs) / len(errs))
 
 
+def _load(avg) -> str:
+    return "/".join(f"{x:.1f}" for x in avg)
+
+
 def _f(x, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
@@ -192,7 +196,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"Machine: {meta['machine']['cpu']}, {meta['machine']['cpu_count']} cores, "
         f"torch {meta['machine']['torch']}, python {meta['machine']['python']}. "
         f"Hq=32, Hkv=8, D=128, fp32, batch 1, one torch thread per rank. "
-        f"Step time = median of {meta['steps']} timed steps, max over ranks.", "",
+        f"Step time = median of {meta['steps']} timed steps, max over ranks. "
+        f"Load average (1/5/15 min) at start {_load(meta['load_avg_start'])}, at end "
+        f"{_load(meta['load_avg_end'])}: the machine is shared, so absolute times are noisy.",
+        "",
         "| world | seq_len | tree meas | tree pred | ring meas | ring pred | speedup meas "
         "| speedup pred | err tree | err ring | ring/tree peak mem | tree/floor |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -246,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seq_lens = SEQ_LENS[:2] if args.quick else SEQ_LENS
     steps = 3 if args.quick else args.steps
-    t0 = time.time()
+    t0, load_start = time.time(), os.getloadavg()
     rows, profiles, raw = [], {}, {}
     for world in WORLDS:
         result = run_world(world, seq_lens, steps)
@@ -257,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             "geo_mean_error": geo_mean_error(rows),
             "geo_mean_error_exchange": geo_mean_error(rows, "exchange_s"),
             "geo_mean_of_errors": geo_mean_of_errors(rows),
-            "wall_s": time.time() - t0,
+            "wall_s": time.time() - t0, "load_avg_start": load_start,
+            "load_avg_end": os.getloadavg(),
             "env": {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}}
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = "-quick" if args.quick else ""

@@ -53,6 +53,8 @@ def test_debug_model_sharded_matches_single_process(world, algorithm):
     # every prompt token and every decoded token (but the last) is in exactly one shard
     assert sum(result["lengths"]) == len(prompt) + len(ref.tokens) - 1
     assert result["bytes_sent"] > 0
+    steps = result["generation"].attention_steps
+    assert len(steps) == len(ref.tokens) - 1 and all(s > 0 for s in steps)
 
 
 def test_debug_model_long_context_sharded_matches_single_process():
