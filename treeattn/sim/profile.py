@@ -14,6 +14,13 @@ ping-pong fit ``t(n) = α + n/β`` is all software on loopback, so it goes to th
 A message then costs ``α/2 + 0 + n/β + α/2 = α + n/β`` on its 2-hop loopback route
 (cut-through: the bottleneck bandwidth is paid once, see :mod:`treeattn.sim.network`).
 
+Which bandwidth the links get: on loopback every byte of a message is copied by a CPU core,
+so when every rank sends at once (a ring step) each message gets less than a lone ping-pong
+message does. When the profile has an ``exchange`` section (all ranks send to ``r+1`` and
+receive from ``r−1`` at once, a microbenchmark like the others), its per-message bandwidth is
+the link bandwidth; otherwise the ping-pong β is. Small messages (tree partials) are priced
+by α and hardly notice the difference.
+
 Core sharing: compute runs on ``cores // threads_per_rank`` servers shared by all ranks of the
 host (:class:`~treeattn.sim.hardware.HardwareModel` ``cores``), so with more ranks than
 cores the simulated compute queues, as the real processes do.
@@ -91,11 +98,18 @@ def backend_from_profile(profile: dict) -> BackendModel:
     return BackendModel(str(profile.get("backend", "gloo")), alpha / 2, alpha / 2)
 
 
+def link_bandwidth(profile: dict) -> float:
+    """The per-message bandwidth under concurrent traffic when calibrated, else ping-pong β."""
+    if isinstance(profile.get("exchange"), dict) and "bandwidth_Bps" in profile["exchange"]:
+        return _positive(profile, "exchange", "bandwidth_Bps")
+    return _positive(profile, "p2p", "bandwidth_Bps")
+
+
 def topology_from_profile(profile: dict, world: int | None = None):
     """A ``local`` topology of ``world`` ranks with latency 0 and the measured bandwidth."""
     from treeattn.topo import Topology
 
     profile = load_profile(profile)
     world = int(world or profile["world"])
-    beta = float(profile["p2p"]["bandwidth_Bps"])
+    beta = link_bandwidth(profile)
     return Topology.from_spec(f"local:ranks={world},latency=0,bandwidth={beta!r}")
