@@ -60,3 +60,15 @@ def test_unreadable_profile(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(SimError, match="cannot read"):
         load_profile(tmp_path / "bad.json")
+
+
+def test_concurrent_exchange_bandwidth_prices_the_links():
+    from treeattn.sim.profile import topology_from_profile
+
+    base = {"version": 1, "backend": "gloo", "world": 2, "cores": 2,
+            "p2p": {"latency_s": 4e-5, "bandwidth_Bps": 4e9},
+            "attention": {"bandwidth_Bps": 1e10, "launch_s": 1e-5}}
+    lone = topology_from_profile(base, 3)
+    assert lone.path_bandwidth(0, 1) == 4e9
+    busy = topology_from_profile({**base, "exchange": {"bandwidth_Bps": 1.5e9}}, 3)
+    assert busy.path_bandwidth(0, 2) == 1.5e9
