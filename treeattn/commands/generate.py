@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from treeattn.commands._args import parse_tokens
 from treeattn.errors import UserError
 
 ALGORITHMS = ("auto", "tree", "ring", "butterfly", "allreduce3", "allgather")
@@ -42,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--verify", action="store_true",
                         help="also decode in one process and compare the greedy tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--context-tokens", type=int, default=0, metavar="L",
+    parser.add_argument("--context-tokens", type=parse_tokens, default=0, metavar="L",
                         help="first fill the cache with L tokens of a repeated document")
     parser.set_defaults(func=handle)
 

@@ -13,6 +13,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from treeattn.commands._args import parse_tokens
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.planner import Plan, closed_form_result
 
@@ -25,7 +26,8 @@ DEMO_MODEL = "llama-3.1-8b"
 def _common(parser: argparse.ArgumentParser, many: bool) -> None:
     parser.add_argument("--topology", required=True, help="topology spec, e.g. dgx-h100:nodes=2")
     parser.add_argument("--model", required=True, help="model name, e.g. llama-3.1-8b")
-    parser.add_argument("--seq-len", type=int, required=True, action="append" if many else None,
+    parser.add_argument("--seq-len", type=parse_tokens, required=True,
+                        action="append" if many else None,
                         help="cached tokens" + (" (repeatable)" if many else ""))
     parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     parser.add_argument("--profile", help="calibration profile JSON (CPU ranks)")

@@ -14,6 +14,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from treeattn.commands._args import parse_tokens
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.calibrate import calibrate_in_group, read_profile, write_profile
 from treeattn.runtime.check import RunRequest, geo_mean_error, validate
@@ -22,20 +23,7 @@ from treeattn.runtime.launch import LaunchOptions, check_world, launch, run_in_g
 from treeattn.runtime.plans import ALGORITHMS, DTYPES
 from treeattn.runtime.wire import AttnDims
 
-SUFFIX = {"k": 1024, "m": 1024 * 1024}
 DEMO_SEQ_LENS = (16384, 65536, 262144)
-
-
-def parse_tokens(text: str) -> int:
-    """``"4096"``, ``"16k"`` or ``"1M"`` (binary multiples) to a token count."""
-    raw = text.strip().lower()
-    scale = SUFFIX.get(raw[-1:], 1)
-    digits = raw[:-1] if raw[-1:] in SUFFIX else raw
-    try:
-        return int(digits) * scale
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a token count: {text!r}") from exc
-
 
 def _add_group_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=None,

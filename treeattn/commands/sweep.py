@@ -16,15 +16,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from treeattn.commands._args import parse_tokens
 from treeattn.errors import UserError
 from treeattn.sweep import plots
 from treeattn.sweep.grid import ALGORITHMS, check_points, expand_grid, memory_rows, run_sweep
-
-
-def _tokens(text: str) -> int:
-    from treeattn.commands.run import parse_tokens
-
-    return parse_tokens(text)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="topology spec (repeatable; default dgx-h100)")
     parser.add_argument("--model", action="append", default=None,
                         help="model name (repeatable; default llama-3.1-8b)")
-    parser.add_argument("--seq-len", type=_tokens, action="append", default=None,
+    parser.add_argument("--seq-len", type=parse_tokens, action="append", default=None,
                         help="context length (repeatable; 80k, 1M accepted)")
     parser.add_argument("--nodes", type=int, action="append", default=None,
                         help="node count applied to each topology (repeatable)")

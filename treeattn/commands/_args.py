@@ -1,0 +1,22 @@
+"""Argument types shared by the sub-commands (kept free of heavy imports)."""
+
+from __future__ import annotations
+
+import argparse
+
+SUFFIX = {"k": 1024, "m": 1024 * 1024}
+
+
+def parse_tokens(text: str) -> int:
+    """``"4096"``, ``"16k"`` or ``"1M"`` (binary multiples) to a token count.
+
+    >>> parse_tokens("16k"), parse_tokens("1M"), parse_tokens("300")
+    (16384, 1048576, 300)
+    """
+    raw = text.strip().lower()
+    scale = SUFFIX.get(raw[-1:], 1)
+    digits = raw[:-1] if raw[-1:] in SUFFIX else raw
+    try:
+        return int(digits) * scale
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r}") from exc
