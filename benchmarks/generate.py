@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from treeattn.runtime.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.generate import generate_local  # noqa: E402
 from treeattn.runtime.generate_context import document_segment  # noqa: E402
 from treeattn.runtime.generate_dist import (  # noqa: E402
@@ -54,21 +54,6 @@ def copy_bandwidth(nbytes: int = 1 << 28, reps: int = 5) -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - t0)
     return 2 * nbytes / best
-
-
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__}
 
 
 def run_point(loaded, prompt, segment, context, world, algorithm, new_tokens) -> dict:
@@ -121,7 +106,7 @@ def run(contexts: list[int], world: int, new_tokens: int, model: str | None) -> 
         points.append(row)
     return {"benchmark": "generate", "model": loaded.source, "world": world,
             "new_tokens": new_tokens, "prompt": PROMPT, "copy_bandwidth_Bps": bandwidth,
-            "machine": machine(), "points": points}
+            "machine": machine_info(), "points": points}
 
 
 def markdown(result: dict) -> str:
