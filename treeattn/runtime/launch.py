@@ -125,10 +125,12 @@ def _kind(exc: BaseException) -> str:
         return "lost"
     from treeattn.errors import UserError
     from treeattn.kernels import KernelError
+    from treeattn.runtime.model_errors import ModelError
     from treeattn.sim import SimError
     from treeattn.topo import TopologyError
 
-    if isinstance(exc, (RuntimeFailure, UserError, KernelError, SimError, TopologyError)):
+    user_errors = (RuntimeFailure, UserError, KernelError, SimError, TopologyError, ModelError)
+    if isinstance(exc, user_errors):
         return "user"
     return "bug"
 
