@@ -103,3 +103,18 @@ def test_measured_plot_and_tree_plot(tmp_path):
 
 def test_geometric_mean():
     assert plots.geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
+
+
+@pytest.mark.timeout(300)
+def test_sweep_measure_runs_for_real_and_plots(tmp_path):
+    out = tmp_path / "measured"
+    status = main(["sweep", "--measure", "--nproc", "2", "--seq-len", "4k",
+                   "--algorithms", "tree", "ring", "--steps", "2", "-o", str(out)])
+    assert status == 0
+    rows = json.loads((out / "results.json").read_text())
+    assert {r["algorithm"] for r in rows} == {"tree", "ring"}
+    for row in rows:
+        assert row["world"] == 2 and row["seq_len"] == 4096
+        assert row["measured_s"] > 0 and row["predicted_s"] > 0
+        assert row["max_abs_diff"] < 1e-4  # against single-process attention, fp32
+    assert _png_shape(out / "measured_vs_predicted.png")[0] > 300
