@@ -15,9 +15,8 @@ from rich.table import Table
 
 from treeattn.commands._args import parse_tokens
 from treeattn.sim import DecodeWorkload, SimError, plan
-from treeattn.sim.planner import Plan, closed_form_result
+from treeattn.sim.rows import algorithm_rows
 
-ALGORITHMS = ("tree", "butterfly", "allgather", "allreduce3", "ring")
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")
 DEMO_SEQ_LENS = (32 * 1024, 128 * 1024, 1024 * 1024)
 DEMO_MODEL = "llama-3.1-8b"
@@ -63,34 +62,11 @@ def _load(args: argparse.Namespace, seq_len: int):
     return topo, workload, overrides
 
 
-def rows_for(plan_: Plan, spec: str) -> list[dict]:
-    """One JSON-ready row per algorithm for a plan made with ``simulate_each``."""
-    ring = plan_.best("ring")
-    rows = []
-    for algorithm in ALGORITHMS:
-        cand = plan_.best(algorithm)
-        if cand is None:
-            continue
-        result = cand.result or closed_form_result(cand, plan_.topology, plan_.costs)
-        rows.append({
-            "topology": spec, "gpus": plan_.topology.num_gpus,
-            "model": plan_.workload.model.name, "seq_len": plan_.workload.seq_len,
-            "batch": plan_.workload.batch, "algorithm": algorithm, "name": cand.name,
-            "latency_s": float(cand.latency_s),
-            "token_latency_s": float(plan_.token_latency_s(cand.latency_s)),
-            "comm_bytes": int(result.comm_bytes),
-            "peak_memory_bytes": int(max(result.peak_memory_bytes)),
-            "speedup_vs_ring": float(ring.latency_s / cand.latency_s) if ring else None,
-            "method": result.method,
-        })
-    return rows
-
-
 def handle_predict(args: argparse.Namespace) -> int:
     rows = []
     for seq_len in args.seq_len:
         topo, workload, overrides = _load(args, seq_len)
-        rows += rows_for(plan(topo, workload, simulate_each=True, **overrides), args.topology)
+        rows += algorithm_rows(plan(topo, workload, simulate_each=True, **overrides), args.topology)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

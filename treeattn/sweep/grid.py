@@ -12,10 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from treeattn.sim import DecodeWorkload, ModelConfig, SimError, plan
-from treeattn.sim.planner import closed_form_result
+from treeattn.sim.rows import ALGORITHMS, algorithm_rows
 from treeattn.topo import Topology
-
-ALGORITHMS = ("tree", "butterfly", "allgather", "allreduce3", "ring")
 
 
 @dataclass(frozen=True)
@@ -81,25 +79,11 @@ def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHMS,
     _check_point(point, topology)
     workload = DecodeWorkload(model or point.model, point.seq_len)
     chosen = plan(topology, workload, simulate_each=True)
-    ring = chosen.best("ring")
-    rows = []
-    for algorithm in algorithms:
-        candidate = chosen.best(algorithm)
-        if candidate is None:
-            continue
-        result = candidate.result or closed_form_result(candidate, topology, chosen.costs)
-        rows.append({
-            "topology": point.topology.split(":")[0], "spec": point.topology,
-            "gpus": topology.num_gpus, "hosts": len(topology.hosts), "model": point.model,
-            "model_dim": workload.model.n_heads * workload.model.head_dim,
-            "seq_len": point.seq_len, "algorithm": algorithm, "plan": candidate.name,
-            "latency_s": candidate.latency_s,
-            "token_latency_s": chosen.token_latency_s(candidate.latency_s),
-            "comm_bytes": int(result.comm_bytes),
-            "peak_memory_bytes": int(max(result.peak_memory_bytes)),
-            "speedup_vs_ring": ring.latency_s / candidate.latency_s if ring else None,
-            "method": candidate.method,
-        })
+    rows = [r for r in algorithm_rows(chosen, point.topology) if r["algorithm"] in algorithms]
+    for row in rows:
+        row.update(topology=point.topology.split(":")[0], spec=point.topology,
+                   hosts=len(topology.hosts),
+                   model_dim=workload.model.n_heads * workload.model.head_dim)
     return rows
 
 
