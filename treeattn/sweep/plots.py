@@ -12,6 +12,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -29,6 +30,30 @@ def _figure(ncols: int = 1, nrows: int = 1, size=(6.0, 4.2)) -> tuple[Figure, li
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(nrows, ncols, i + 1) for i in range(nrows * ncols)]
     return fig, axes
+
+
+def _style(ax, xlabel: str, ylabel: str, title: str, xbase: int = 10,
+           legend_title: str | None = None) -> None:
+    """Log-log axes, labels, grid and legend."""
+    ax.set_xscale("log", base=xbase)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, title=legend_title)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def _finish(fig: Figure, ax, path: Path, *labels: str, **options) -> Path:
+    """Style the single axes of ``fig`` (see :func:`_style`) and write the PNG."""
+    _style(ax, *labels, **options)
+    return _save(fig, path)
 
 
 def _tokens(n: float) -> str:
@@ -55,16 +80,9 @@ def latency_vs_seq_len(rows: list[dict], path: Path) -> Path:
                 xs, ys = zip(*pts)
                 ax.plot(xs, [y * 1e6 for y in ys], color=color, marker=marker, ls=style,
                         label=algo)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(f"{topo} ({gpus} GPUs)")
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("predicted latency per layer (µs)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+        _style(ax, "context length (tokens)", "predicted latency per layer (µs)",
+               f"{topo} ({gpus} GPUs)")
+    return _save(fig, path)
 
 
 def speedup_vs_gpus(rows: list[dict], path: Path, topology: str | None = None) -> Path:
@@ -76,25 +94,18 @@ def speedup_vs_gpus(rows: list[dict], path: Path, topology: str | None = None) -
     tree_rows = [r for r in tree_rows if r["model"] == model]
     fig, (ax,) = _figure(size=(6.4, 4.4))
     lengths = sorted({r["seq_len"] for r in tree_rows})
-    cmap = fig.colormaps["viridis"] if hasattr(fig, "colormaps") else None
+    cmap = matplotlib.colormaps["viridis"]
     for i, seq_len in enumerate(lengths):
         pts = sorted((r["gpus"], r["speedup_vs_ring"]) for r in tree_rows
                      if r["seq_len"] == seq_len)
-        color = cmap(i / max(1, len(lengths) - 1)) if cmap else None
+        color = cmap(i / max(1, len(lengths) - 1))
         xs, ys = zip(*pts)
         ax.plot(xs, ys, marker="o", color=color, label=f"{_tokens(seq_len)} tokens")
     ax.axhline(1.0, color="grey", lw=1, ls=":")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("number of GPUs")
-    ax.set_ylabel("predicted speedup of tree over ring (×)")
     title = topology or ", ".join(sorted({r["topology"] for r in tree_rows}))
-    ax.set_title(f"Tree vs Ring Attention: {title}, {model}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, title="context")
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _finish(fig, ax, path, "number of GPUs", "predicted speedup of tree over ring (×)",
+                   f"Tree vs Ring Attention: {title}, {model}", xbase=2,
+                   legend_title="context")
 
 
 def memory_vs_hidden(rows: list[dict], path: Path) -> Path:
@@ -112,16 +123,9 @@ def memory_vs_hidden(rows: list[dict], path: Path) -> Path:
         first = rows[0]
         ax.text(0.02, 0.02, f"{first['spec']}, {_tokens(first['seq_len'])} tokens, "
                 "MHA, head dim 128, bf16", transform=ax.transAxes, fontsize=8)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("model hidden size (Hq × head dim)")
-    ax.set_ylabel("predicted peak memory per GPU, one layer (GiB)")
-    ax.set_title("Peak memory: Ring holds KV blocks in flight, Tree only partials")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _finish(fig, ax, path, "model hidden size (Hq × head dim)",
+                   "predicted peak memory per GPU, one layer (GiB)",
+                   "Peak memory: Ring holds KV blocks in flight, Tree only partials", xbase=2)
 
 
 def measured_vs_predicted(rows: list[dict], path: Path, band: float = 0.25) -> Path:
@@ -140,18 +144,10 @@ def measured_vs_predicted(rows: list[dict], path: Path, band: float = 0.25) -> P
     ax.plot(line, line, color="black", lw=1, label="y = x")
     ax.fill_between(line, [v * (1 - band) for v in line], [v * (1 + band) for v in line],
                     color="grey", alpha=0.2, label=f"±{band:.0%}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
-    ax.set_xlabel("predicted step time (ms)")
-    ax.set_ylabel("measured step time (ms)")
-    ax.set_title("Prediction vs measurement")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _finish(fig, ax, path, "predicted step time (ms)", "measured step time (ms)",
+                   "Prediction vs measurement")
 
 
 def tree_over_topology(topology, parent: list[int], path: Path, title: str = "") -> Path:
@@ -202,9 +198,7 @@ def tree_over_topology(topology, parent: list[int], path: Path, title: str = "")
                  f"depth {depth}")
     ax.set_axis_off()
     ax.margins(0.08)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _save(fig, path)
 
 
 def _depth(parent: list[int]) -> int:
