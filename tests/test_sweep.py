@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from matplotlib.image import imread
@@ -118,3 +119,22 @@ def test_sweep_measure_runs_for_real_and_plots(tmp_path):
         assert row["measured_s"] > 0 and row["predicted_s"] > 0
         assert row["max_abs_diff"] < 1e-4  # against single-process attention, fp32
     assert _png_shape(out / "measured_vs_predicted.png")[0] > 300
+
+
+def test_predict_plan_and_sweep_take_topology_files(tmp_path, capsys):
+    fixture = Path(__file__).parent / "fixtures" / "nvsmi-8xa100-sxm40g-10nic.txt"
+    imported = tmp_path / "a100.json"
+    assert main(["topo", "import", str(fixture), "-o", str(imported)]) == 0
+    capsys.readouterr()
+    for source in (str(imported), str(fixture)):
+        assert main(["predict", "--topology", source, "--model", "llama-3.1-8b",
+                     "--seq-len", "32k", "--json"]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        assert {r["gpus"] for r in rows} == {8}
+    assert main(["plan", "--topology", str(imported), "--model", "llama-3.1-8b",
+                 "--seq-len", "32k", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["latency_s"] > 0
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--topology", str(imported), "--seq-len", "64k", "-o", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())[0]["topology"] == "a100"
+    assert main(["sweep", "--topology", str(imported), "--nodes", "2", "-o", str(out)]) == 2

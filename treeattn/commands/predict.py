@@ -48,7 +48,7 @@ def _load(args: argparse.Namespace, seq_len: int):
     """Topology, workload and (hardware, backend) overrides for one sequence length."""
     from treeattn.topo import Topology
 
-    topo = Topology.from_spec(args.topology)
+    topo = Topology.load(args.topology)
     if topo.num_gpus < 2:
         raise SimError(f"topology {args.topology!r} has one GPU: there is no reduction to plan")
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch,

@@ -126,7 +126,7 @@ def _draw_chosen_tree(rows: list[dict], out: Path) -> Path | None:
     from treeattn.topo import Topology
 
     first = min(rows, key=lambda r: (r["gpus"], -r["seq_len"]))
-    topology = Topology.from_spec(first["spec"])
+    topology = Topology.load(first["spec"])
     chosen = plan(topology, DecodeWorkload(first["model"], first["seq_len"]),
                   algorithms=("tree",))
     if chosen.tree is None:

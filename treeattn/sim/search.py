@@ -14,11 +14,12 @@ has the result is *informed* and becomes free to send at ``ready[u]``. Repeatedl
 make ``u`` the parent of ``v``, charge ``u`` the time one more child costs it and set
 ``ready[v]`` to the delivery time. A child costs its parent a send overhead on the way down
 and, on the way up, a receive overhead plus one merge, both serial at the parent; charging
-only the send would make a flat star look free on fabrics with cheap sends. On a flat fabric this grows a binomial-like tree; on a
-hierarchical one it first covers a host over its fast links, then reaches across the slow
-links from many informed ranks in parallel. Best-candidate times are kept in a vector and
-refreshed lazily when the chosen sender's ``ready`` has moved (``ready`` only grows, so a
-stale entry is too low, never too high), so a step costs O(p) and the
+only the send would make a flat star look free on fabrics with cheap sends. On a flat fabric
+this grows a binomial-like tree; on a hierarchical one it first covers a host over its fast
+links, then reaches across the slow links from many informed ranks in parallel.
+Best-candidate times are kept in a vector and refreshed lazily when the chosen sender's
+``ready`` has moved (``ready`` only grows, so a stale entry is too low, never too high), so
+a step costs O(p) and the
 whole construction O(p²) with numpy; the planner only searches up to a few hundred ranks.
 """
 

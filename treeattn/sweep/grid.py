@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from treeattn.sim import DecodeWorkload, ModelConfig, SimError, plan
 from treeattn.sim.rows import ALGORITHMS, algorithm_rows
@@ -41,6 +42,10 @@ def with_nodes(spec: str, nodes: int) -> str:
 def expand_grid(topologies: Iterable[str], models: Iterable[str], seq_lens: Iterable[int],
                 nodes: Iterable[int] | None = None) -> list[SweepPoint]:
     """Every combination, with ``nodes`` applied to each topology spec when given."""
+    if nodes:
+        for spec in topologies:
+            if Path(spec).exists():
+                raise SimError(f"--nodes applies to built-in specs, not to the file {spec}")
     specs = [with_nodes(t, n) for t in topologies for n in nodes] if nodes else list(topologies)
     return [SweepPoint(s, m, int(L)) for s in specs for m in models for L in seq_lens]
 
@@ -53,7 +58,7 @@ def check_points(points: Iterable[SweepPoint]) -> dict[str, Topology]:
     topologies: dict[str, Topology] = {}
     for point in points:
         if point.topology not in topologies:
-            topologies[point.topology] = Topology.from_spec(point.topology)
+            topologies[point.topology] = Topology.load(point.topology)
         _check_point(point, topologies[point.topology])
         ModelConfig.from_name(point.model)
     return topologies
@@ -75,16 +80,21 @@ def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHMS,
     ``model`` overrides the registry lookup of ``point.model`` (synthetic models);
     ``topology`` saves building it again.
     """
-    topology = topology or Topology.from_spec(point.topology)
+    topology = topology or Topology.load(point.topology)
     _check_point(point, topology)
     workload = DecodeWorkload(model or point.model, point.seq_len)
     chosen = plan(topology, workload, simulate_each=True)
     rows = [r for r in algorithm_rows(chosen, point.topology) if r["algorithm"] in algorithms]
     for row in rows:
-        row.update(topology=point.topology.split(":")[0], spec=point.topology,
+        row.update(topology=_short_name(point.topology), spec=point.topology,
                    hosts=len(topology.hosts),
                    model_dim=workload.model.n_heads * workload.model.head_dim)
     return rows
+
+
+def _short_name(spec: str) -> str:
+    """The builder name of a spec (``dgx-h100:nodes=2`` → ``dgx-h100``), or a file's stem."""
+    return Path(spec).stem if Path(spec).exists() else spec.split(":")[0]
 
 
 def run_sweep(points: list[SweepPoint], algorithms: Iterable[str] = ALGORITHMS,
