@@ -33,7 +33,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from treeattn.runtime.cache import shard_lengths  # noqa: E402
 from treeattn.runtime.calibrate import calibrate_in_group, machine_info  # noqa: E402
-from treeattn.runtime.check import RunRequest, predictor, run_points  # noqa: E402
+from treeattn.runtime.check import (  # noqa: E402
+    RunRequest,
+    point_error,
+    predictor,
+    run_points,
+)
 from treeattn.runtime.group import broadcast_object  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 from treeattn.runtime.plans import build, workload_for  # noqa: E402
@@ -149,8 +154,8 @@ def summarize(world: int, result: dict) -> list[dict]:
             "speedup_predicted": ring["predicted_s"] / tree["predicted_s"],
             "tree_error": tree["error"], "ring_error": ring["error"],
             "ring_predicted_pingpong_s": ring_x, "tree_predicted_pingpong_s": tree_x,
-            "ring_error_pingpong": abs(ring_x / measured_ring - 1) if measured_ring else None,
-            "tree_error_pingpong": abs(tree_x / tree["measured_s"] - 1),
+            "ring_error_pingpong": point_error(ring_x, measured_ring) if measured_ring else None,
+            "tree_error_pingpong": point_error(tree_x, tree["measured_s"]),
             "peak_mem_ratio": (max(ring["peak_memory_bytes"]) / max(tree["peak_memory_bytes"])
                                if ring["peak_memory_bytes"] else None),
             "tree_floor_s": floor, "tree_over_floor": tree["measured_s"] / floor,
@@ -213,7 +218,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         )
     lines += ["", f"Geometric-mean prediction error over all measured points: "
               f"{meta['geo_mean_error']:.1%} (exp of the mean |ln(pred/meas)|, minus 1; "
-              f"the geometric mean of the per-point errors |pred/meas − 1| is "
+              f"the geometric mean of the per-point errors max(p/m, m/p) − 1 is "
               f"{meta['geo_mean_of_errors']:.1%}).", "",
               "What-if: the simulator with the link bandwidth "
               "of a lone ping-pong instead of the concurrent exchange "

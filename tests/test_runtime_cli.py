@@ -124,9 +124,11 @@ def test_check_predicts_then_gates_on_the_error(profile_path, capsys) -> None:
     assert main(base + ["--max-error", "1e9"]) == 0
     (point,) = json.loads(capsys.readouterr().out)
     assert point["predicted_s"] > 0
-    assert point["error"] == pytest.approx(abs(point["predicted_s"] / point["measured_s"] - 1))
+    ratio = point["predicted_s"] / point["measured_s"]
+    assert point["error"] == pytest.approx(max(ratio, 1 / ratio) - 1)  # symmetric error
     names = [(e[0], e[1], e[2]) for e in point["timeline"]]
     predicted = [(e[0], e[1], e[2]) for e in point["predicted_timeline"]]
     assert sorted(names) == sorted(predicted)  # same steps, same names, on both sides
     assert main(base + ["--max-error", "1e-12"]) == 1
     assert "exceeds --max-error" in capsys.readouterr().err
+    assert main(base + ["--max-error", "nan"]) == 2  # a NaN would switch the gate off

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from rich.console import Console
@@ -146,8 +147,8 @@ def handle_run(args: argparse.Namespace) -> int:
     world = _world(args)
     req = build_request(args)
     validate(req, world)
-    if args.max_error <= 0:
-        raise RuntimeFailure("--max-error must be positive")
+    if not math.isfinite(args.max_error) or args.max_error <= 0:
+        raise RuntimeFailure(f"--max-error must be a positive number, got {args.max_error}")
     is_root, points = _execute(req, args, world)
     if not is_root:
         return 0

@@ -117,8 +117,20 @@ def make_shard(seed: int, rank: int, tokens: int, dims: AttnDims, device) -> tor
     return torch.randn(shape, generator=g).to(device=device, dtype=dims.kv_dtype)
 
 
+def point_error(predicted: float, measured: float) -> float:
+    """How far off one prediction is, symmetric in over- and under-prediction:
+    ``max(p/m, m/p) − 1`` (0.25 means 25% too slow or too fast).
+
+    >>> round(point_error(1.0, 1.25), 6), round(point_error(1.25, 1.0), 6)
+    (0.25, 0.25)
+    """
+    ratio = predicted / measured
+    return max(ratio, 1.0 / ratio) - 1.0
+
+
 def geo_mean_error(points: list[dict]) -> float | None:
-    """``exp(mean |ln(predicted/measured)|) − 1`` over points that have a prediction."""
+    """``exp(mean |ln(predicted/measured)|) − 1`` over points that have a prediction: the
+    geometric mean of ``1 + point_error`` minus one, so it is on the per-point scale."""
     logs = [abs(math.log(p["predicted_s"] / p["measured_s"]))
             for p in points if p.get("predicted_s") and p.get("measured_s")]
     return math.exp(sum(logs) / len(logs)) - 1 if logs else None
@@ -208,7 +220,7 @@ def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
 
 def _point(req, requested, schedule, seq_len, ctx, m, predicted, sim_timeline, native) -> dict:
     measured = m.median_s
-    error = abs(predicted / measured - 1) if predicted else None
+    error = point_error(predicted, measured) if predicted else None
     return {
         "algorithm": schedule.algorithm + ("+native" if native else ""),
         "requested": requested,
