@@ -31,7 +31,7 @@ def test_launcher_stops_group_and_names_killed_rank() -> None:
     assert proc.returncode not in (0, 2), proc.stderr  # a failure, not bad input
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: rank 1 died"), proc.stderr
-    assert time.monotonic() - start < HARD_TIMEOUT_S
+    assert time.monotonic() - start < 60  # joined, died after 3 s, group stopped: well inside 60 s
 
 
 @pytest.mark.timeout(180)
@@ -50,7 +50,7 @@ def test_surviving_rank_stops_by_itself_without_the_launcher() -> None:
     try:
         procs[1].wait(timeout=HARD_TIMEOUT_S)
         died = time.monotonic()
-        _, err = procs[0].communicate(timeout=60 + 15)  # 60 s budget, slack for a loaded box
+        _, err = procs[0].communicate(timeout=HARD_TIMEOUT_S)
         noticed = time.monotonic() - died
     finally:
         for p in procs:
@@ -61,4 +61,4 @@ def test_surviving_rank_stops_by_itself_without_the_launcher() -> None:
     assert procs[0].returncode == 1, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: rank 0:") and "rank 1" in last, err
-    assert noticed < 60 + 15
+    assert noticed < 60  # the requirement: named within 60 s of the death (--timeout 10)
