@@ -47,7 +47,7 @@ def _slices(n: int, chunk):
 
 
 def _get(buf, payload, chunk):
-    if payload == "partial":
+    if payload in ("partial", "residue"):
         o, lse = buf
         s = _slices(o.shape[0], chunk)
         return o[s].copy(), lse[s].copy()
@@ -123,6 +123,10 @@ def execute(schedule: Schedule, q, shards) -> list:
                         kept[r][s.tag], recv_of[r][s.tag] = value, s
                     else:
                         _put(buffers[r], s.payload, s.chunk, value)
+                elif isinstance(s, Merge) and s.op == "residue":  # residue = partial (+) msg
+                    mine = buffers[r]["partial"]
+                    buffers[r]["residue"] = mine if s.tag is None else merge(
+                        mine, kept[r].pop(s.tag))
                 elif isinstance(s, Merge):
                     if s.tag is None:
                         buffers[r]["partial"] = merge(buffers[r]["partial"],

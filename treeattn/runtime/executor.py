@@ -162,6 +162,7 @@ class _RunState:
             "max": None,
             "num": None,
             "den": None,
+            "residue": None,  # a second running partial (butterfly, p not a power of two)
         }
         self.block: torch.Tensor | None = None  # packed block partial of attention_block
         self.pending: dict[int, list[tuple[Recv, torch.Tensor]]] = {}  # tag -> received
@@ -293,6 +294,9 @@ class _RunState:
         self.bufs["partial"] = pack_partial(o, lse)
 
     def merge_step(self, step: Merge) -> None:
+        if step.op == "residue":  # residue <- partial (+) the message, or a copy of partial
+            self._set_residue(step.tag)
+            return
         if step.tag is None:
             if self.block is None:
                 raise RuntimeFailure(f"rank {self.ex.ctx.rank}: merge without a block partial")
@@ -315,6 +319,19 @@ class _RunState:
         else:
             raise RuntimeFailure(f"unknown merge op {step.op!r}")
         self.bufs[recv.payload] = flat
+
+    def _set_residue(self, tag: int | None) -> None:
+        mine = self.bufs["partial"]
+        if tag is None:
+            self.bufs["residue"] = mine.clone()
+            return
+        queue = self.pending.get(tag)
+        if not queue:
+            raise RuntimeFailure(f"rank {self.ex.ctx.rank}: merge of tag {tag} before recv")
+        _, msg = queue.pop(0)
+        dims = self.ex.dims
+        merged = merge(unpack_partial(mine, dims), unpack_partial(msg, dims))
+        self.bufs["residue"] = pack_partial(*merged)
 
     def _merge_partial(self, other: torch.Tensor, chunk: tuple[int, int] | None = None) -> None:
         dims, mine = self.ex.dims, self.bufs["partial"]

@@ -35,7 +35,9 @@ class AttnDims:
     def numel(self, payload: str, kv_len: int = 0) -> int:
         """Elements in the flat buffer of ``payload`` (``kv_len`` tokens for ``"kv"``)."""
         b, hq, d = self.batch, self.n_heads, self.head_dim
-        sizes = {"partial": b * hq * (d + 1), "max": b * hq, "den": b * hq, "num": b * hq * d}
+        partial = b * hq * (d + 1)
+        sizes = {"partial": partial, "residue": partial, "max": b * hq, "den": b * hq,
+                 "num": b * hq * d}
         if payload == "kv":
             return 2 * b * self.n_kv_heads * kv_len * d
         if payload not in sizes:

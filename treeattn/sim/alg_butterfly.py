@@ -1,42 +1,87 @@
-"""``butterfly``: recursive doubling with the partial merge; every rank ends with the result.
+"""``butterfly``: recursive doubling with the partial merge; every rank ends with the result
+after ``⌈log2 p⌉`` exchange rounds, whatever ``p``.
 
-With ``q = 2^⌊log2 p⌋`` and ``e = p − q`` extra ranks (MPICH's rule for p not a power of two):
+p a power of two: ``log2 p`` rounds; in round ``k`` rank ``r`` exchanges its running partial
+with ``r XOR 2^k`` and merges.
 
-1. fold in: extra rank ``q + i`` sends its partial to rank ``i``, which merges it;
-2. ``log2 q`` rounds: rank ``r < q`` exchanges with ``r XOR 2^k`` and merges;
-3. fold out: rank ``i`` sends the result to rank ``q + i`` (replace).
+Any other p (``K = ⌊log2 p⌋``, ``m = p − 2^K``, so ``0 < m < 2^K``): cyclic recursive
+doubling that never counts a rank twice (the merge is not idempotent). Ranges are cyclic:
+``[a, b)`` means the ranks ``a, a+1, …, b−1`` mod p, and ``⊕`` is the partial merge. Rank
+``r`` keeps two running partials:
 
-A power of two takes ``log2 p`` exchange rounds; otherwise ``⌊log2 p⌋`` rounds plus the two
-one-way fold steps.
+* ``P`` (payload ``partial``) = ``[r, r + 2^j)`` after ``j`` rounds;
+* ``S`` (payload ``residue``) = ``[r, r + (m mod 2^j))``, the low ``j`` bits of ``m``.
+
+Round ``j < K``: ``r`` sends ``P`` (and ``S`` when bit ``j`` of ``m`` is set and ``S`` is not
+empty) to ``r − 2^j`` and receives the same from ``r + 2^j``. If bit ``j`` is set,
+``S ← P ⊕ S(r + 2^j)`` (with the *old* ``P``: ``[r, r+2^j) ⊕ [r+2^j, r+2^j+(m mod 2^j))``);
+then ``P ← P ⊕ P(r + 2^j)``. Round ``K``: ``r`` receives ``S(r + 2^K) = [r+2^K, r+p)`` and
+``P ⊕`` it is ``[r, r+p)``: every rank once. That is ``K + 1 = ⌈log2 p⌉`` rounds; rounds
+where bit ``j`` is set carry two partials.
+
+>>> from treeattn.topo import Topology
+>>> from treeattn.sim.workload import DecodeWorkload
+>>> s = build_butterfly(Topology.from_spec("local:ranks=7"), DecodeWorkload("debug", 14))
+>>> s.params["rounds"], sum(1 for x in s.steps[0] if type(x).__name__ == "Send")
+(3, 4)
 """
 
 from __future__ import annotations
 
 from treeattn.sim.alg_common import Tags, local_attention
-from treeattn.sim.schedule import Merge, Recv, Schedule, Send
+from treeattn.sim.schedule import Merge, Recv, Schedule, Send, Step
 from treeattn.sim.workload import DecodeWorkload
 
 
 def build_butterfly(topology, workload: DecodeWorkload) -> Schedule:
     world = topology.num_gpus
     shards = workload.shards(world)
-    n = workload.partial_bytes
-    tags = Tags()
     steps = [[local_attention(workload, shards[r])] for r in range(world)]
-    q = 1 << (world.bit_length() - 1)
-    for r in range(q, world):
-        tag = tags(r, r - q)
-        steps[r].append(Send(r - q, n, tag))
-        steps[r - q] += [Recv(r, n, tag), Merge(3 * n, "partial", tag)]
-    rounds = q.bit_length() - 1
+    if world & (world - 1) == 0:
+        rounds = _xor_rounds(steps, workload.partial_bytes)
+    else:
+        rounds = _cyclic_rounds(steps, workload.partial_bytes)
+    return Schedule("butterfly", steps, {"rounds": rounds})
+
+
+def _xor_rounds(steps: list[list[Step]], n: int) -> int:
+    world, tags = len(steps), Tags()
+    rounds = world.bit_length() - 1
     for k in range(rounds):
-        out = [tags(r, r ^ (1 << k)) for r in range(q)]
-        for r in range(q):
+        out = [tags(r, r ^ (1 << k)) for r in range(world)]
+        for r in range(world):
             partner = r ^ (1 << k)
             steps[r] += [Send(partner, n, out[r]), Recv(partner, n, out[partner]),
                          Merge(3 * n, "partial", out[partner])]
-    for r in range(q, world):
-        tag = tags(r - q, r)
-        steps[r - q].append(Send(r, n, tag))
-        steps[r].append(Recv(r - q, n, tag, reduce=False))
-    return Schedule("butterfly", steps, {"rounds": rounds, "extra": world - q})
+    return rounds
+
+
+def _cyclic_rounds(steps: list[list[Step]], n: int) -> int:
+    world, tags = len(steps), Tags()
+    top = world.bit_length() - 1  # K
+    residue = world - (1 << top)  # m
+    for j in range(top):
+        dist = 1 << j
+        grows = bool(residue >> j & 1)  # S takes P ⊕ S(r + 2^j) this round
+        ships = grows and residue % dist != 0  # S(r + 2^j) is not empty, so it travels
+        p_tag = [tags(r, (r - dist) % world) for r in range(world)]
+        s_tag = [tags(r, (r - dist) % world) for r in range(world)] if ships else None
+        for r in range(world):
+            dst, src = (r - dist) % world, (r + dist) % world
+            steps[r].append(Send(dst, n, p_tag[r]))
+            if ships:
+                steps[r].append(Send(dst, n, s_tag[r], payload="residue"))
+            steps[r].append(Recv(src, n, p_tag[src]))
+            if ships:
+                steps[r].append(Recv(src, n, s_tag[src], payload="residue"))
+            if grows:
+                steps[r].append(Merge(3 * n, "residue", s_tag[src] if ships else None))
+            steps[r].append(Merge(3 * n, "partial", p_tag[src]))
+    dist = 1 << top
+    f_tag = [tags(r, (r - dist) % world) for r in range(world)]
+    for r in range(world):
+        dst, src = (r - dist) % world, (r + dist) % world
+        steps[r] += [Send(dst, n, f_tag[r], payload="residue"),
+                     Recv(src, n, f_tag[src], payload="residue"),
+                     Merge(3 * n, "partial", f_tag[src])]
+    return top + 1

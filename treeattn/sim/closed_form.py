@@ -9,8 +9,8 @@ order (the schedule generators' docstrings) and propagate per-rank ready times:
 * tree, up: ``T(v) = fold over children c (reduce order) of max(T, T(c) + send + wire) + recv
   + merge``; down: each child receives ``send · k + wire`` after its parent's k-th send.
   On a homogeneous network this is ``attn + depth · 2(α + n/β) + merges`` for a binomial tree.
-* butterfly: ``⌊log2 p⌋`` rounds of ``max(own send, partner's arrival) + recv + merge``, plus
-  the fold in/out steps when p is not a power of two.
+* butterfly: ``⌈log2 p⌉`` rounds of ``max(own sends, partner's arrivals) + recv + merge``;
+  when p is not a power of two some rounds carry two partials (see ``alg_butterfly``).
 * allgather: the ``j``-th message from ``r`` leaves at ``attn_r + j·send``; ``r`` merges its
   ``p − 1`` arrivals in order.
 * ring: rank r's step ``i + 1`` starts at
@@ -85,20 +85,41 @@ def butterfly(cm: CostModel) -> float:
     p, n = cm.world, cm.workload.partial_bytes
     merge = [cm.compute(r, 3 * n) for r in range(p)]
     t = list(cm.attention_vec())
-    q = 1 << (p.bit_length() - 1)
-    for r in range(q, p):
-        t[r] += cm.send_s
-        t[r - q] = max(t[r - q], t[r] + cm.wire(r, r - q, n)) + cm.recv_s + merge[r - q]
-    k = 1
-    while k < q:
-        sent = [t[r] + cm.send_s for r in range(q)]
-        t[:q] = [max(sent[r], sent[r ^ k] + cm.wire(r ^ k, r, n)) + cm.recv_s + merge[r]
-                 for r in range(q)]
-        k <<= 1
-    for r in range(q, p):
-        t[r - q] += cm.send_s
-        t[r] = max(t[r], t[r - q] + cm.wire(r - q, r, n)) + cm.recv_s
+    if p & (p - 1) == 0:
+        k = 1
+        while k < p:
+            sent = [t[r] + cm.send_s for r in range(p)]
+            t = [max(sent[r], sent[r ^ k] + cm.wire(r ^ k, r, n)) + cm.recv_s + merge[r]
+                 for r in range(p)]
+            k <<= 1
+        return max(t)
+    top = p.bit_length() - 1
+    residue = p - (1 << top)
+    for j in range(top + 1):
+        final = j == top
+        grows = not final and bool(residue >> j & 1)
+        ships = grows and residue % (1 << j) != 0
+        t = _cyclic_round(cm, t, 1 << j, n, 2 if ships else 1,
+                          [merge[r] * (1 + grows) for r in range(p)])
     return max(t)
+
+
+def _cyclic_round(cm: CostModel, t: list[float], dist: int, n: float, messages: int,
+                  merges: list[float]) -> list[float]:
+    """One round of the cyclic butterfly: ``r`` posts ``messages`` partials to ``r − dist``,
+    receives as many from ``r + dist`` (back to back on one route: each waits for the one
+    before it to clear the bottleneck), then merges."""
+    p = cm.world
+    out = []
+    for r in range(p):
+        src = (r + dist) % p
+        wire, serial = cm.wire(src, r, n), cm.wire(src, r, n) - cm.wire(src, r, 0)
+        now, arrival = t[r] + messages * cm.send_s, 0.0
+        for i in range(messages):
+            arrival = max(t[src] + (i + 1) * cm.send_s + wire, arrival + serial)
+            now = max(now, arrival) + cm.recv_s
+        out.append(now + merges[r])
+    return out
 
 
 def allgather(cm: CostModel) -> float:

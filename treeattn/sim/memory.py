@@ -4,9 +4,10 @@ What is counted, walking a rank's steps in order (the peak over all points):
 
 * its own KV shard (the cache), always; ``"kv"`` starts as an alias of it (no extra bytes);
 * the payload buffers once set: ``partial`` (by ``attention``), ``max`` (``init_max``),
-  ``num`` and ``den`` (``rescale``), or by a replacing Recv (a chunked replace counts the
-  whole buffer once). A replacing Recv of ``"kv"`` makes ``"kv"`` a separate block of the
-  received size (the previous foreign block is freed at that moment);
+  ``num`` and ``den`` (``rescale``), ``residue`` (its first Merge), or by a replacing Recv
+  (a chunked replace counts the whole buffer once). A replacing Recv of ``"kv"`` makes
+  ``"kv"`` a separate block of the received size (the previous foreign block is freed at
+  that moment);
 * the block partial of an ``attention_block`` until its ``Merge(tag=None)``;
 * a message received with ``reduce=True`` until the Merge of its tag;
 * the one receive posted ahead: the runtime posts a rank's next receive as soon as the
@@ -55,9 +56,11 @@ def rank_peak(steps, shard_bytes: int, workload: DecodeWorkload) -> int:
             posted = steps[recvs[next_recv]].nbytes if next_recv < len(recvs) else 0
             next_recv += 1
         elif isinstance(s, Merge):
-            if s.tag is None:
+            if s.op == "residue":
+                named["residue"] = workload.partial_bytes
+            if s.tag is None and s.op == "partial":
                 block = 0
-            else:
+            elif s.tag is not None:
                 kept.pop(s.tag, None)
         live = shard_bytes + sum(named.values()) + sum(kept.values()) + posted + block
         peak = max(peak, live)

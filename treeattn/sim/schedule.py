@@ -14,7 +14,9 @@ Each rank owns a few named buffers, the *payloads*:
   it is the rank's own shard;
 * ``"max"``     a running maximum of shape (B, Hq) (``allreduce3``);
 * ``"num"``     a running sum of shape (B, Hq, D) (``allreduce3``);
-* ``"den"``     a running sum of shape (B, Hq) (``allreduce3``).
+* ``"den"``     a running sum of shape (B, Hq) (``allreduce3``);
+* ``"residue"`` a second running partial, laid out like ``"partial"`` (``butterfly`` when p is
+  not a power of two; see :mod:`treeattn.sim.alg_butterfly`). Unset until a Merge sets it.
 
 Steps, run in list order per rank:
 
@@ -39,8 +41,10 @@ Steps, run in list order per rank:
   the :class:`Merge` step with the same ``tag`` folds it in.
 * :class:`Merge` folds the message received under ``tag`` into the rank's buffer with ``op``:
   ``"partial"`` (the log-sum-exp merge, into ``"partial"``), ``"max"`` or ``"sum"`` (into the
-  buffer named by the matching Recv's payload). ``tag=None`` folds the block partial of the
-  preceding ``attention_block`` Compute into ``"partial"`` (ring).
+  buffer named by the matching Recv's payload), or ``"residue"``: ``residue ← partial ⊕
+  message`` (the message received under ``tag`` is kept with ``reduce=True``; ``tag=None``
+  means ``residue ← partial``, a copy). For ``op="partial"``, ``tag=None`` folds the block
+  partial of the preceding ``attention_block`` Compute into ``"partial"`` (ring).
 
 A ``chunk=(index, count)`` on Send/Recv restricts it to the ``index``-th of ``count``
 equal slices of the flattened payload (ring all-reduce). ``None`` means the whole buffer.
@@ -59,9 +63,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PAYLOADS = ("partial", "kv", "max", "num", "den")
+PAYLOADS = ("partial", "kv", "max", "num", "den", "residue")
 COMPUTE_LABELS = ("attention", "attention_block", "rescale", "finalize", "init_max")
-MERGE_OPS = ("partial", "max", "sum")
+MERGE_OPS = ("partial", "max", "sum", "residue")
 
 
 @dataclass(frozen=True)

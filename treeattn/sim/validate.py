@@ -82,11 +82,12 @@ def _check_merges(schedule: Schedule) -> None:
             elif isinstance(s, Compute) and s.label == "attention_block":
                 block = True
             elif isinstance(s, Merge):
-                if s.tag is None and not block:
+                if s.tag is None and s.op == "partial" and not block:
                     raise ScheduleError(f"rank {r} step {i}: Merge with no block partial")
                 if s.tag is not None and s.tag not in pending:
                     raise ScheduleError(f"rank {r} step {i}: Merge of tag {s.tag} not received")
-                block = block and s.tag is not None
+                if s.op == "partial":  # a residue copy (tag None) leaves the block alone
+                    block = block and s.tag is not None
                 pending.discard(s.tag)
         if pending:
             raise ScheduleError(f"rank {r}: received tag(s) {sorted(pending)} never merged")

@@ -95,7 +95,7 @@ class DecodeWorkload:
     def buffer_bytes(self, payload: str) -> int:
         """Size of a non-KV payload buffer (``partial``, ``max``, ``num``, ``den``)."""
         sizes = {
-            "partial": self.partial_bytes, "max": self.max_bytes,
+            "partial": self.partial_bytes, "residue": self.partial_bytes, "max": self.max_bytes,
             "num": self.num_bytes, "den": self.max_bytes,
         }
         if payload not in sizes:

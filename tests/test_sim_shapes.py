@@ -1,4 +1,5 @@
-"""The searched (Fastest-Node-First) tree: a real search, not a star in disguise."""
+"""Tree shapes and exchange patterns: the searched (Fastest-Node-First) tree is a real search,
+not a star in disguise, and the butterfly takes ⌈log2 p⌉ rounds for any p."""
 
 from __future__ import annotations
 
@@ -45,3 +46,20 @@ def test_fnf_uses_up_to_date_sender_times():
     np.fill_diagonal(cost, np.inf)
     parent = fnf_tree(cost, 0, per_child_s=1.0).parent
     assert sum(1 for u in parent if u == 0) == 4  # log2(16) children: binomial-like
+
+
+@pytest.mark.parametrize("world", range(2, 18))
+def test_butterfly_takes_ceil_log2_rounds_for_any_world(world):
+    import math
+
+    from treeattn.sim.schedule import Recv
+
+    topology = Topology.from_spec(f"local:ranks={world}")
+    workload = DecodeWorkload("debug", 4 * world)
+    schedule = build_schedule("butterfly", topology, workload).validate()
+    rounds = math.ceil(math.log2(world))
+    assert schedule.params["rounds"] == rounds
+    for steps in schedule.steps:
+        peers = [s.src for s in steps if isinstance(s, Recv)]
+        # one partner per round (a round may bring it two partials), never the same twice
+        assert len(set(peers)) == rounds and len(peers) <= 2 * rounds
