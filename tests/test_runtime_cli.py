@@ -132,3 +132,9 @@ def test_check_predicts_then_gates_on_the_error(profile_path, capsys) -> None:
     assert main(base + ["--max-error", "1e-12"]) == 1
     assert "exceeds --max-error" in capsys.readouterr().err
     assert main(base + ["--max-error", "nan"]) == 2  # a NaN would switch the gate off
+
+
+def test_native_without_allreduce3_is_refused(capsys) -> None:
+    assert main(["run", "--nproc", "2", "--seq-len", "4k", "--algorithm", "tree",
+                 "--native"]) == 2
+    assert "--algorithm allreduce3" in capsys.readouterr().err

@@ -138,3 +138,10 @@ def test_predict_plan_and_sweep_take_topology_files(tmp_path, capsys):
     assert main(["sweep", "--topology", str(imported), "--seq-len", "64k", "-o", str(out)]) == 0
     assert json.loads((out / "results.json").read_text())[0]["topology"] == "a100"
     assert main(["sweep", "--topology", str(imported), "--nodes", "2", "-o", str(out)]) == 2
+
+
+def test_sweep_measure_needs_two_ranks_and_leaves_no_directory(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["sweep", "--measure", "--nproc", "1", "-o", str(out)]) == 2
+    assert "--nproc" in capsys.readouterr().err
+    assert not out.exists()

@@ -147,6 +147,10 @@ def handle_run(args: argparse.Namespace) -> int:
     world = _world(args)
     req = build_request(args)
     validate(req, world)
+    chosen = args.algorithm or ["auto"]
+    if args.native and "allreduce3" not in chosen and "auto" not in chosen:
+        raise RuntimeFailure("--native runs allreduce3 on the backend's all_reduce: "
+                             "add --algorithm allreduce3")
     if not math.isfinite(args.max_error) or args.max_error <= 0:
         raise RuntimeFailure(f"--max-error must be a positive number, got {args.max_error}")
     is_root, points = _execute(req, args, world)

@@ -50,10 +50,10 @@ def handle(args: argparse.Namespace) -> int:
         raise UserError("--seq-len must be positive")
     if args.nodes and any(n < 1 for n in args.nodes):
         raise UserError("--nodes must be at least 1")
-    out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
     rows = _measure(args, seq_lens, console) if args.measure else _predict(args, seq_lens,
                                                                              console)
+    out.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     _write_tables(rows, out)
     pictures = _plot(rows, out, measured=args.measure)
     console.print(f"wrote {len(rows)} rows to {out}/results.csv and results.json")
@@ -82,6 +82,8 @@ def _measure(args, seq_lens: list[int], console: Console) -> list[dict]:
     from treeattn.runtime.check import RunRequest, validate
     from treeattn.runtime.launch import LaunchOptions, launch
 
+    if args.nproc < 2:
+        raise UserError(f"--measure needs --nproc of at least 2, got {args.nproc}")
     algorithms = tuple(a for a in args.algorithms if a in ("tree", "ring", "butterfly",
                                                            "allgather", "allreduce3"))
     request = RunRequest(seq_lens=tuple(seq_lens), algorithms=algorithms, check=True,
