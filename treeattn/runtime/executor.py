@@ -74,8 +74,9 @@ class _KVPool:
     real ring keeps persistent buffers too. Pooled buffers count toward the memory peak.
     """
 
-    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, dtype: torch.dtype, device: torch.device, block_numel: int = 0) -> None:
         self.dtype, self.device = dtype, device
+        self.block_numel = block_numel  # the largest KV block this rank receives
         self.buffers: list[torch.Tensor] = []
 
     def take(self, numel: int, in_use: set[int]) -> torch.Tensor:
@@ -83,9 +84,11 @@ class _KVPool:
                 if b.numel() >= numel and b.untyped_storage().data_ptr() not in in_use]
         if free:
             return min(free, key=torch.Tensor.numel)[:numel]
-        buf = torch.empty(numel, dtype=self.dtype, device=self.device)
+        # Every buffer fits the largest block, so uneven shards (blocks one token apart)
+        # reuse buffers instead of piling up new ones.
+        buf = torch.empty(max(numel, self.block_numel), dtype=self.dtype, device=self.device)
         self.buffers.append(buf)
-        return buf
+        return buf[:numel]
 
 
 class Executor:
@@ -120,7 +123,8 @@ class Executor:
         self.scale = scale if scale is not None else 1.0 / math.sqrt(dims.head_dim)
         self.kv_lengths = kv_message_lengths(schedule, lengths)
         self.recv_order = [i for i, s in enumerate(self.steps) if isinstance(s, Recv)]
-        self.kv_pool = _KVPool(dims.kv_dtype, ctx.device)
+        largest = max((n for (r, _), n in self.kv_lengths.items() if r == ctx.rank), default=0)
+        self.kv_pool = _KVPool(dims.kv_dtype, ctx.device, dims.numel("kv", largest))
 
     # -- public ----------------------------------------------------------------------------
     def run(
@@ -178,8 +182,24 @@ class _RunState:
         kv_len = self.ex.kv_lengths.get((self.ex.ctx.rank, index), 0)
         numel = message_numel(dims, step.payload, step.chunk, kv_len)
         if step.payload == "kv":
+            self._finish_pooled_sends()
             return self.ex.kv_pool.take(numel, self._kv_in_use())
         return torch.empty(numel, dtype=dims.dtype(step.payload), device=self.ex.ctx.device)
+
+    def _finish_pooled_sends(self) -> None:
+        """Complete the sends of forwarded KV blocks before posting a new KV receive, so a
+        pooled buffer is reused instead of a third one allocated: a ring rank then holds its
+        shard plus two blocks (the one it attends, the one arriving), which is what the
+        simulator's memory model counts (``treeattn.sim.memory``). A completed send leaves
+        ``self.sends``: gloo must not be waited on twice for one send."""
+        pooled = {b.untyped_storage().data_ptr() for b in self.ex.kv_pool.buffers}
+        still = []
+        for work, tensor, dst in self.sends:
+            if tensor.untyped_storage().data_ptr() in pooled:
+                wait_work(work, self.ex.ctx, dst, "send of a KV block")
+            else:
+                still.append((work, tensor, dst))
+        self.sends = still
 
     def _kv_in_use(self) -> set[int]:
         """Storages a new KV receive must not overwrite: the block held, posted, in flight."""
