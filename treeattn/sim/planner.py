@@ -4,10 +4,12 @@ Search (branch and bound): each candidate of :mod:`treeattn.sim.candidates` firs
 closed-form latency (:mod:`treeattn.sim.closed_form`), a lower bound on what the simulator
 will say because it ignores contention. Candidates are then simulated in increasing order of
 that bound until the next bound is no better than the best simulated latency (nothing left
-can win) or the simulation budget is spent (8 for p ≤ 64, 3 up to 2048 ranks, 2 beyond).
+can win) or the simulation budget is spent (8 for p ≤ 64, 3 up to 2048 ranks, 1 beyond).
 Candidates never simulated are reported with their closed form, marked ``closed_form``.
 
-A candidate whose simulation would need more than ``MAX_CHUNK_MESSAGES`` chunk-messages
+The best-bounded candidate is simulated up to ``MAX_FIRST_CHUNK_MESSAGES`` chunk-messages
+(butterfly on 16384 ranks needs about 260k). Any other candidate whose simulation would
+need more than ``MAX_CHUNK_MESSAGES`` chunk-messages
 (ring, allgather and ring all-reduce at large p: O(p²) messages) is never simulated; ring's
 closed form includes the queueing of a rank's back-to-back sends on its route, and the
 ring's neighbour routes do not share links on the rail-optimised fabrics we build, so there
@@ -34,6 +36,9 @@ from treeattn.sim.trees import Tree
 from treeattn.sim.workload import DecodeWorkload
 
 MAX_CHUNK_MESSAGES = 100_000
+# The candidate with the best bound is simulated up to this size, so that on very large
+# clusters the plan that wins is a simulated one whenever that is affordable.
+MAX_FIRST_CHUNK_MESSAGES = 400_000
 
 
 @dataclass
@@ -170,12 +175,13 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
             raise SimError(f"no candidate among algorithms {', '.join(algorithms)}")
     score(cands, topology, cm)
     cands.sort(key=lambda c: (c.bound_s, c.name))
-    budget = max_simulated or (8 if cm.world <= 64 else 3 if cm.world <= 2048 else 2)
+    budget = max_simulated or (8 if cm.world <= 64 else 3 if cm.world <= 2048 else 1)
     best, used = math.inf, 0
     for c in cands:
         if prune and (c.bound_s >= best or used >= budget):
             break
-        if _chunk_messages(c, cm) <= MAX_CHUNK_MESSAGES:
+        limit = MAX_FIRST_CHUNK_MESSAGES if used == 0 else MAX_CHUNK_MESSAGES
+        if _chunk_messages(c, cm) <= limit:
             run_candidate(c, topology, cm)
             best, used = min(best, c.latency_s), used + 1
     if simulate_each:
