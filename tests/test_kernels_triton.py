@@ -78,22 +78,22 @@ def triton_backend():
         yield
 
 
-@pytest.fixture(scope="module")
-def tp():
+def _interpreted(name: str):
     if not IN_INTERPRETER:
         pytest.skip("run by test_triton_kernels_in_interpreter_subprocess")
-    module = triton_module("triton_partial")
+    module = triton_module(name)
     assert module.INTERPRETED
     return module
+
+
+@pytest.fixture(scope="module")
+def tp():
+    return _interpreted("triton_partial")
 
 
 @pytest.fixture(scope="module")
 def tm():
-    if not IN_INTERPRETER:
-        pytest.skip("run by test_triton_kernels_in_interpreter_subprocess")
-    module = triton_module("triton_merge")
-    assert module.INTERPRETED
-    return module
+    return _interpreted("triton_merge")
 
 
 def assert_partial_close(got, want, dtype):

@@ -146,21 +146,15 @@ def measure_exchange(ctx: RankContext, sizes=EXCHANGE_SIZES) -> list[float]:
     for size in sizes:
         out = torch.zeros(max(1, size // 4), device=ctx.device)
         inc = torch.empty_like(out)
-        samples = []
-        for i in range(6):
-            barrier(ctx)
-            t0 = time.perf_counter()
+
+        def exchange(out=out, inc=inc) -> None:
             works = dist.batch_isend_irecv(
                 [dist.P2POp(dist.isend, out, nxt, tag=5), dist.P2POp(dist.irecv, inc, prv, tag=5)]
             )
             for work, peer in zip(works, (nxt, prv), strict=True):
                 wait_work(work, ctx, peer, "exchange")
-            _sync(ctx)
-            if i >= 2:
-                samples.append(time.perf_counter() - t0)
-        worst = torch.tensor([statistics.median(samples)], dtype=torch.float64)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        times.append(float(worst.item()))
+
+        times.append(_group_median(ctx, exchange, reps=6, warmup=2))
     return times
 
 
@@ -169,18 +163,28 @@ def measure_allreduce(ctx: RankContext, sizes=ALLREDUCE_SIZES) -> list[float]:
     times = []
     for size in sizes:
         buf = torch.zeros(max(1, size // 4), device=ctx.device)
-        samples = []
-        for i in range(25):
-            barrier(ctx)
-            t0 = time.perf_counter()
+
+        def all_reduce(buf=buf) -> None:
             wait_work(dist.all_reduce(buf, async_op=True), ctx, None, "all_reduce")
-            _sync(ctx)
-            if i >= 3:
-                samples.append(time.perf_counter() - t0)
-        worst = torch.tensor([statistics.median(samples)], dtype=torch.float64)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        times.append(float(worst.item()))
+
+        times.append(_group_median(ctx, all_reduce, reps=25, warmup=3))
     return times
+
+
+def _group_median(ctx: RankContext, operation, reps: int, warmup: int) -> float:
+    """Median seconds of ``operation()`` run by every rank at once (a barrier before each
+    repetition, the first ``warmup`` discarded), the max of the medians over ranks."""
+    samples = []
+    for i in range(reps):
+        barrier(ctx)
+        t0 = time.perf_counter()
+        operation()
+        _sync(ctx)
+        if i >= warmup:
+            samples.append(time.perf_counter() - t0)
+    worst = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst.item())
 
 
 def _time_attention(dims: AttnDims, tokens: int, device: torch.device) -> tuple[int, float]:
