@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         sys.stderr.write(f"error: {exc.strerror or exc}: {exc.filename}\n")
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM while ranks run (see launch.py)
+        sys.stderr.write(f"error: {str(exc) or 'interrupted'}\n")
         return 130
 
 

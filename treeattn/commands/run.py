@@ -15,6 +15,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.calibrate import calibrate_in_group, read_profile, write_profile
@@ -215,6 +216,8 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     req = RunRequest(seq_lens=(world,), batch=args.batch, n_heads=args.heads,
                      n_kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype)
     validate(req, world)
+    if args.output:
+        check_output_path(args.output)  # before the calibration, not after it
     is_root, profile = _execute(CalibrateJob(req.dims), args, world)
     if not is_root:
         return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from treeattn.atomic import atomic_folder, check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.errors import UserError
 from treeattn.sweep import plots
@@ -42,9 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output {out} exists and is not a directory")
+    out = check_output_path(args.output, folder=True)  # before any work
     seq_lens = args.seq_len or [32768, 131072, 1048576]
     if any(n <= 0 for n in seq_lens):
         raise UserError("--seq-len must be positive")
@@ -53,9 +52,11 @@ def handle(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     rows = _measure(args, seq_lens, console) if args.measure else _predict(args, seq_lens,
                                                                              console)
-    out.mkdir(parents=True, exist_ok=True)  # only once there is something to write
-    _write_tables(rows, out)
-    pictures = _plot(rows, out, measured=args.measure)
+    # The whole folder is built aside and swapped in, so an interrupted or failed sweep
+    # leaves the previous run's tables and plots together and untouched.
+    with atomic_folder(out) as staging:
+        _write_tables(rows, staging)
+        pictures = [out / p.name for p in _plot(rows, staging, measured=args.measure)]
     console.print(f"wrote {len(rows)} rows to {out}/results.csv and results.json")
     for picture in pictures:
         console.print(f"  plot: {picture}")
@@ -99,7 +100,7 @@ def _measure(args, seq_lens: list[int], console: Console) -> list[dict]:
 
 
 def _write_tables(rows: list[dict], out: Path) -> None:
-    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "results.json").write_text(json.dumps(rows, indent=2, allow_nan=False) + "\n")
     scalar_keys = [k for k in rows[0] if not isinstance(rows[0][k], list | dict)] if rows else []
     with open(out / "results.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=scalar_keys, extrasaction="ignore")

@@ -17,6 +17,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from treeattn import atomic
+from treeattn.atomic import check_output_path
 from treeattn.topo import Topology, TopologyError
 from treeattn.topo.importers import FORMATS
 from treeattn.topo.summary import span, summary_rows
@@ -93,33 +95,21 @@ def handle_import(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise TopologyError(f"no such file: {args.file!r}")
+    check_output_path(args.output)  # before the (possibly long) import
     t = _load(args, str(path))
-    _write(Path(args.output), t.to_json())
+    atomic.write_text(args.output, t.to_json())
     print(f"wrote {args.output}: {t.num_gpus} GPUs ({t.gpu_model(0)}), "
           f"{sum(t.links().values())} links")
     return 0
 
 
 def handle_draw(args: argparse.Namespace) -> int:
+    out = check_output_path(args.output)
     t = _load(args, args.source)
-    out = Path(args.output)
-    _check_dir(out)
-    t.draw(out)
+    with atomic.atomic_path(out) as tmp:
+        t.draw(tmp)
     print(f"wrote {out}")
     return 0
-
-
-def _check_dir(path: Path) -> None:
-    if not path.parent.is_dir():
-        raise TopologyError(f"cannot write {str(path)!r}: no such directory")
-
-
-def _write(path: Path, text: str) -> None:
-    _check_dir(path)
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise TopologyError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
 
 def demo_section(console: Console) -> int:

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from treeattn import atomic
 from treeattn.kernels import partial_attention
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, barrier, wait_work
@@ -318,4 +319,5 @@ def read_profile(path: str | os.PathLike) -> dict:
 
 
 def write_profile(profile: dict, path: str | os.PathLike) -> None:
-    Path(path).write_text(json.dumps(profile, indent=2) + "\n")
+    """Write ``profile`` as JSON atomically (strict JSON: no NaN or Infinity)."""
+    atomic.write_text(path, json.dumps(profile, indent=2, allow_nan=False) + "\n")

@@ -21,6 +21,10 @@ import torch.distributed as dist
 from treeattn.runtime.errors import RankLost, RankTimeout, RuntimeFailure
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Set by the local launcher, which hosts the rendezvous store itself on the loopback: every
+# rank, rank 0 included, joins it as a client. Under torchrun, rank 0 (or torchrun's agent)
+# hosts the store on MASTER_ADDR:MASTER_PORT, reachable from the cluster's network.
+STORE_HOSTED_ENV = "TREEATTN_STORE_HOSTED"
 DEFAULT_TIMEOUT_S = 30.0
 HEARTBEAT_S = 0.5
 
@@ -83,9 +87,14 @@ def init_group(
     ctx = RankContext(rank, world, local_rank, dev, backend, float(timeout_s))
     if not dist.is_initialized():
         try:
-            dist.init_process_group(
-                backend, init_method="env://", rank=rank, world_size=world, timeout=ctx.timeout
-            )
+            if os.environ.get(STORE_HOSTED_ENV) == "1":
+                store = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT"),
+                                      is_master=False, timeout=ctx.timeout)
+                dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                        timeout=ctx.timeout)
+            else:
+                dist.init_process_group(backend, init_method="env://", rank=rank,
+                                        world_size=world, timeout=ctx.timeout)
         except Exception as exc:  # rendezvous failed: say so in one line
             message = f"rank {rank}: cannot join the process group: {_short(exc)}"
             raise RuntimeFailure(message) from exc

@@ -10,22 +10,34 @@ and what a torchrun-started ``treeattn run`` calls directly.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
 import signal
 import socket
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from multiprocessing.connection import wait as wait_sentinels
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from treeattn.runtime.errors import RankLost, RankTimeout, RuntimeFailure
-from treeattn.runtime.group import DEFAULT_TIMEOUT_S, RankContext, destroy_group, init_group
+from treeattn.runtime.group import (
+    DEFAULT_TIMEOUT_S,
+    STORE_HOSTED_ENV,
+    RankContext,
+    destroy_group,
+    init_group,
+)
 
 MAX_LOCAL_WORLD = 64
 FAULT_ENV = "TREEATTN_FAULT_KILL"  # "RANK:SECONDS": that rank SIGKILLs itself (tests only)
@@ -39,7 +51,7 @@ class LaunchOptions:
     deadline_s: float = 1800.0  # whole job, as a last resort
     threads: int | None = 1  # torch threads per rank
     device: str = "auto"
-    port: int | None = None  # None: pick a free one
+    port: int | None = None  # the store's loopback port; None: pick a free one
 
 
 def free_port() -> int:
@@ -47,17 +59,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def check_port(port: int) -> None:
-    """Raise :class:`RuntimeFailure` if ``port`` is out of range or already in use."""
-    if not 1 <= port <= 65535:
-        raise RuntimeFailure(f"port {port} is out of range 1..65535")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise RuntimeFailure(f"port {port} is in use ({exc.strerror})") from exc
 
 
 def check_world(world: int) -> None:
@@ -96,7 +97,25 @@ def run_in_group(
         destroy_group()
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when the launcher dies, however it dies.
+
+    Without this a SIGKILLed launcher leaves its ranks spinning until their own deadline.
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the launcher died before the request took effect
+        os._exit(1)
+
+
 def _child(local_rank: int, world: int, port: int, job, options: LaunchOptions, out: str) -> None:
+    _die_with_parent()
+    _quiet_native_stderr(Path(out, f"rank{local_rank}.log"))
     os.environ.update(
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
@@ -104,6 +123,7 @@ def _child(local_rank: int, world: int, port: int, job, options: LaunchOptions, 
         LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        **{STORE_HOSTED_ENV: "1"},
     )
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
@@ -117,6 +137,20 @@ def _child(local_rank: int, world: int, port: int, job, options: LaunchOptions, 
         os._exit(1)
     if local_rank == 0:
         Path(out, "result.pkl").write_bytes(pickle.dumps(result))
+
+
+def _quiet_native_stderr(log: Path) -> None:
+    """Send this rank's file descriptor 2 to a log file in the run's folder.
+
+    gloo and NCCL write their own C++ log lines straight to fd 2; left alone they land after
+    (or before) the launcher's one-line ``error:``. Our own failures are reported through the
+    ``rank*.err`` files instead. ``TREEATTN_RANK_STDERR=inherit`` keeps the terminal.
+    """
+    if os.environ.get("TREEATTN_RANK_STDERR") == "inherit":
+        return
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _kind(exc: BaseException) -> str:
@@ -138,6 +172,11 @@ def _kind(exc: BaseException) -> str:
 def launch(job: Callable[[RankContext], Any], world: int, options: LaunchOptions | None = None):
     """Spawn ``world`` local ranks that each run ``job(ctx)``; return rank 0's result.
 
+    The rendezvous store is hosted here, in the launcher, on a socket bound to the loopback
+    interface only: nothing on the network can read it, write keys or forge the heartbeats.
+    SIGTERM and SIGINT stop the whole rank group (and remove its temporary folder), and each
+    rank asks the kernel to kill it if the launcher dies, even by SIGKILL.
+
     Raises
     ------
     RuntimeFailure
@@ -145,21 +184,55 @@ def launch(job: Callable[[RankContext], Any], world: int, options: LaunchOptions
     """
     options = options or LaunchOptions()
     check_world(world)
-    if options.port is not None:
-        check_port(options.port)
-        return _launch_once(job, world, options, options.port)
-    for attempt in range(3):  # a free port can be taken before rank 0 binds it: pick another
+    with _loopback_listener(options.port) as (listener, port):
+        store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                              master_listen_fd=listener.fileno(),
+                              timeout=timedelta(seconds=options.timeout_s))
+        listener.detach()  # the store owns (and closes) the descriptor now
         try:
-            return _launch_once(job, world, options, free_port())
-        except RuntimeFailure as exc:
-            if attempt == 2 or not _port_taken(exc):
-                raise
-    raise AssertionError("unreachable")
+            with _stop_on_signals():
+                return _launch_once(job, world, options, port)
+        finally:
+            del store
 
 
-def _port_taken(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return "eaddrinuse" in text or "address already in use" in text
+@contextlib.contextmanager
+def _loopback_listener(port: int | None):
+    """A listening TCP socket on 127.0.0.1 (``port``, or a free one) for the store."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if port is not None and not 1 <= port <= 65535:
+            raise RuntimeFailure(f"port {port} is out of range 1..65535")
+        try:
+            sock.bind(("127.0.0.1", port or 0))
+        except OSError as exc:
+            raise RuntimeFailure(f"port {port} is in use ({exc.strerror})") from exc
+        sock.listen(128)
+        yield sock, int(sock.getsockname()[1])
+    finally:
+        sock.close()
+
+
+class _Stopped(KeyboardInterrupt):
+    """The launcher was asked to stop (SIGTERM); unwinds like Ctrl-C so the ranks are killed."""
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """Turn SIGTERM into an exception while the ranks run, so the ``finally`` that kills the
+    group and removes its folder runs (the default SIGTERM action would skip it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Stopped(f"stopped by {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _launch_once(job, world: int, options: LaunchOptions, port: int):
@@ -169,9 +242,9 @@ def _launch_once(job, world: int, options: LaunchOptions, port: int):
             spawn.Process(target=_child, args=(r, world, port, job, options, out), daemon=True)
             for r in range(world)
         ]
-        for proc in procs:
-            proc.start()
         try:
+            for proc in procs:
+                proc.start()
             _watch(procs, options.deadline_s, out)
         finally:
             _kill_all(procs)
