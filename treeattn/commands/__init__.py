@@ -10,6 +10,7 @@ status. Handlers raise :class:`treeattn.errors.UserError` (or a package's own in
 COMMAND_MODULES = (
     "treeattn.commands.topo",
     "treeattn.commands.predict",
+    "treeattn.commands.comm",
     "treeattn.commands.run",
     "treeattn.commands.generate",
     "treeattn.commands.sweep",
@@ -22,6 +23,7 @@ COMMAND_OWNERS = {
     "topo": "treeattn.commands.topo",
     "predict": "treeattn.commands.predict",
     "plan": "treeattn.commands.predict",
+    "comm": "treeattn.commands.comm",
     "run": "treeattn.commands.run",
     "calibrate": "treeattn.commands.run",
     "generate": "treeattn.commands.generate",

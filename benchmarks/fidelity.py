@@ -1,0 +1,135 @@
+"""Fidelity of the collective cost model against published, measured nccl-tests runs.
+
+For every row of every run listed in ``benchmarks/data/published_collectives.json`` (the raw
+outputs are the fixtures in ``tests/fixtures/nccl-tests/``), predict the collective with
+:func:`treeattn.sim.collectives.collective_cost` on the matching built-in topology and
+compare. Nothing in the model was fitted to these points: its constants come from NCCL's and
+RCCL's source (see ``treeattn/sim/nccl_tables.py``).
+
+The published time of a row is the faster of its out-of-place and in-place columns: both
+measure the same call, and the first row of a run often carries a warm-up outlier in one.
+The error of a point is ``max(p, m) / min(p, m) - 1``; a family's score is the geometric
+mean of ``max(p, m) / min(p, m)``, minus one.
+
+Writes ``benchmarks/results/fidelity.{json,md}``.
+
+    .venv/bin/python benchmarks/fidelity.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from treeattn import atomic
+from treeattn.sim.collectives import GroupShape, busbw_factor, collective_cost
+from treeattn.sim.nccl_tests import read_nccl_tests
+from treeattn.topo import Topology
+
+ROOT = Path(__file__).resolve().parent
+SOURCES = ROOT / "data" / "published_collectives.json"
+FIXTURES = ROOT.parent / "tests" / "fixtures" / "nccl-tests"
+OUT = ROOT / "results"
+SMALL = (8, 65536)  # the issue's small-message range, bytes
+LARGE = 128 << 20  # "large" bus bandwidth from here up
+
+
+def score_points() -> list[dict]:
+    """Every published row with its prediction."""
+    runs = json.loads(SOURCES.read_text())["runs"]
+    points, shapes = [], {}
+    for run in runs:
+        table = read_nccl_tests(FIXTURES / run["file"])
+        key = (run["topology"], table.world)
+        if key not in shapes:
+            shapes[key] = GroupShape.of(Topology.from_spec(run["topology"]), range(table.world))
+        shape = shapes[key]
+        for row in table.rows:
+            measured = min(row.time_us, row.in_place_time_us or math.inf)
+            cost = collective_cost(table.op, row.size, shape, algorithm=run.get("algorithm"))
+            predicted = cost.time_s * 1e6
+            factor = busbw_factor(table.op, table.world)
+            points.append({
+                "family": run["family"], "file": run["file"], "url": run["url"],
+                "hardware": run["hardware"], "library": run["library"],
+                "launch": run["launch"], "scored": run["scored"], "op": table.op,
+                "world": table.world, "bytes": row.size, "published_us": measured,
+                "predicted_us": round(predicted, 3), "ratio": round(predicted / measured, 4),
+                "published_busbw": round(row.size / measured / 1e3 * factor, 3),
+                "predicted_busbw": round(row.size / predicted / 1e3 * factor, 3),
+                "algorithm": cost.algorithm, "protocol": cost.protocol,
+            })
+    return points
+
+
+def geo_error(ratios: list[float]) -> float | None:
+    """Geometric mean of max(r, 1/r), minus one: 0.2 means "off by 20% on average"."""
+    if not ratios:
+        return None
+    return math.exp(sum(abs(math.log(r)) for r in ratios) / len(ratios)) - 1
+
+
+def summarise(points: list[dict]) -> list[dict]:
+    """Per family: small-message time error and large-message bus-bandwidth error."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for p in points:
+        if p["scored"]:
+            groups[p["family"]].append(p)
+    rows = []
+    for family, members in groups.items():
+        small = [p["ratio"] for p in members if SMALL[0] <= p["bytes"] <= SMALL[1]]
+        large = [p["published_busbw"] / p["predicted_busbw"] for p in members
+                 if p["bytes"] >= LARGE]
+        rows.append({"family": family, "points": len(members),
+                     "small_points": len(small), "small_geo_error": geo_error(small),
+                     "small_worst": max((max(r, 1 / r) - 1 for r in small), default=None),
+                     "large_points": len(large), "large_busbw_geo_error": geo_error(large),
+                     "all_geo_error": geo_error([p["ratio"] for p in members])})
+    return rows
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def markdown(points: list[dict], summary: list[dict]) -> str:
+    lines = ["# Collective cost model vs published nccl-tests / rccl-tests", "",
+             "Scored runs only; error = geometric mean of max(pred/pub, pub/pred) − 1.", "",
+             "| family | points | small (8 B–64 KB) time error | worst small | "
+             "large (≥128 MB) busbw error | all sizes |", "|---|---|---|---|---|---|"]
+    for s in summary:
+        lines.append(f"| {s['family']} | {s['points']} | {_pct(s['small_geo_error'])} | "
+                     f"{_pct(s['small_worst'])} | {_pct(s['large_busbw_geo_error'])} | "
+                     f"{_pct(s['all_geo_error'])} |")
+    lines += ["", "## Every point", "",
+              "| run | scored | bytes | published µs | predicted µs | ratio | algorithm |",
+              "|---|---|---|---|---|---|---|"]
+    for p in points:
+        lines.append(f"| {p['file']} | {'yes' if p['scored'] else 'no'} | {p['bytes']} | "
+                     f"{p['published_us']:g} | {p['predicted_us']:g} | {p['ratio']:.2f} | "
+                     f"{p['algorithm']}/{p['protocol']} |")
+    lines += ["", "## Runs and sources", ""]
+    for run in json.loads(SOURCES.read_text())["runs"]:
+        note = "" if run["scored"] else f" Not scored: {run['why_not_scored']}."
+        lines.append(f"- `{run['file']}`: {run['hardware']}; {run['library']}; "
+                     f"{run['launch']}. <{run['url']}>.{note}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    points = score_points()
+    summary = summarise(points)
+    OUT.mkdir(exist_ok=True)
+    atomic.write_text(OUT / "fidelity.json", json.dumps(
+        {"summary": summary, "points": points}, indent=2, allow_nan=False) + "\n")
+    text = markdown(points, summary)
+    atomic.write_text(OUT / "fidelity.md", text)
+    sys.stdout.write(text.split("## Every point")[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The collective cost model: NCCL's own formulas, its choices, and its fidelity.
+
+Expected values here are worked by hand from NCCL 2.30.7's tuning tables (named in each
+test), not printed by the code under test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treeattn.sim import SimError
+from treeattn.sim.collectives import (
+    OPS,
+    GroupShape,
+    busbw_factor,
+    candidates,
+    collective_cost,
+    p2p_cost,
+)
+from treeattn.topo import Topology
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def dgx():
+    return GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+
+
+@pytest.fixture(scope="module")
+def dgx2():
+    return GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+
+
+def test_dgx_h100_shape_is_what_nccl_reports(dgx):
+    # 18 NVLinks x 20.6 GB/s = 370.8 GB/s; 12 search channels at 30 GB/s (NCCL's logs).
+    assert (dgx.nnodes, dgx.ppn, dgx.intra, dgx.nvswitch) == (1, 8, "nvlink", True)
+    assert (dgx.channels, dgx.intra_speed) == (12, 30)
+    assert dgx.p2p_intra_GBps == pytest.approx(370.8)
+
+
+def test_small_all_reduce_on_one_dgx_is_ring_ll(dgx):
+    # ring LL: baseLat 6.6 + 2*(8-1) hops * 0.6 us = 15.0 us; tree LL: 6.8 + 2*7*0.6 = 15.2.
+    best = collective_cost("all_reduce", 8, dgx)
+    assert (best.algorithm, best.protocol) == ("ring", "LL")
+    assert best.latency_s == pytest.approx(15.0e-6)
+    tree = collective_cost("all_reduce", 8, dgx, algorithm="tree", protocol="LL")
+    assert tree.latency_s == pytest.approx(15.2e-6)
+
+
+def test_large_all_reduce_on_one_dgx_is_nvls(dgx):
+    # NVLS: 8 channels x (40 GB/s x 0.85 x 7/8 x 2) = 476 GB/s bus; algbw = bus x 8/14.
+    best = collective_cost("all_reduce", 4 << 30, dgx)
+    assert best.algorithm == "nvls" and best.protocol == "Simple"
+    assert best.bandwidth_Bps == pytest.approx(476e9 * 8 / 14)
+
+
+def test_two_nodes_small_all_reduce_is_tree_ll(dgx2):
+    # tree LL: 6.8 + 2 * ((8-1) * 0.6 + log2(2) * 5.0) = 25.2 us.
+    best = collective_cost("all_reduce", 16, dgx2)
+    assert (best.algorithm, best.protocol) == ("tree", "LL")
+    assert best.latency_s == pytest.approx(25.2e-6)
+
+
+def test_ring_only_ops_and_simple_only_algorithms(dgx, dgx2):
+    assert {c.algorithm for c in candidates("broadcast", 1024, dgx)} == {"ring"}
+    assert {c.algorithm for c in candidates("all_gather", 1024, dgx)} == {"ring", "nvls"}
+    for cost in candidates("all_reduce", 1 << 20, dgx2):
+        if cost.algorithm in ("nvls", "nvls_tree"):
+            assert cost.protocol == "Simple"
+    assert "pat" not in {c.algorithm for c in candidates("all_gather", 1024, dgx2)}
+
+
+def test_pcie_box_has_no_ll128_and_no_nvls():
+    shape = GroupShape.of(Topology.from_spec("pcie-4090:gpus=4"), range(4))
+    assert shape.intra == "pci"
+    kinds = {(c.algorithm, c.protocol) for c in candidates("all_reduce", 4096, shape)}
+    assert not any(p == "LL128" for _, p in kinds) and ("nvls", "Simple") not in kinds
+
+
+def test_rccl_on_mi300x_uses_its_own_tables():
+    shape = GroupShape.of(Topology.from_spec("mi300x"), range(8))
+    # RCCL: base 12.0 + 14 xGMI hops * 0.8 us = 23.2 us; LL128 off.
+    best = collective_cost("all_reduce", 8, shape)
+    assert best.latency_s == pytest.approx(23.2e-6)
+    assert all(c.protocol != "LL128" for c in candidates("all_reduce", 1 << 20, shape))
+
+
+def test_p2p_is_not_priced_as_a_collective(dgx):
+    # one ring hop, LL: 6.6 + 0.6 = 7.2 us (not the 15 us of an 8-rank all-reduce).
+    assert p2p_cost(8, dgx).latency_s == pytest.approx(7.2e-6)
+    assert collective_cost("sendrecv", 8, dgx).time_s < collective_cost("all_reduce", 8,
+                                                                         dgx).time_s
+
+
+def test_busbw_factors_match_nccl_tests():
+    assert busbw_factor("all_reduce", 8) == pytest.approx(14 / 8)
+    assert busbw_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert busbw_factor("broadcast", 8) == 1.0
+
+
+@pytest.mark.parametrize("op,size", [("gather", 8), ("all_reduce", 0), ("all_reduce", -4)])
+def test_bad_input_is_a_sim_error(dgx, op, size):
+    with pytest.raises(SimError):
+        collective_cost(op, size, dgx)
+
+
+@settings(max_examples=60, deadline=None)
+@given(op=st.sampled_from(OPS), a=st.integers(1, 1 << 34), b=st.integers(1, 1 << 34),
+       spec=st.sampled_from(["dgx-h100", "dgx-h100:nodes=2", "mi300x", "pcie-4090:gpus=8"]))
+def test_best_time_is_monotone_in_size(op, a, b, spec):
+    topo = _topology(spec)
+    shape = GroupShape.of(topo, range(topo.num_gpus))
+    small, large = sorted((a, b))
+    t_small = collective_cost(op, small, shape).time_s
+    t_large = collective_cost(op, large, shape).time_s
+    assert 0 < t_small <= t_large * (1 + 1e-9)
+    assert math.isfinite(t_large)
+
+
+_TOPOLOGIES: dict[str, Topology] = {}
+
+
+def _topology(spec: str) -> Topology:
+    if spec not in _TOPOLOGIES:
+        _TOPOLOGIES[spec] = Topology.from_spec(spec)
+    return _TOPOLOGIES[spec]
+
+
+def _fidelity():
+    spec = importlib.util.spec_from_file_location("fidelity", ROOT / "benchmarks" / "fidelity.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fidelity_against_published_measurements():
+    """Bounds, and why:
+
+    * H100 on 1 and on 2-4 nodes: the issue's targets (±30% small-message time, ±25% large
+      bus bandwidth), met with constants read from NCCL's source, nothing fitted.
+    * MI300X on one node: RCCL's tables price 8-512 B within 42% and large sizes within 7%,
+      but from 1 KiB the published run drops to ~14 us, a fast path RCCL's tuning model does
+      not describe; 60% bounds the small-message error so that a regression still fails.
+    """
+    fidelity = _fidelity()
+    summary = {s["family"]: s for s in fidelity.summarise(fidelity.score_points())}
+    assert summary["H100 2-4 nodes"]["small_geo_error"] <= 0.30
+    assert summary["H100 2-4 nodes"]["large_busbw_geo_error"] <= 0.25
+    assert summary["H100 1 node"]["large_busbw_geo_error"] <= 0.25
+    assert summary["MI300X 1 node"]["small_geo_error"] <= 0.60
+    assert summary["MI300X 1 node"]["large_busbw_geo_error"] <= 0.25
+
+
+def test_comm_cli_prints_nccl_tests_rows(capsys):
+    import json
+
+    from treeattn.cli import main
+
+    assert main(["comm", "--topology", "dgx-h100", "--op", "all_reduce", "--min-bytes", "1M",
+                 "--max-bytes", "4M", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["bytes"] for r in rows] == [1 << 20, 2 << 20, 4 << 20]
+    assert set(rows[0]) == {"op", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "algorithm",
+                            "protocol"}
+    assert rows[0]["busbw_gbps"] == pytest.approx(rows[0]["algbw_gbps"] * 14 / 8, rel=1e-2)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--op", "gather"], "invalid choice"),
+    (["--op", "all_reduce", "--min-bytes", "0"], "at least 1"),
+    (["--op", "all_reduce", "--min-bytes", "1G", "--max-bytes", "8"], "above --max-bytes"),
+    (["--op", "all_reduce", "--max-bytes", "-5"], "not a size"),
+])
+def test_comm_cli_bad_input(capsys, argv, needle):
+    from treeattn.cli import main
+
+    try:
+        code = main(["comm", "--topology", "dgx-h100", *argv])
+    except SystemExit as exc:  # argparse's own usage errors leave through SystemExit
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_comm_cli_refuses_a_topology_without_gpus(capsys):
+    from treeattn.cli import main
+
+    assert main(["comm", "--topology", "local:ranks=2", "--op", "all_reduce"]) == 2
+    assert "error:" in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""`treeattn comm`: a predicted nccl-tests run, to compare line by line with your own.
+
+    treeattn comm --topology dgx-h100:nodes=2 --op all_reduce --min-bytes 8 --max-bytes 1G
+
+prints, for each size from ``--min-bytes`` to ``--max-bytes`` (doubling, like nccl-tests'
+``-f 2``), the predicted time (µs), algorithm and bus bandwidth (GB/s, with nccl-tests'
+busbw factor), and the algorithm and protocol NCCL (or RCCL) would choose. The group is
+every GPU of the topology, in rank order, as ``mpirun -np N`` of an nccl-tests binary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from treeattn.errors import UserError
+from treeattn.sim.collectives import OPS, GroupShape, busbw_factor, collective_cost
+
+SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_BYTES = 1 << 44  # 16 TiB: far past any real buffer, small enough to stay exact
+
+
+def parse_bytes(text: str) -> int:
+    """``"8"``, ``"64K"``, ``"1G"`` (binary multiples, nccl-tests' ``-b``/``-e`` syntax).
+
+    >>> parse_bytes("8"), parse_bytes("64k"), parse_bytes("1G")
+    (8, 65536, 1073741824)
+    """
+    match = re.fullmatch(r"\s*(\d{1,16})\s*([kKmMgGtTbB]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 8, 64K, 1G)")
+    value = int(match.group(1)) * SIZE_SUFFIX[match.group(2).upper()]
+    if value > MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"size {text!r} is larger than {MAX_BYTES} bytes")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("comm", help="predicted nccl-tests table for one collective")
+    parser.add_argument("--topology", required=True, help="topology spec or file")
+    parser.add_argument("--op", required=True, choices=OPS, help="collective to price")
+    parser.add_argument("--min-bytes", type=parse_bytes, default=8, help="first size (8)")
+    parser.add_argument("--max-bytes", type=parse_bytes, default=1 << 30, help="last size (1G)")
+    parser.add_argument("--json", action="store_true", help="print JSON rows instead")
+    parser.set_defaults(func=handle)
+
+
+def comm_rows(topology, op: str, min_bytes: int, max_bytes: int) -> list[dict]:
+    """One row per doubling size, with the keys the issue's JSON contract names."""
+    if min_bytes < 1:
+        raise UserError(f"--min-bytes must be at least 1, got {min_bytes}")
+    if min_bytes > max_bytes:
+        raise UserError(f"--min-bytes ({min_bytes}) is above --max-bytes ({max_bytes})")
+    if topology.num_gpus < 2:
+        raise UserError(f"topology {topology.name!r} has {topology.num_gpus} GPU(s); "
+                        "a collective needs at least 2")
+    shape = GroupShape.of(topology, range(topology.num_gpus))
+    factor = busbw_factor(op, shape.nranks)
+    rows, size = [], min_bytes
+    while size <= max_bytes:
+        cost = collective_cost(op, size, shape)
+        algbw = size / cost.time_s / 1e9
+        rows.append({"op": op, "bytes": size, "time_us": round(cost.time_s * 1e6, 3),
+                     "algbw_gbps": round(algbw, 3), "busbw_gbps": round(algbw * factor, 3),
+                     "algorithm": cost.algorithm, "protocol": cost.protocol})
+        size *= 2
+    return rows
+
+
+def handle(args: argparse.Namespace) -> int:
+    from treeattn.topo import Topology
+
+    topology = Topology.load(args.topology)
+    rows = comm_rows(topology, args.op, args.min_bytes, args.max_bytes)
+    if args.json:
+        sys.stdout.write(json.dumps(rows, indent=2, allow_nan=False) + "\n")
+        return 0
+    table = Table(title=f"predicted {args.op} on {topology.name} ({topology.num_gpus} ranks)")
+    for name in ("size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "algorithm",
+                 "protocol"):
+        table.add_column(name, justify="right" if "(" in name else "left")
+    for r in rows:
+        table.add_row(str(r["bytes"]), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.2f}",
+                      f"{r['busbw_gbps']:.2f}", r["algorithm"], r["protocol"])
+    Console().print(table)
+    return 0

@@ -1,0 +1,414 @@
+"""What one collective (or one send/recv) costs, priced the way NCCL and RCCL price it.
+
+Decode merges move kilobytes, so their cost is almost all latency, and latency is where a
+collective and a chain of point-to-point sends differ most. This module follows the
+libraries' own tuning model (constants in :mod:`treeattn.sim.nccl_tables`, with sources):
+
+1. **Describe the group** as NCCL's search sees it (:class:`GroupShape`): ranks, nodes, GPUs
+   per node, the link class inside a node (NVLink/xGMI or PCIe), NVSwitch or not, and the
+   per-channel bandwidth its topology search would settle on. All of it is read off the
+   topology graph.
+2. **Enumerate** every (algorithm, protocol) pair the library would consider for the op:
+   ring, tree, NVLS and NVLS-tree (NVSwitch, Hopper and newer), PAT (one GPU per node), each
+   with LL, LL128 and Simple where allowed.
+3. **Price each**: ``time = latency + bytes / bandwidth``. Latency is a base per
+   (algorithm, protocol) plus a per-hop latency per link class times the hops the algorithm
+   makes; bandwidth is channels × per-channel speed, scaled per protocol and converted from
+   bus to algorithm bandwidth.
+4. **Pick the fastest**, as NCCL does (RCCL then forces LL or Simple by size on MI300X).
+
+``nbytes`` means what nccl-tests' ``size`` column means: the whole buffer of an all-reduce or
+broadcast, the whole gathered (scattered) buffer of an all-gather (reduce-scatter), the whole
+send buffer of an all-to-all, and one message of a send/recv.
+
+NCCL has no table for send/recv or all-to-all (it runs them as p2p transfers). We price a
+p2p message as one ring hop of that protocol: ``baseLat[ring] + hwLat[class][ring]``, at the
+pair's link bandwidth (halved for LL, whose flags take half of each line). That is our own
+analogy, stated as such in the fidelity report.
+
+>>> from treeattn.topo import Topology
+>>> shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+>>> best = collective_cost("all_reduce", 8, shape)
+>>> best.algorithm, best.protocol, round(best.time_s * 1e6, 1)
+('ring', 'LL', 15.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from treeattn.sim import nccl_tables as T
+from treeattn.sim.errors import SimError
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
+
+
+def busbw_factor(op: str, nranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor: busbw = algbw × factor (doc/PERFORMANCE.md)."""
+    n = nranks
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """A communicator as the tuning model sees it. Bandwidths in GB/s, as in NCCL."""
+
+    nranks: int
+    nnodes: int
+    ppn: int  # GPUs of the group per node (the largest host's share)
+    family: str  # "nvidia" or "amd"
+    arch: str  # key of nccl_tables.ARCH_OF_MODEL's values
+    intra: str  # "nvlink" (NVLink/xGMI) or "pci"
+    nvswitch: bool
+    channels: int  # search channels
+    intra_speed: float  # GB/s per channel inside a node
+    inter_speed: float  # GB/s per channel across nodes (0 on one node)
+    p2p_intra_GBps: float  # one GPU's bandwidth to a peer of its node
+    p2p_inter_GBps: float  # one GPU's network bandwidth
+
+    @classmethod
+    def of(cls, topology, ranks: Iterable[int]) -> GroupShape:
+        """Read the group's shape off ``topology`` (ranks in the topology's rank order)."""
+        from treeattn.topo.hardware import gpu_links, normalize_model
+
+        gpus = [topology.gpu(r) for r in ranks]
+        if not gpus:
+            raise SimError("a collective needs at least one rank")
+        model = normalize_model(topology.gpu_model(gpus[0]))
+        arch = T.ARCH_OF_MODEL.get(model)
+        if arch is None:
+            raise SimError(f"no NCCL/RCCL model for {model!r} GPUs (CPU groups use gloo)")
+        family = "amd" if arch.startswith("cdna") else "nvidia"
+        per_host = Counter(topology.host_of(g) for g in gpus)
+        nnodes, ppn = len(per_host), max(per_host.values())
+        host = max(per_host, key=per_host.get)
+        local = [g for g in gpus if topology.host_of(g) == host]
+        intra, nvswitch, channels, speed, p2p_intra = "nvlink", False, 1, 0.0, 0.0
+        if len(local) > 1:
+            edges = topology.route(local[0], local[1])
+            kinds = {topology.edge(u, v)["kind"] for u, v in edges}
+            nvswitch = any(topology.graph.nodes[v].get("kind") == "nvswitch" for _, v in edges)
+            intra = "nvlink" if kinds <= {"nvlink", "xgmi"} else "pci"
+            line = gpu_links(model).link_bandwidth or 1.0
+            links_out = round(topology.link_bandwidth_out(local[0]) / line)
+            channels, speed, p2p_intra = _intra_channels(
+                topology, local, family, arch, intra, nvswitch, links_out)
+        inter_speed, p2p_inter = 0.0, 0.0
+        if nnodes > 1:
+            nic_total = _nic_bandwidth(topology, host) / 1e9
+            p2p_inter = nic_total / max(1, ppn)
+            cap = speed if speed else nic_total
+            inter_speed = _largest_at_most(_speeds(T.NCCL_SPEEDS_INTER, arch),
+                                           min(cap, nic_total / channels))
+        return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
+                   speed, inter_speed, p2p_intra, p2p_inter)
+
+
+def _speeds(table: dict, arch: str) -> tuple[float, ...]:
+    return table["hopper"] if arch in ("hopper", "blackwell") else table["other"]
+
+
+def _largest_at_most(speeds: tuple[float, ...], limit: float) -> float:
+    fitting = [s for s in speeds if s <= limit]
+    return max(fitting) if fitting else min(speeds)
+
+
+def _intra_channels(topology, local, family, arch, intra, nvswitch, links_out):
+    """(search channels, GB/s per channel, GB/s to one peer) inside one node.
+
+    Our reading of NCCL's graph search, per link layout: behind an NVSwitch it settles on 12
+    channels at the fastest search speed that 12 channels fit in the GPU's NVLink total
+    (12 × 30 on a DGX H100, as its logs show); over direct NVLinks or xGMI each link to the
+    next GPU carries a channel at the library's per-link figure; over PCIe it runs 2 channels.
+    """
+    if intra == "nvlink" and family == "amd":
+        peers = min(len(local) - 1, max(1, links_out))
+        per_link = T.RCCL_XGMI_BW.get(arch, 48.0)
+        direct = topology.edge(local[0], local[1]) if topology.graph.has_edge(
+            local[0], local[1]) else {"count": 1}
+        return peers, per_link, per_link * int(direct.get("count", 1))
+    if intra == "nvlink":
+        per_link = T.NCCL_NVLINK_BW.get(arch, 20.0)
+        total = links_out * per_link
+        if nvswitch:
+            nch = T.NCCL_SEARCH_CHANNELS_NVSWITCH
+            return nch, _largest_at_most(_speeds(T.NCCL_SPEEDS_INTRA, arch), total / nch), total
+        count = int(topology.edge(local[0], local[1]).get("count", 1)) if topology.graph.has_edge(
+            local[0], local[1]) else 1
+        return count, per_link, count * per_link
+    path_bw = topology.path_bandwidth(local[0], local[1]) / 1e9
+    return 2, _largest_at_most(_speeds(T.NCCL_SPEEDS_INTRA, arch), path_bw / 2), path_bw
+
+
+def _nic_bandwidth(topology, host: str) -> float:
+    """Bytes/s out of ``host``'s NICs into the network (sum over its rails)."""
+    total = 0.0
+    for node, data in topology.graph.nodes(data=True):
+        if data.get("kind") == "nic" and data.get("host") == host:
+            total += max((d["bandwidth"] for _, _, d in topology.graph.out_edges(node, data=True)
+                          if d.get("kind") == "ib"), default=0.0)
+    if total <= 0:
+        raise SimError(f"host {host}: no network interface to price a multi-node collective")
+    return total
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """One priced way of running ``op`` on ``nbytes``; times in seconds, bandwidth B/s."""
+
+    op: str
+    nbytes: int
+    algorithm: str
+    protocol: str
+    latency_s: float
+    bandwidth_Bps: float  # algorithm bandwidth
+    time_s: float
+
+    @property
+    def algbw_GBps(self) -> float:
+        return self.nbytes / self.time_s / 1e9 if self.time_s > 0 else 0.0
+
+
+def _log_size(nbytes: int) -> int:
+    return (nbytes >> 6).bit_length() - 1  # log2i(bytes / 64); -1 below 64 B
+
+
+def _col(shape: GroupShape) -> int:
+    return min(shape.nnodes, 3) - 1  # 1 node, 2 nodes, more
+
+
+def _arch_row(table: dict, arch: str) -> tuple:
+    return table.get(arch) or table.get(arch.split("-")[0]) or table["ampere"]
+
+
+def _nvidia_latency_us(op: str, algo: str, p: int, s: GroupShape) -> float:
+    base = T.NCCL_BASE_LAT[algo][p]
+    intra = T.NCCL_HW_LAT[s.intra][algo][p]
+    inter_algo = "tree" if s.ppn == 1 and algo in ("tree", "ring") else algo
+    inter = T.NCCL_HW_LAT["net"][inter_algo][p]
+    log_nodes = int(math.log2(s.nnodes))
+    if algo == "ring":
+        if s.nnodes > 1:  # the proxy's network overhead hides the NVLink hop
+            intra = max(intra, T.NCCL_NET_OVERHEAD_US * (3 if p == 2 else 1))
+        if op == "broadcast":
+            return base + intra  # channels identical: one hop, then pipelined
+        steps = 2 * (s.nranks - 1) if op == "all_reduce" else s.nranks - 1
+        inter_steps = 0 if s.nnodes == 1 else (2 if op == "all_reduce" else 1) * (s.nnodes - 1)
+        return base + (steps - inter_steps) * intra + inter_steps * inter
+    if algo == "tree":
+        return base + 2 * ((s.ppn - 1) * intra + log_nodes * inter)
+    if algo == "nvls":
+        return intra + (inter if s.nnodes > 1 else 0.0)
+    if algo == "nvls_tree":
+        return intra + 2 * log_nodes * inter
+    return base + log_nodes * inter / 3.5 + s.nranks * 2.8  # pat
+
+
+def _nvidia_bus_bw(op: str, algo: str, p: int, s: GroupShape) -> float:
+    col = _col(s)
+    nch = s.channels
+    per_channel = s.intra_speed if s.nnodes <= 2 else s.inter_speed
+    bus = nch * per_channel
+    ll_max = (_arch_row(T.NCCL_LL_MAX_BW, s.arch)[0] if s.nnodes == 1
+              else T.NCCL_LL_MAX_BW_MULTINODE_INTEL[col])
+    if algo == "ring":
+        if p == 0:
+            return min(ll_max, 0.5 * bus)
+        if p == 1:
+            return min(0.92 * bus, nch * _arch_row(T.NCCL_PER_CH_RING_LL128, s.arch)[col])
+        return bus
+    if algo == "tree":
+        bus = min(0.92 * bus, nch * _arch_row(T.NCCL_PER_CH_TREE, s.arch)[col])
+        if p == 0:
+            return min(bus / 3.8, ll_max)
+        if p == 1:
+            factor = 7 / 9 if s.nnodes == 1 else 120 / 128
+            return min(bus * factor, nch * _arch_row(T.NCCL_PER_CH_TREE_LL128, s.arch)[col])
+        return bus
+    if algo in ("nvls", "nvls_tree"):
+        nvls_ch, intra_speed, inter_speed = T.NCCL_NVLS_GRAPH
+        eff = T.NCCL_NVLS_EFFICIENCY[s.arch]
+        intra_bw = intra_speed * eff * (nvls_ch - 1) / nvls_ch
+        intra_bw *= 2 if op == "all_reduce" else (s.ppn - 1) / s.ppn
+        bw = intra_bw
+        if s.nnodes > 1:
+            inter_bw = min(inter_speed, s.inter_speed * 2) * (
+                2 if algo == "nvls_tree" and s.nnodes <= 2 else 1)
+            bw = min(bw, inter_bw)
+        if algo == "nvls_tree":
+            bw = min(bw, T.NCCL_PER_CH_NVLS_TREE[s.arch][col])
+        return nvls_ch * bw
+    return 0.75 * bus  # pat
+
+
+def _nvidia_options(op: str, s: GroupShape) -> list[tuple[str, int]]:
+    nvls_ok = s.nvswitch and s.arch in ("hopper", "blackwell") and s.ppn > 1
+    algos: list[str] = ["ring"]
+    if op == "all_reduce":
+        algos.append("tree")
+        if nvls_ok:
+            algos.append("nvls" if s.nnodes == 1 else "nvls_tree")
+    elif op in ("all_gather", "reduce_scatter"):
+        if nvls_ok and s.nnodes == 1:
+            algos.append("nvls")
+        if s.ppn == 1 and s.nnodes > 1:
+            algos.append("pat")
+    ll128 = s.intra == "nvlink"  # LL128 needs NVLink-class paths inside the node
+    options = []
+    for algo in algos:
+        for p in range(3):
+            simple_only = algo in ("nvls", "nvls_tree", "pat")
+            if (simple_only and p != 2) or (p == 1 and not ll128):
+                continue
+            options.append((algo, p))
+    return options
+
+
+def _nvidia_costs(op: str, nbytes: int, s: GroupShape) -> list[CollectiveCost]:
+    costs = []
+    for algo, p in _nvidia_options(op, s):
+        latency = _nvidia_latency_us(op, algo, p, s)
+        bus = _nvidia_bus_bw(op, algo, p, s)
+        log_size = _log_size(nbytes)
+        if algo == "tree" and 0 <= log_size < len(T.NCCL_TREE_CORRECTION["LL"]):
+            bus *= T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]][log_size]
+        if (algo == "ring" and p == 2 and op == "all_reduce" and s.nnodes > 1
+                and nbytes / (2 * s.channels * s.nranks) >= 64):
+            latency *= T.NCCL_RING_SIMPLE_PLATEAU
+        costs.append(_priced(op, nbytes, algo, p, latency, bus * _bus_to_alg(op, algo, s)))
+    return costs
+
+
+def _bus_to_alg(op: str, algo: str, s: GroupShape) -> float:
+    n = s.nranks
+    if op in ("all_gather", "reduce_scatter") and algo != "ring":
+        return 1.0  # NVLS and PAT report bus bandwidth as is
+    if algo == "tree":
+        return 0.5
+    if op == "all_reduce":
+        return n / (2 * (n - 1))
+    if op in ("all_gather", "reduce_scatter"):
+        return n / (n - 1)
+    return 1.0
+
+
+def _amd_costs(op: str, nbytes: int, s: GroupShape) -> list[CollectiveCost]:
+    algos = ["ring"] + (["tree"] if op == "all_reduce" else [])
+    row = 0 if s.nnodes <= 2 else 1
+    per_channel = s.intra_speed if s.nnodes <= 2 else s.inter_speed
+    log_size = min(max(_log_size(nbytes), 0), 26)
+    costs = []
+    for algo in algos:
+        for p in (0, 2):  # RCCL leaves LL128 off on MI300X unless forced
+            if algo == "tree" and p == 2 and s.nnodes == 1:
+                continue  # RCCL skips tree Simple on one gfx942 node
+            base = T.RCCL_BASE_LAT[algo][p]
+            intra = T.RCCL_HW_LAT[s.intra][algo][p]
+            inter = T.RCCL_HW_LAT["net"][algo][p]
+            if algo == "ring":
+                steps = 2 * (s.nranks - 1) if op == "all_reduce" else s.nranks - 1
+                if op == "broadcast":
+                    steps = 1
+                inter_steps = 0 if s.nnodes == 1 else (2 if op == "all_reduce" else 1) * (
+                    s.nnodes - 1)
+                latency = base + (steps - inter_steps) * intra + inter_steps * inter
+            else:
+                latency = base + 2 * ((s.ppn - 1) * intra + int(math.log2(s.nnodes)) * inter)
+            bus = s.channels * per_channel * T.RCCL_BW_RATIO[algo][row][p]
+            proto = T.PROTOCOLS[p]
+            if algo == "tree":
+                bus *= T.RCCL_TREE_CORRECTION[proto][log_size]
+            elif s.nnodes > 1:
+                bus *= T.RCCL_RING_CORRECTION[proto][log_size]
+            costs.append(_priced(op, nbytes, algo, p, latency, bus * _bus_to_alg(op, algo, s)))
+    forced = _rccl_forced_protocol(op, nbytes, s)
+    if forced is not None:
+        costs = [c for c in costs if c.protocol == forced] or costs
+    return costs
+
+
+def _rccl_forced_protocol(op: str, nbytes: int, s: GroupShape) -> str | None:
+    """RCCL's post-model protocol choice on MI300X (rccl_wrap.cc): LL up to a per-rank size."""
+    per_rank = nbytes / s.nranks if op in ("all_gather", "reduce_scatter") else nbytes
+    if s.nnodes > 1 and op in T.RCCL_LL_MAX_PER_RANK_MULTINODE:
+        return "LL" if per_rank <= T.RCCL_LL_MAX_PER_RANK_MULTINODE[op] else "Simple"
+    if s.nnodes == 1 and op == "reduce_scatter" and per_rank <= T.RCCL_LL_MAX_PER_RANK_RS_ONE_NODE:
+        return "LL"
+    return None
+
+
+def _priced(op, nbytes, algo, p, latency_us, alg_bw_GBps) -> CollectiveCost:
+    time_us = latency_us + (nbytes / (1000.0 * alg_bw_GBps) if nbytes else 0.0)
+    return CollectiveCost(op, int(nbytes), algo, T.PROTOCOLS[p], latency_us * 1e-6,
+                          alg_bw_GBps * 1e9, time_us * 1e-6)
+
+
+def p2p_cost(nbytes: int, s: GroupShape, *, across_nodes: bool | None = None,
+             op: str = "sendrecv") -> CollectiveCost:
+    """One send/recv of ``nbytes`` between two ranks of ``s`` (see the module docstring)."""
+    net = s.nnodes > 1 if across_nodes is None else across_nodes
+    hw = "net" if net else s.intra
+    bw = s.p2p_inter_GBps if net else s.p2p_intra_GBps
+    p = 0 if nbytes <= T.NCCL_P2P_LL_THRESHOLD * T.NCCL_P2P_CHANNELS else 2
+    if s.family == "amd":
+        latency = T.RCCL_BASE_LAT["ring"][p] + T.RCCL_HW_LAT[hw]["ring"][p]
+    else:
+        latency = T.NCCL_BASE_LAT["ring"][p] + T.NCCL_HW_LAT[hw]["ring"][p]
+    return _priced(op, nbytes, "p2p", p, latency, bw * (0.5 if p == 0 else 1.0))
+
+
+def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
+    """n−1 concurrent p2p transfers of nbytes/n each: the slowest class's latency, and each
+    class's share of the bytes over that class's bandwidth."""
+    per_peer = nbytes // max(1, s.nranks)
+    local = p2p_cost(per_peer, s, across_nodes=False, op="all_to_all")
+    parts = [(local, (s.ppn - 1) * per_peer, s.p2p_intra_GBps)]
+    if s.nnodes > 1:
+        remote = p2p_cost(per_peer, s, across_nodes=True, op="all_to_all")
+        parts.append((remote, (s.nranks - s.ppn) * per_peer, s.p2p_inter_GBps))
+    latency = max(c.latency_s for c, _, _ in parts)
+    wire = max(b / (gbps * 1e9 * (0.5 if c.protocol == "LL" else 1.0)) if b else 0.0
+               for c, b, gbps in parts)
+    bandwidth = nbytes / wire if wire else math.inf
+    return CollectiveCost("all_to_all", int(nbytes), "p2p", parts[-1][0].protocol, latency,
+                          bandwidth, latency + wire)
+
+
+def candidates(op: str, nbytes: int, shape: GroupShape) -> list[CollectiveCost]:
+    """Every (algorithm, protocol) the library would consider for ``op``, priced."""
+    check_op(op, nbytes)
+    if shape.nranks == 1:
+        return [CollectiveCost(op, int(nbytes), "local", "none", 0.0, math.inf, 0.0)]
+    if op == "sendrecv":
+        return [p2p_cost(nbytes, shape)]
+    if op == "all_to_all":
+        return [_all_to_all(nbytes, shape)]
+    if shape.family == "amd":
+        return _amd_costs(op, nbytes, shape)
+    return _nvidia_costs(op, nbytes, shape)
+
+
+def collective_cost(op: str, nbytes: int, shape: GroupShape, *, algorithm: str | None = None,
+                    protocol: str | None = None) -> CollectiveCost:
+    """The fastest priced way to run ``op`` (optionally forcing an algorithm or protocol)."""
+    options = [c for c in candidates(op, nbytes, shape)
+               if (algorithm is None or c.algorithm == algorithm)
+               and (protocol is None or c.protocol == protocol)]
+    if not options:
+        raise SimError(f"{op}: no {algorithm or ''} {protocol or ''} variant on this group")
+    return min(options, key=lambda c: c.time_s)
+
+
+def check_op(op: str, nbytes: int) -> None:
+    """Raise :class:`SimError` for an unknown op or a size below one byte."""
+    if op not in OPS:
+        raise SimError(f"unknown op {op!r} (known: {', '.join(OPS)})")
+    if not isinstance(nbytes, int) or nbytes < 1:
+        raise SimError(f"message size must be a positive number of bytes, got {nbytes!r}")

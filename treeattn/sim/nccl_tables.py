@@ -1,0 +1,131 @@
+"""The constants of NCCL's and RCCL's collective tuning model, each with its source.
+
+Nothing here is fitted to a measurement: every figure is read from the libraries' public
+source, so the fidelity report (``benchmarks/fidelity.py``) is a real test of the model.
+Calibration against a user's own nccl-tests output is a separate, explicit step.
+
+Sources
+-------
+========  =============================================================================
+key       where the figures come from
+========  =============================================================================
+NCCL      NVIDIA/nccl 2.30.7 (commit 5067397c), ``src/graph/tuning.cc``:
+          ``baseLat``, ``hwLat``, ``llMaxBws``, ``perChMaxRingLL128Bws``,
+          ``perChMaxTreeLL128Bws``, ``perChMaxTreeBws``, ``perChMaxNVLSTreeBws``,
+          ``treeCorrectionFactor``, ``nvlsEfficiency``; ``src/graph/search.cc``: the
+          per-channel search speeds; ``src/graph/topo.h``: NCCL's NVLink bandwidth per
+          link (``SM80_NVLINK_BW`` 20, ``SM86`` 12, ``SM90`` 20.6, ``SM100`` 40.1 GB/s).
+NCCL-p2p  ``src/enqueue.cc``: send/recv use LL up to ``NCCL_P2P_LL_THRESHOLD`` (16 KiB
+          per channel), Simple above; NCCL keeps no latency table for p2p.
+RCCL      ROCm/rocm-systems ``projects/rccl/src/graph/tuning.cc`` (commit 03a89144):
+          RCCL's own ``baseLat`` and ``tuning_model_5`` (gfx942, MI300X) hardware
+          latencies, bandwidth ratios and correction factors; ``rccl_wrap.cc``: the
+          per-rank LL size limits applied after the model; ``topo.h``:
+          ``GFX94X_XGMI_WIDTH`` 48 GB/s, MI200 36 GB/s.
+logs      Channel counts NCCL's search reports on a DGX H100 (ring/tree ``nChannels 12,
+          bw 30``, NVLS ``nChannels 8, bw 40/60``) in NVIDIA/nccl issues #1197 and #1410.
+========  =============================================================================
+
+Units: latencies in µs and bandwidths in GB/s (1e9 B/s), as in the sources; the model in
+:mod:`treeattn.sim.collectives` converts to seconds and bytes.
+"""
+
+from __future__ import annotations
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree", "pat")
+HW_CLASSES = ("nvlink", "pci", "net")
+
+# --- NVIDIA (NCCL 2.30.7) -----------------------------------------------------------------
+# baseLat[algorithm][protocol], µs. NVLS and NVLS-tree have no base: their hop latency is the
+# whole cost.
+NCCL_BASE_LAT = {
+    "tree": (6.8, 14.0, 8.4),
+    "ring": (6.6, 14.0, 8.4),
+    "nvls": (0.0, 0.0, 0.0),
+    "nvls_tree": (0.0, 0.0, 0.0),
+    "pat": (8.0, 8.0, 8.0),
+}
+# hwLat[hw class][algorithm][protocol], µs per hop.
+NCCL_HW_LAT = {
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25.0),
+               "nvls_tree": (0, 0, 25.0), "pat": (0, 0, 4.0)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0, 0, 0.0),
+            "nvls_tree": (0, 0, 0.0), "pat": (0, 0, 4.0)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18.0),
+            "nvls_tree": (0, 0, 20.9), "pat": (0, 0, 14.0)},
+}
+# Per-architecture caps, columns = (1 node, 2 nodes, more). llMaxBws rows are indexed by the
+# architecture on one node and by the host CPU on several (Intel: the first row).
+NCCL_LL_MAX_BW = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0),
+                  "hopper": (141.0, 45.0, 35.0), "blackwell": (282.0, 90.0, 70.0)}
+NCCL_LL_MAX_BW_MULTINODE_INTEL = (39.0, 39.0, 20.4)
+NCCL_PER_CH_RING_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3,
+                          "hopper": (36.7,) * 3, "blackwell": (40.0,) * 3}
+NCCL_PER_CH_TREE_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3,
+                          "hopper": (36.7, 36.7, 29.0), "blackwell": (55.6, 31.67, 20.0)}
+NCCL_PER_CH_TREE = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8),
+                    "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)}
+NCCL_PER_CH_NVLS_TREE = {"hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0)}
+NCCL_NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
+# treeCorrectionFactor[protocol][log2(bytes / 64)], for all-reduce over a tree.
+NCCL_TREE_CORRECTION = {
+    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1),
+    "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1,
+              1),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
+               .8, .9, .9),
+}
+# Network overhead folded into the intra-node hop of a multi-node ring (Intel hosts), ×3 for
+# Simple; and the multi-node ring Simple all-reduce latency factor beyond 64 B per channel-rank.
+NCCL_NET_OVERHEAD_US = 1.0
+NCCL_RING_SIMPLE_PLATEAU = 1.4
+# Per-channel search speeds, GB/s, tried from high to low (search.cc).
+NCCL_SPEEDS_INTRA = {"hopper": (60, 50, 40, 30, 24, 20, 15, 12, 11, 6, 3),
+                     "other": (40, 30, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3)}
+NCCL_SPEEDS_INTER = {"hopper": (48, 45, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2),
+                     "other": (48, 30, 28, 24, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3, 2.4, 1.2)}
+# NCCL's usable bandwidth per NVLink, GB/s (topo.h); line rate is 25 (NVLink3/4), 50 (NVLink5).
+NCCL_NVLINK_BW = {"volta": 20.0, "ampere": 20.0, "ampere-sm86": 12.0, "hopper": 20.6,
+                  "blackwell": 40.1}
+NCCL_SEARCH_CHANNELS_NVSWITCH = 12  # logs: DGX H100 ring/tree graphs, 12 channels
+NCCL_NVLS_GRAPH = (8, 40.0, 60.0)  # logs: NVLS graph channels, intra and inter GB/s
+NCCL_MAX_SEARCH_CHANNELS = 16  # MAXCHANNELS / 2: search channels are doubled for execution
+NCCL_P2P_LL_THRESHOLD = 16384  # bytes per channel
+NCCL_P2P_CHANNELS = 2  # p2p channels per peer on PCIe (paths.cc); NVLink peers get more
+
+# --- AMD (RCCL, tuning model 5: gfx942 / MI300X) -----------------------------------------
+RCCL_BASE_LAT = {"tree": (12.0, 12.0, 17.0), "ring": (12.0, 12.0, 17.0)}
+RCCL_HW_LAT = {
+    "nvlink": {"tree": (0.9, 0.9, 2.3), "ring": (0.8, 0.8, 2.1)},  # xGMI
+    "pci": {"tree": (2.2, 2.2, 5.7), "ring": (2.2, 2.2, 5.7)},
+    "net": {"tree": (10.5, 10.5, 25.0), "ring": (9.5, 9.5, 320.0)},
+}
+# bwRatio[(≤2 nodes, more)][algorithm][protocol] multiplies the bus bandwidth.
+RCCL_BW_RATIO = {
+    "tree": ((0.06, 0.06, 0.11), (0.06, 0.06, 0.59)),
+    "ring": ((0.08, 0.08, 1.00), (0.08, 0.08, 1.00)),
+}
+# Correction factors by log2(bytes / 64), clamped to 0..26 (64 B .. 4 GiB).
+RCCL_TREE_CORRECTION = {
+    "LL": (.1,) * 6 + (1, 1, 1, 1, 1, .6, 1, .9, 1, 1) + (.1,) * 11,
+    "Simple": (.1,) * 15 + (.7, 1, 1, 1, 1, 1, .7, .7, .5, .6, .6, .6),
+}
+RCCL_RING_CORRECTION = {  # applied on several nodes only
+    "LL": (.1,) * 11 + (1, .2, 1, .4, .4, .1, .2, .2) + (.1,) * 8,
+    "Simple": (.1,) * 22 + (.7, .2, 1, 1, 1),
+}
+# Per-rank byte limits up to which RCCL forces LL after the model (rccl_wrap.cc, gfx942).
+RCCL_LL_MAX_PER_RANK_MULTINODE = {"all_reduce": 524288, "all_gather": 98304,
+                                  "reduce_scatter": 655360, "broadcast": 8192}
+RCCL_LL_MAX_PER_RANK_RS_ONE_NODE = 352128
+RCCL_XGMI_BW = {"cdna3": 48.0, "cdna2": 36.0}  # GB/s per xGMI link as RCCL models it
+
+# --- GPU model -> family and architecture ---------------------------------------------------
+ARCH_OF_MODEL = {
+    "P100": "volta", "V100": "volta", "A100": "ampere", "A800": "ampere",
+    "RTX3090": "ampere-sm86", "A6000": "ampere-sm86", "RTX4090": "ampere-sm86",
+    "H100": "hopper", "H200": "hopper", "H800": "hopper", "B200": "blackwell",
+    "MI300X": "cdna3", "MI308X": "cdna3", "MI300A": "cdna3",
+    "MI250": "cdna2", "MI250X": "cdna2", "MI210": "cdna2",
+}

@@ -1,0 +1,168 @@
+"""Read the text output of nccl-tests and rccl-tests (``all_reduce_perf`` and friends).
+
+Both print a ``#``-commented header (``# nThread 1 nGpus 1 ...``, one ``# Rank ...`` line per
+rank, and for RCCL a version block), a two-line column header, then one row per size::
+
+    size  count  type  redop  root  time algbw busbw #wrong  [time algbw busbw #wrong]
+
+with out-of-place and (usually) in-place columns. Launchers may prefix every line with the
+rank (``0: ...`` from ``srun -l``); ``#wrong`` is ``N/A`` when validation is off. The op is
+named by newer versions (``# Collective test starting: all_gather_perf``), or by the file
+name, or given by the caller: the columns alone cannot tell an all-gather from a sendrecv.
+
+A row with ``#wrong`` > 0 is a broken run, so it is refused rather than calibrated against.
+
+>>> table = parse_nccl_tests('''# nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor)
+... #  Rank  0 Group  0 Pid 1 on a device  0 [0x18] NVIDIA H100 80GB HBM3
+... #  Rank  1 Group  0 Pid 2 on a device  1 [0x19] NVIDIA H100 80GB HBM3
+...            8             2     float     sum      -1    12.50    0.00    0.00      0
+... ''', op="all_reduce")
+>>> table.world, table.rows[0].size, table.rows[0].time_us
+(2, 8, 12.5)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from treeattn.sim.errors import SimError
+
+NCCL_TESTS_OPS = {
+    "all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf",
+    "reduce_scatter": "reduce_scatter_perf", "all_to_all": "alltoall_perf",
+    "sendrecv": "sendrecv_perf", "broadcast": "broadcast_perf",
+}
+MAX_INPUT_BYTES = 8 << 20  # a full 8 B .. 16 GiB sweep is ~10 KB; refuse anything absurd
+_PREFIX = re.compile(r"^\s*\d+:\s?")  # "0: " from srun -l / mpirun --tag-output
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\b.*?\bon\s+(\S+)\s+device\s+(\d+)")
+_THREADS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
+_STARTING = re.compile(r"Collective test starting:\s*(\w+)")
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+
+
+@dataclass(frozen=True)
+class NcclTestsRow:
+    """One size of a run: the out-of-place time (µs) and bus bandwidth (GB/s)."""
+
+    size: int
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    in_place_time_us: float | None = None
+
+
+@dataclass(frozen=True)
+class NcclTestsTable:
+    """A parsed nccl-tests/rccl-tests output."""
+
+    op: str
+    world: int
+    rows: tuple[NcclTestsRow, ...]
+    hosts: int = 1
+    library: str = "nccl"  # "nccl" or "rccl"
+    source: str = ""
+    notes: dict = field(default_factory=dict)
+
+
+def op_from_name(name: str) -> str | None:
+    """The op a file name or ``*_perf`` binary name points to, if any.
+
+    >>> op_from_name("h100_alltoall_perf.txt"), op_from_name("notes.txt")
+    ('all_to_all', None)
+    """
+    lowered = name.lower().replace("-", "_")
+    if "alltoall" in lowered or "all_to_all" in lowered:
+        return "all_to_all"
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "sendrecv", "broadcast"):
+        if op in lowered or op.replace("_", "") in lowered:
+            return op
+    return None
+
+
+def read_nccl_tests(path: str | Path, op: str | None = None) -> NcclTestsTable:
+    """Parse the nccl-tests output in ``path``; ``op`` defaults to what the text or name says."""
+    path = Path(path)
+    if not path.is_file():
+        raise SimError(f"nccl-tests file {str(path)!r}: not a regular file")
+    if path.stat().st_size > MAX_INPUT_BYTES:
+        raise SimError(f"nccl-tests file {str(path)!r}: larger than {MAX_INPUT_BYTES} bytes")
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise SimError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    return parse_nccl_tests(text, op=op, source=str(path), fallback_name=path.name)
+
+
+def parse_nccl_tests(text: str, op: str | None = None, source: str = "<text>",
+                     fallback_name: str = "") -> NcclTestsTable:
+    """Parse nccl-tests/rccl-tests text; see the module docstring for the accepted format."""
+    ranks: dict[int, str] = {}
+    threads = gpus = None
+    named_op = None
+    library = "nccl"
+    rows: list[NcclTestsRow] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = _PREFIX.sub("", raw, count=1).rstrip()
+        if not line.strip():
+            continue
+        if "rccl" in line.lower() and not line.lstrip()[:1].isdigit():
+            library = "rccl"
+        if line.lstrip().startswith("#"):
+            body = line.lstrip()
+            if m := _RANK.match(body):
+                ranks[int(m.group(1))] = m.group(2)
+            elif m := _THREADS.search(body):
+                threads, gpus = int(m.group(1)), int(m.group(2))
+            elif m := _STARTING.search(body):
+                named_op = op_from_name(m.group(1))
+            continue
+        fields = line.split()
+        if not fields[0].isdigit():
+            continue  # "NCCL version ...", "RCCL version : ...", launcher noise
+        rows.append(_row(fields, number, source))
+    chosen = op or named_op or op_from_name(fallback_name)
+    if chosen is None:
+        raise SimError(f"{source}: cannot tell which collective this is; name it as OP:FILE "
+                       f"(ops: {', '.join(NCCL_TESTS_OPS)})")
+    if chosen not in NCCL_TESTS_OPS:
+        raise SimError(f"{source}: unknown op {chosen!r} (ops: {', '.join(NCCL_TESTS_OPS)})")
+    if not rows:
+        raise SimError(f"{source}: no data rows (is this nccl-tests output?)")
+    world = len(ranks) if ranks else (threads or 1) * (gpus or 1)
+    if ranks and sorted(ranks) != list(range(len(ranks))):
+        raise SimError(f"{source}: rank lines are not 0..{len(ranks) - 1}")
+    hosts = len(set(ranks.values())) if ranks else 1
+    return NcclTestsTable(chosen, world, tuple(rows), hosts, library, source)
+
+
+def _row(fields: list[str], number: int, source: str) -> NcclTestsRow:
+    """One data row: size count type redop root, then groups of (time algbw busbw #wrong)."""
+    where = f"{source} line {number}"
+    if len(fields) not in (9, 13):
+        raise SimError(f"{where}: expected 9 or 13 columns, got {len(fields)}")
+    groups = [fields[5:9]] + ([fields[9:13]] if len(fields) == 13 else [])
+    parsed = []
+    for time_s, algbw, busbw, wrong in groups:
+        if wrong not in ("N/A", "0"):
+            if re.fullmatch(r"\d+", wrong):
+                raise SimError(f"{where}: #wrong is {wrong}: that run computed wrong results")
+            raise SimError(f"{where}: bad #wrong column {wrong!r}")
+        values = []
+        for token in (time_s, algbw, busbw):
+            if not re.fullmatch(_NUMBER, token):
+                raise SimError(f"{where}: {token!r} is not a number")
+            value = float(token)
+            if not math.isfinite(value) or value < 0:
+                raise SimError(f"{where}: {token!r} is out of range")
+            values.append(value)
+        parsed.append(values)
+    size = int(fields[0])
+    if size <= 0 or size > 1 << 50:
+        raise SimError(f"{where}: size {fields[0]} is out of range")
+    if parsed[0][0] <= 0:
+        raise SimError(f"{where}: time must be positive")
+    in_place = parsed[1][0] if len(parsed) > 1 else None
+    return NcclTestsRow(size, parsed[0][0], parsed[0][1], parsed[0][2], in_place)
