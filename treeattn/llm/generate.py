@@ -4,7 +4,7 @@
 answers a multi-token chunk (prefill) with causal ``scaled_dot_product_attention``, and a
 one-token decode step with ``treeattn.kernels.partial_attention`` over the whole cache, the
 very kernel each rank runs on its shard in the distributed path
-(:mod:`treeattn.runtime.generate_dist`). :func:`greedy_decode` is the loop both paths share.
+(:mod:`treeattn.llm.generate_dist`). :func:`greedy_decode` is the loop both paths share.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from treeattn.kernels import partial_attention
-from treeattn.runtime.model import Transformer
-from treeattn.runtime.model_errors import ModelError
+from treeattn.llm.errors import ModelError
+from treeattn.llm.model import Transformer
 
 PREFILL_CHUNK = 1024  # tokens per prefill forward: bounds the (chunk x context) score matrix
 
@@ -184,7 +184,7 @@ def generate_local(model: Transformer, prompt_ids: list[int], max_new_tokens: in
     """Prefill ``prompt_ids`` (after ``context_tokens`` of document) and decode greedily here.
 
     With ``context_tokens`` > 0 the cache first holds that many tokens of the repeated
-    document ``segment`` (:mod:`treeattn.runtime.generate_context`), and the prompt is
+    document ``segment`` (:mod:`treeattn.llm.generate_context`), and the prompt is
     prefilled after it.
     """
     check_request(model, prompt_ids, max_new_tokens, context_tokens)
@@ -192,7 +192,7 @@ def generate_local(model: Transformer, prompt_ids: list[int], max_new_tokens: in
     backend = LocalCache(model.config.n_layers, capacity=total)
     t0 = time.perf_counter()
     if context_tokens:
-        from treeattn.runtime.generate_context import fill_document
+        from treeattn.llm.generate_context import fill_document
 
         fill_document(backend, model, segment, context_tokens)
     logits = prefill(model, prompt_ids, backend, start=context_tokens)

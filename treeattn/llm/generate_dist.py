@@ -4,8 +4,8 @@ Every rank runs the same model on the same tokens (everything but attention is r
 
 * **Prefill** (the simplest correct way): every rank runs the whole prompt through the model
   with a local cache, then keeps only its contiguous shard of every layer's K/V in a
-  :class:`~treeattn.runtime.cache.ShardedKVCache`. In long-context mode the local cache
-  first receives the repeated document (:mod:`treeattn.runtime.generate_context`, cheap),
+  :class:`~treeattn.llm.cache.ShardedKVCache`. In long-context mode the local cache
+  first receives the repeated document (:mod:`treeattn.llm.generate_context`, cheap),
   so each rank briefly holds the whole cache: memory, not time, bounds ``L`` there.
 * **Decode**: at every layer, the new query attends over the sharded cache through the
   runtime's :class:`~treeattn.runtime.executor.Executor` running the plan's schedule (tree by
@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import merge, partial_attention
-from treeattn.runtime.cache import ShardedKVCache
+from treeattn.llm.cache import ShardedKVCache
+from treeattn.llm.generate import Generation, LocalCache, greedy_decode, prefill
 from treeattn.runtime.executor import Executor
-from treeattn.runtime.generate import Generation, LocalCache, greedy_decode, prefill
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.schedule import Schedule
@@ -57,7 +57,7 @@ class GenerateRequest:
 def split_lengths(n: int, world: int) -> list[int]:
     """Contiguous shard lengths of ``n`` tokens; the first ``n % world`` ranks get one more.
 
-    Unlike :func:`treeattn.runtime.cache.shard_lengths` a shard may be empty (n < world).
+    Unlike :func:`treeattn.runtime.plans.shard_lengths` a shard may be empty (n < world).
 
     >>> split_lengths(5, 3), split_lengths(1, 3)
     ([2, 2, 1], [1, 0, 0])
@@ -99,7 +99,7 @@ def _replicated_prefill(ctx, model, request: GenerateRequest):
     cfg, prompt, context = model.config, list(request.prompt_ids), request.context_tokens
     local = LocalCache(cfg.n_layers, capacity=context + len(prompt))
     if context:
-        from treeattn.runtime.generate_context import fill_document
+        from treeattn.llm.generate_context import fill_document
 
         fill_document(local, model, list(request.segment), context)
     logits = prefill(model, prompt, local, start=context)
@@ -140,7 +140,7 @@ def _streamer(tokenizer):
 @torch.no_grad()
 def rank_generate(ctx: RankContext, request: GenerateRequest) -> dict:
     """What every rank runs; rank 0's returned dict is the launcher's result."""
-    from treeattn.runtime.weights import load_model
+    from treeattn.llm.weights import load_model
 
     loaded = load_model(request.model)
     model, prompt = loaded.model.to(ctx.device), list(request.prompt_ids)
@@ -185,11 +185,11 @@ def generate_distributed(request: GenerateRequest, world: int, timeout_s=GENERAT
                          loaded=None):
     """Launch ``world`` local ranks running ``request``; return rank 0's result dict.
 
-    ``loaded`` (the caller's :class:`~treeattn.runtime.weights.LoadedModel`) is handed to
+    ``loaded`` (the caller's :class:`~treeattn.llm.weights.LoadedModel`) is handed to
     the ranks as a temporary snapshot, so they skip parsing the original file.
     """
+    from treeattn.llm.snapshot import save_snapshot
     from treeattn.runtime.launch import LaunchOptions, launch
-    from treeattn.runtime.weights_snapshot import save_snapshot
 
     options = LaunchOptions(timeout_s=timeout_s, threads=1)
     if loaded is None:

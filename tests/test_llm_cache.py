@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.kernels.reference import naive_attention, partial_attention
+from treeattn.llm.cache import ShardedKVCache, append_owner
 from treeattn.runtime import RuntimeFailure
-from treeattn.runtime.cache import ShardedKVCache, append_owner, shard_lengths, shard_offsets
+from treeattn.runtime.plans import shard_lengths, shard_offsets
 from treeattn.runtime.wire import (
     AttnDims,
     chunk_bounds,
