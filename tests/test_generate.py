@@ -15,13 +15,14 @@ import pytest
 import torch
 
 from treeattn.cli import main
-from treeattn.llm.generate import LocalCache, generate_local
+from treeattn.llm.generate import generate_local
 from treeattn.llm.generate_dist import (
     GenerateRequest,
     generate_distributed,
     make_schedule,
     split_lengths,
 )
+from treeattn.llm.local_cache import LocalCache
 from treeattn.llm.weights import load_model
 
 LOGIT_ATOL, LOGIT_RTOL = 1e-4, 1e-4
@@ -76,7 +77,7 @@ class _BlockOnly:
         self.k, self.v = [], []
 
     def attend(self, layer, q, k, v, start):
-        from treeattn.llm.generate import causal_attention
+        from treeattn.llm.local_cache import causal_attention
 
         self.k.append(k)
         self.v.append(v)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.llm.errors import ModelError
-from treeattn.llm.generate import LocalCache, prefill
+from treeattn.llm.local_cache import LocalCache, prefill
 from treeattn.llm.model import ModelConfig, apply_rope, random_model, rope_cos_sin
 from treeattn.llm.weights import load_model
 

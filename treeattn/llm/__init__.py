@@ -8,8 +8,9 @@
   :mod:`treeattn.llm.fetch` downloads the default model, :mod:`treeattn.llm.tokenizer` wraps
   the tokenizer and its chat template.
 - :mod:`treeattn.llm.cache`: the KV cache split along the sequence across ranks.
-- :mod:`treeattn.llm.generate`, :mod:`treeattn.llm.generate_context`: greedy decoding in one
-  process, and the long repeated-document context.
+- :mod:`treeattn.llm.local_cache`, :mod:`treeattn.llm.generate`,
+  :mod:`treeattn.llm.generate_context`: one process's cache and prefill, greedy decoding in
+  one process, and the long repeated-document context.
 - :mod:`treeattn.llm.generate_dist`: the one bridge to :mod:`treeattn.runtime`; every layer's
   decode attention runs the plan's schedule on the launched ranks.
 - :mod:`treeattn.llm.verify`: sharded attention checked against one process.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from treeattn.llm.generate import LocalCache, prefill
+from treeattn.llm.local_cache import LocalCache, prefill
 from treeattn.llm.model import Transformer, apply_rope, rope_cos_sin
 
 # An original filler text; any text works, this one just reads like a document.

@@ -31,7 +31,9 @@ import torch.distributed as dist
 
 from treeattn.kernels import merge, partial_attention
 from treeattn.llm.cache import ShardedKVCache
-from treeattn.llm.generate import Generation, LocalCache, greedy_decode, prefill
+from treeattn.llm.generate import Generation, greedy_decode
+from treeattn.llm.generate_context import fill_document
+from treeattn.llm.local_cache import LocalCache, prefill
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.wire import AttnDims
@@ -99,8 +101,6 @@ def _replicated_prefill(ctx, model, request: GenerateRequest):
     cfg, prompt, context = model.config, list(request.prompt_ids), request.context_tokens
     local = LocalCache(cfg.n_layers, capacity=context + len(prompt))
     if context:
-        from treeattn.llm.generate_context import fill_document
-
         fill_document(local, model, list(request.segment), context)
     logits = prefill(model, prompt, local, start=context)
     lengths = split_lengths(context + len(prompt), ctx.world)

@@ -6,7 +6,7 @@ MLP, and tied or untied embeddings, in the spirit of gpt-fast's ``model.py``.
 The model owns no KV cache. Every attention layer hands its new queries, keys and values to a
 *backend* (see :class:`AttentionBackend`), which stores the K/V and returns the attention
 output: a local cache calling ``treeattn.kernels.partial_attention``
-(:class:`treeattn.llm.generate.LocalCache`), or the sharded cache whose decode step runs
+(:class:`treeattn.llm.local_cache.LocalCache`), or the sharded cache whose decode step runs
 the plan's schedule across ranks (:mod:`treeattn.llm.generate_dist`).
 
 RoPE here rotates *interleaved* pairs ``(x[2i], x[2i+1])``, GGML's layout. GGUF files store
