@@ -34,8 +34,12 @@ from treeattn.llm.cache import ShardedKVCache
 from treeattn.llm.generate import Generation, greedy_decode
 from treeattn.llm.generate_context import fill_document
 from treeattn.llm.local_cache import LocalCache, prefill
+from treeattn.llm.snapshot import save_snapshot
+from treeattn.llm.weights import load_model
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.launch import LaunchOptions, launch
+from treeattn.runtime.plans import build, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.schedule import Schedule
 
@@ -140,8 +144,6 @@ def _streamer(tokenizer):
 @torch.no_grad()
 def rank_generate(ctx: RankContext, request: GenerateRequest) -> dict:
     """What every rank runs; rank 0's returned dict is the launcher's result."""
-    from treeattn.llm.weights import load_model
-
     loaded = load_model(request.model)
     model, prompt = loaded.model.to(ctx.device), list(request.prompt_ids)
     cfg = model.config
@@ -165,20 +167,10 @@ def make_schedule(algorithm: str, world: int, config, lengths: list[int],
                   dtype: torch.dtype = torch.float32) -> Schedule:
     """The plan's schedule for one layer's decode attention with these shard lengths.
 
-    ``auto`` asks the simulator's planner (uncalibrated local topology); if the planner is
-    unavailable it falls back to ``tree``.
+    ``auto`` asks the simulator's planner (uncalibrated local topology).
     """
-    from treeattn.runtime.plans import build, local_topology, workload_for
-
     dims = AttnDims(1, config.n_heads, config.n_kv_heads, config.head_dim, dtype)
-    workload = workload_for(dims, lengths)
-    topology = local_topology(world)
-    if algorithm == "auto":
-        try:
-            return build("auto", topology, workload)
-        except ImportError:
-            algorithm = "tree"
-    return build(algorithm, topology, workload)
+    return build(algorithm, local_topology(world), workload_for(dims, lengths))
 
 
 def generate_distributed(request: GenerateRequest, world: int, timeout_s=GENERATE_TIMEOUT_S,
@@ -188,9 +180,6 @@ def generate_distributed(request: GenerateRequest, world: int, timeout_s=GENERAT
     ``loaded`` (the caller's :class:`~treeattn.llm.weights.LoadedModel`) is handed to
     the ranks as a temporary snapshot, so they skip parsing the original file.
     """
-    from treeattn.llm.snapshot import save_snapshot
-    from treeattn.runtime.launch import LaunchOptions, launch
-
     options = LaunchOptions(timeout_s=timeout_s, threads=1)
     if loaded is None:
         return launch(functools.partial(rank_generate, request=request), world, options)
