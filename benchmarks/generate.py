@@ -29,16 +29,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from treeattn.runtime.calibrate import machine_info  # noqa: E402
-from treeattn.runtime.generate import generate_local  # noqa: E402
-from treeattn.runtime.generate_context import document_segment  # noqa: E402
-from treeattn.runtime.generate_dist import (  # noqa: E402
+from treeattn.llm.generate import generate_local  # noqa: E402
+from treeattn.llm.generate_context import document_segment  # noqa: E402
+from treeattn.llm.generate_dist import (  # noqa: E402
     GenerateRequest,
     generate_distributed,
     make_schedule,
     split_lengths,
 )
-from treeattn.runtime.weights import load_model  # noqa: E402
+from treeattn.llm.weights import load_model  # noqa: E402
+from treeattn.runtime.calibrate import machine_info  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = " The keeper's daughter wrote that"
@@ -137,7 +137,7 @@ def markdown(result: dict) -> str:
     lines += ["", "Attention time is the median over the decode steps of one step's attention, "
               "all 30 layers. The long context is "
               "a repeated document whose copies are encoded independently (see "
-              "`treeattn/runtime/generate_context.py`); past the model's trained context of "
+              "`treeattn/llm/generate_context.py`); past the model's trained context of "
               "8192 the text is not meaningful, the timing is."]
     return "\n".join(lines) + "\n"
 

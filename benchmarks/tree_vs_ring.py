@@ -31,7 +31,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from treeattn.runtime.cache import shard_lengths  # noqa: E402
 from treeattn.runtime.calibrate import calibrate_in_group, machine_info  # noqa: E402
 from treeattn.runtime.check import (  # noqa: E402
     RunRequest,
@@ -41,7 +40,7 @@ from treeattn.runtime.check import (  # noqa: E402
 )
 from treeattn.runtime.group import broadcast_object  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
-from treeattn.runtime.plans import build, workload_for  # noqa: E402
+from treeattn.runtime.plans import build, shard_lengths, workload_for  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 K = 1024

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from treeattn.kernels.reference import naive_attention
+from treeattn.llm.verify import Case, CasesJob
 from treeattn.runtime.launch import LaunchOptions, launch
-from treeattn.runtime.verify import Case, CasesJob
 
 TREE_SHAPES = ("chain", "flat", "binary", "binomial", "double_binary", "searched")
 CASES = (

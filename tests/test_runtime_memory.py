@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from treeattn.runtime.cache import shard_lengths
 from treeattn.runtime.check import RunRequest
 from treeattn.runtime.launch import LaunchOptions, launch
-from treeattn.runtime.plans import build, workload_for
+from treeattn.runtime.plans import build, shard_lengths, workload_for
 from treeattn.sim.memory import peak_memory
 from treeattn.topo import Topology
 

@@ -2,6 +2,10 @@
 
 Bad input of any kind ends in one ``error: ...`` line on stderr and exit status 2. A bug
 still gives a traceback, so it is not mistaken for a user's mistake.
+
+The planner (``topo``, ``predict``, ``plan``) needs only the base dependencies; the commands
+that run for real need an extra (``treeattn[runtime]``: torch and triton; ``treeattn[llm]``:
+also the model file formats). Without it they print one line naming the extra, exit status 2.
 """
 
 from __future__ import annotations
@@ -10,29 +14,34 @@ import argparse
 import importlib
 import sys
 
+import treeattn
 from treeattn.commands import COMMAND_MODULES, COMMAND_OWNERS
-from treeattn.errors import UserError
+from treeattn.errors import user_error_types
 
 EXIT_BAD_INPUT = 2
 
+# Optional third-party packages -> the extra that installs them.
+EXTRAS = {"torch": "runtime", "triton": "runtime",
+          "gguf": "llm", "tokenizers": "llm", "safetensors": "llm", "jinja2": "llm"}
+LLM_COMMANDS = ("generate",)  # need treeattn[llm] even where only torch is missing
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    """Every exception type that means "the input was bad".
 
-    Only packages already imported are asked: an error can only come from one of those.
+def missing_extra(exc: ModuleNotFoundError, command: str | None) -> str | None:
+    """The one-line message for an optional dependency that is not installed, else None.
+
+    >>> missing_extra(ModuleNotFoundError(name="torch"), "run")
+    "this command needs torch: pip install 'treeattn[runtime]'"
+    >>> missing_extra(ModuleNotFoundError(name="torch"), "generate")
+    "this command needs torch: pip install 'treeattn[llm]'"
+    >>> missing_extra(ModuleNotFoundError(name="yaml"), "run") is None
+    True
     """
-    found: list[type[BaseException]] = [UserError]
-    for module_name, class_name in (
-        ("treeattn.topo", "TopologyError"),
-        ("treeattn.sim", "SimError"),
-        ("treeattn.kernels", "KernelError"),
-        ("treeattn.runtime", "RuntimeFailure"),
-        ("treeattn.runtime", "ModelError"),
-    ):
-        error_type = getattr(sys.modules.get(module_name), class_name, None)
-        if isinstance(error_type, type) and issubclass(error_type, BaseException):
-            found.append(error_type)
-    return tuple(found)
+    extra = EXTRAS.get(exc.name or "")
+    if extra is None:
+        return None
+    if command in LLM_COMMANDS:
+        extra = "llm"
+    return f"this command needs {exc.name}: pip install 'treeattn[{extra}]'"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,35 +59,42 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="treeattn",
         description="Topology-aware Tree Attention: model, predict, run and check.",
     )
+    parser.add_argument("--version", action="version", version=f"treeattn {treeattn.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     modules = (COMMAND_OWNERS[command],) if command in COMMAND_OWNERS else COMMAND_MODULES
     for module_name in modules:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue  # command not built yet
-            raise
-        module.register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     return parser
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    return EXIT_BAD_INPUT
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv[0] if argv else None)
+    command = argv[0] if argv else None
+    try:
+        parser = build_parser(command)
+    except ModuleNotFoundError as exc:
+        if (message := missing_extra(exc, command)) is None:
+            raise
+        return _fail(message)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
     try:
         return int(args.func(args) or 0)
-    except _user_error_types() as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        sys.stderr.write(f"error: {message}\n")
-        return EXIT_BAD_INPUT
+    except ModuleNotFoundError as exc:
+        if (message := missing_extra(exc, args.command)) is None:
+            raise
+        return _fail(message)
+    except user_error_types() as exc:
+        return _fail(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        sys.stderr.write(f"error: {exc.strerror or exc}: {exc.filename}\n")
-        return EXIT_BAD_INPUT
+        return _fail(f"{exc.strerror or exc}: {exc.filename}")
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM while ranks run (see launch.py)
         sys.stderr.write(f"error: {str(exc) or 'interrupted'}\n")
         return 130

@@ -30,13 +30,7 @@ def handle(args: argparse.Namespace) -> int:
     for module_name in COMMAND_MODULES:
         if module_name.endswith(".demo"):
             continue
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue
-            raise
-        section = getattr(module, "demo_section", None)
+        section = getattr(importlib.import_module(module_name), "demo_section", None)
         if section is None:
             continue
         if args.quick and getattr(section, "is_real_run", False):

@@ -54,7 +54,7 @@ class Outcome:
 
     text: str
     tokens: list[int]
-    generation: object  # treeattn.runtime.generate.Generation
+    generation: object  # treeattn.llm.generate.Generation
     world: int
     algorithm: str
     prompt_tokens: int
@@ -80,8 +80,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
     """Load, generate (local or distributed) and optionally verify; the command's core."""
-    from treeattn.runtime.generate import check_request, generate_local
-    from treeattn.runtime.weights import load_model, resolve_model
+    from treeattn.llm.generate import check_request, generate_local
+    from treeattn.llm.weights import load_model, resolve_model
 
     _check_args(args)
     spec = resolve_model(args.model)
@@ -116,7 +116,7 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
 def _segment(tok, context_tokens: int, model) -> list[int] | None:
     if not context_tokens:
         return None
-    from treeattn.runtime.generate_context import document_segment
+    from treeattn.llm.generate_context import document_segment
 
     if context_tokens > model.config.max_seq_len:
         sys.stderr.write(
@@ -126,7 +126,7 @@ def _segment(tok, context_tokens: int, model) -> list[int] | None:
 
 
 def _distributed(args, loaded, prompt, segment, stream):
-    from treeattn.runtime.generate_dist import (
+    from treeattn.llm.generate_dist import (
         GenerateRequest,
         generate_distributed,
         make_schedule,
@@ -146,7 +146,7 @@ def _distributed(args, loaded, prompt, segment, stream):
 
 
 def _printer(tok):
-    from treeattn.runtime.generate_dist import _streamer
+    from treeattn.llm.generate_dist import _streamer
 
     return _streamer(tok)
 

@@ -18,14 +18,14 @@ from rich.table import Table
 from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
-from treeattn.runtime.calibrate import calibrate_in_group, read_profile, write_profile
-from treeattn.runtime.check import RunRequest, geo_mean_error, validate
-from treeattn.runtime.group import in_torchrun_env
-from treeattn.runtime.launch import LaunchOptions, check_world, launch, run_in_group
-from treeattn.runtime.plans import ALGORITHMS, DTYPES
-from treeattn.runtime.wire import AttnDims
+from treeattn.sim.models import DTYPE_BYTES
 
 DEMO_SEQ_LENS = (16384, 65536, 262144)
+# The parser's choices, free of torch so that `treeattn --help` does not import it (the
+# runtime modules are imported where they run). tests/test_cli_deps.py checks that they equal
+# treeattn.runtime.plans.ALGORITHMS and DTYPES.
+ALGORITHMS = ("auto", "tree", "butterfly", "ring", "allreduce3", "allgather")
+DTYPES = tuple(DTYPE_BYTES)
 
 def _add_group_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=None,
@@ -39,7 +39,7 @@ def _add_group_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=int, default=32, help="query heads Hq")
     parser.add_argument("--kv-heads", type=int, default=8, help="KV heads Hkv")
     parser.add_argument("--head-dim", type=int, default=128, help="head dim D")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -74,7 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.set_defaults(func=_guarded(handle_calibrate))
 
 
-def _options(args: argparse.Namespace) -> LaunchOptions:
+def _options(args: argparse.Namespace):
+    from treeattn.runtime.launch import LaunchOptions
+
     if args.threads < 1:
         raise RuntimeFailure(f"--threads must be at least 1, got {args.threads}")
     if args.timeout <= 0:
@@ -97,6 +99,9 @@ class _RunFailed(Exception):
 
 def _execute(job, args: argparse.Namespace, world: int):
     """Run ``job`` on every rank; returns (is_rank_0, rank 0's result)."""
+    from treeattn.runtime.group import in_torchrun_env
+    from treeattn.runtime.launch import launch, run_in_group
+
     options = _options(args)
     try:
         if in_torchrun_env() and args.nproc is None:
@@ -122,6 +127,9 @@ def _guarded(handler):
 
 
 def _world(args: argparse.Namespace) -> int:
+    from treeattn.runtime.group import in_torchrun_env
+    from treeattn.runtime.launch import check_world
+
     if in_torchrun_env() and args.nproc is None:
         import os
 
@@ -131,7 +139,10 @@ def _world(args: argparse.Namespace) -> int:
     return world
 
 
-def build_request(args: argparse.Namespace) -> RunRequest:
+def build_request(args: argparse.Namespace):
+    from treeattn.runtime.calibrate import read_profile
+    from treeattn.runtime.check import RunRequest
+
     profile = read_profile(args.profile) if args.profile else None
     params = {"shape": args.shape} if args.shape else {}
     return RunRequest(
@@ -145,6 +156,8 @@ def build_request(args: argparse.Namespace) -> RunRequest:
 
 
 def handle_run(args: argparse.Namespace) -> int:
+    from treeattn.runtime.check import geo_mean_error, validate
+
     world = _world(args)
     req = build_request(args)
     validate(req, world)
@@ -179,6 +192,8 @@ def _fmt_bytes(n: float) -> str:
 
 def print_points(console: Console, points: list[dict]) -> None:
     """The predicted-vs-measured table, one row per point."""
+    from treeattn.runtime.check import geo_mean_error
+
     table = Table(title="measured decode step (median over timed steps, max over ranks)")
     for col in ("algorithm", "world", "seq_len", "measured", "p90", "predicted", "error",
                 "max|diff|", "sent/rank", "peak mem/rank"):
@@ -202,14 +217,19 @@ def print_points(console: Console, points: list[dict]) -> None:
 class CalibrateJob:
     """Picklable job: calibrate in the group, rank 0 returns the profile."""
 
-    def __init__(self, dims: AttnDims) -> None:
-        self.dims = dims
+    def __init__(self, dims) -> None:
+        self.dims = dims  # a treeattn.runtime.wire.AttnDims
 
     def __call__(self, ctx):
+        from treeattn.runtime.calibrate import calibrate_in_group
+
         return calibrate_in_group(ctx, self.dims)
 
 
 def handle_calibrate(args: argparse.Namespace) -> int:
+    from treeattn.runtime.calibrate import write_profile
+    from treeattn.runtime.check import RunRequest, validate
+
     world = _world(args)
     if world < 2:
         raise RuntimeFailure("calibrate needs --nproc of at least 2 (ping-pong)")
@@ -231,6 +251,9 @@ def handle_calibrate(args: argparse.Namespace) -> int:
 
 def demo_section(console: Console) -> int:
     """Tree vs ring on 2 local ranks: calibrate, predict, measure, compare."""
+    from treeattn.runtime.check import RunRequest, validate
+    from treeattn.runtime.launch import LaunchOptions, launch
+
     console.rule("real runs: tree vs ring on 2 local ranks (gloo, CPU)")
     req = RunRequest(seq_lens=DEMO_SEQ_LENS, algorithms=("tree", "ring"), check=True,
                      steps=3, warmup=1, ref_limit_bytes=512 << 20)

@@ -4,19 +4,16 @@
   timeouts that name the peer.
 - :mod:`treeattn.runtime.launch`: a local launcher that spawns ``N`` ranks, watches them and
   stops the whole group when one fails.
-- :mod:`treeattn.runtime.cache`: the KV cache split along the sequence across ranks.
-- :mod:`treeattn.runtime.executor`: executes a :class:`treeattn.sim.schedule.Schedule`.
+- :mod:`treeattn.runtime.executor`: executes a :class:`treeattn.sim.schedule.Schedule`
+  (:mod:`treeattn.runtime.wire`: its message layout; :mod:`treeattn.runtime.native`: the
+  backend's own all-reduce).
+- :mod:`treeattn.runtime.plans`: from a request to a schedule, and the shard split.
 - :mod:`treeattn.runtime.timing`, :mod:`treeattn.runtime.calibrate`,
   :mod:`treeattn.runtime.check`: measurement, calibration and predicted-vs-measured runs.
+
+The model and the sharded KV cache live in :mod:`treeattn.llm`, which builds on this package.
 """
 
 from treeattn.runtime.errors import RankLost, RankTimeout, RuntimeFailure
 
 __all__ = ["RankLost", "RankTimeout", "RuntimeFailure"]
-
-try:  # owned by the model engineer; optional until it exists
-    from treeattn.runtime.model_errors import ModelError  # noqa: F401
-
-    __all__.append("ModelError")
-except ImportError:  # pragma: no cover - only while that module is missing
-    pass

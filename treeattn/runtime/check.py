@@ -22,7 +22,6 @@ import torch
 
 from treeattn.kernels import partial_attention
 from treeattn.kernels.reference import naive_attention
-from treeattn.runtime.cache import shard_lengths
 from treeattn.runtime.calibrate import calibrate_in_group
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, all_gather_objects, broadcast_object
@@ -32,6 +31,7 @@ from treeattn.runtime.plans import (
     build,
     local_schedule,
     local_topology,
+    shard_lengths,
     step_runner,
     workload_for,
 )

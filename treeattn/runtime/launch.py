@@ -157,14 +157,9 @@ def _kind(exc: BaseException) -> str:
     """``lost`` (a peer died or timed out), ``user`` (bad input) or ``bug``."""
     if isinstance(exc, (RankLost, RankTimeout)):
         return "lost"
-    from treeattn.errors import UserError
-    from treeattn.kernels import KernelError
-    from treeattn.runtime.model_errors import ModelError
-    from treeattn.sim import SimError
-    from treeattn.topo import TopologyError
+    from treeattn.errors import user_error_types
 
-    user_errors = (RuntimeFailure, UserError, KernelError, SimError, TopologyError, ModelError)
-    if isinstance(exc, user_errors):
+    if isinstance(exc, user_error_types()):
         return "user"
     return "bug"
 

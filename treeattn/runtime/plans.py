@@ -4,6 +4,9 @@ The runtime runs the very schedules :func:`treeattn.sim.algorithms.build_schedul
 a :class:`~treeattn.sim.workload.DecodeWorkload` whose model has this run's shape (one layer;
 ``Hq``, ``Hkv``, ``D`` and dtype from :class:`~treeattn.runtime.wire.AttnDims`). A world of
 one rank has nothing to reduce; it runs a one-step ``local`` schedule.
+
+The KV cache's default split along the sequence (:func:`shard_lengths`) lives here too, so the
+runtime's checks need nothing of :mod:`treeattn.llm`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,33 @@ def attn_model(dims: AttnDims) -> ModelConfig:
     )
 
 
+def shard_lengths(seq_len: int, world: int) -> list[int]:
+    """Even contiguous split: the first ``seq_len % world`` ranks get one extra token.
+
+    >>> shard_lengths(10, 4)
+    [3, 3, 2, 2]
+    """
+    if world < 1:
+        raise RuntimeFailure(f"world must be at least 1, got {world}")
+    if seq_len < world:
+        raise RuntimeFailure(f"seq_len {seq_len} is smaller than the world size {world}")
+    base, extra = divmod(seq_len, world)
+    return [base + (1 if r < extra else 0) for r in range(world)]
+
+
+def shard_offsets(lengths: list[int]) -> list[int]:
+    """Start position of each contiguous shard.
+
+    >>> shard_offsets([3, 3, 2])
+    [0, 3, 6]
+    """
+    offsets, pos = [], 0
+    for length in lengths:
+        offsets.append(pos)
+        pos += length
+    return offsets
+
+
 def workload_for(dims: AttnDims, lengths: list[int]) -> DecodeWorkload:
     """The decode workload of one attention layer with these exact shard lengths."""
     return DecodeWorkload(
@@ -64,10 +94,7 @@ def local_topology(world: int):
 
 def build(algorithm: str, topology, workload: DecodeWorkload, **params) -> Schedule:
     """The schedule of ``algorithm`` (``auto``: the planner's choice) on ``topology``."""
-    try:
-        from treeattn.sim import build_schedule
-    except ImportError:  # older layout: the generators' module itself
-        from treeattn.sim.algorithms import build_schedule
+    from treeattn.sim import build_schedule
 
     if algorithm not in ALGORITHMS:
         raise RuntimeFailure(f"unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")

@@ -15,10 +15,10 @@ from treeattn.topo import hardware as hw
 from treeattn.topo import importcommon as ic
 from treeattn.topo.errors import TopologyError
 from treeattn.topo.graphbuild import GraphBuilder
+from treeattn.topo.ncclxml_peers import add_peer_links
 
 _SPEED = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*GT/s", re.I)
 MAX_DEPTH = 32
-NVSWITCH_MODELS = ("A100", "H100", "H200", "B200")  # 8-GPU SXM boards always use NVSwitch
 
 
 @dataclass
@@ -157,8 +157,6 @@ class XmlGraph:
             self.b.link(dev.name, parent, "pcie", bw, hw.PCIE_EDGE_LATENCY)
 
     def _peer_links(self, gpus: list[Device]) -> None:
-        from treeattn.topo.ncclxml_peers import add_peer_links
-
         add_peer_links(self.b, gpus, self.override)
 
 

@@ -14,6 +14,8 @@ from treeattn.topo import importcommon as ic
 from treeattn.topo.errors import TopologyError
 from treeattn.topo.graphbuild import GraphBuilder
 
+NVSWITCH_MODELS = ("A100", "H100", "H200", "B200")  # 8-GPU SXM boards always use NVSwitch
+
 MAX_LINKS = 64
 
 
@@ -78,8 +80,6 @@ def _add_switches(b: GraphBuilder, switch_links: dict[str, dict[str, int]]) -> N
 
 def _assume_nvswitch(b: GraphBuilder, gpus: list[str]) -> None:
     """Hand-written files carry no NVLink facts; 8 SXM GPUs of these models sit on NVSwitch."""
-    from treeattn.topo.ncclxml_build import NVSWITCH_MODELS
-
     model = b.graph.nodes[gpus[0]]["model"]
     if model in NVSWITCH_MODELS and len(gpus) == 8:
         spec = hw.GPU_LINKS[model]

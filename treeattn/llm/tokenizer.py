@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from treeattn.runtime.model_errors import ModelError
+from treeattn.llm.errors import ModelError
 
 # llama.cpp's names for the pre-tokenizer (GGUF tokenizer.ggml.pre) -> the regex split that
 # goes before the byte-level mapping. None means GPT-2's own regex (ByteLevel use_regex).
@@ -100,7 +100,7 @@ def _pre_tokenizer(pre: str):
 
 
 def tokenizer_from_gguf(meta: dict) -> Tokenizer:
-    """A :class:`Tokenizer` from :func:`treeattn.runtime.gguf_load.tokenizer_metadata`."""
+    """A :class:`Tokenizer` from :func:`treeattn.llm.gguf_load.tokenizer_metadata`."""
     from tokenizers import AddedToken, decoders, models
     from tokenizers import Tokenizer as HFTokenizer
 

@@ -3,10 +3,13 @@
 ``load_model(spec)`` accepts:
 
 * ``"debug"``: the tiny random-weight flavour with a byte-level tokenizer (tests);
-* ``"smollm2-135m-instruct"`` (the default, aliases in :mod:`treeattn.runtime.fetch`):
+* ``"smollm2-135m-instruct"`` (the default, aliases in :mod:`treeattn.llm.fetch`):
   fetched on first use;
 * a path to a ``.gguf`` file (``llama`` architecture);
-* a Hugging Face checkpoint directory: ``config.json`` + ``*.safetensors`` (+ tokenizer.json).
+* a Hugging Face checkpoint directory: ``config.json`` + ``*.safetensors`` (+ tokenizer.json);
+* a snapshot written by :func:`treeattn.llm.snapshot.save_snapshot` (the ranks of one run).
+
+Every format is read into a name -> tensor dict and built by :func:`treeattn.llm.model.assemble`.
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from treeattn.runtime.fetch import DEFAULT_ALIASES, fetch_default_model
-from treeattn.runtime.model import ModelConfig, Transformer, random_model
-from treeattn.runtime.model_errors import ModelError
-from treeattn.runtime.tokenizer import Tokenizer
-from treeattn.runtime.weights_snapshot import is_snapshot, load_snapshot
+from treeattn.llm.errors import ModelError
+from treeattn.llm.fetch import DEFAULT_ALIASES, fetch_default_model
+from treeattn.llm.model import ModelConfig, Transformer, assemble, random_model
+from treeattn.llm.snapshot import is_snapshot, load_snapshot
+from treeattn.llm.tokenizer import Tokenizer
 
 
 @dataclass
@@ -37,45 +40,25 @@ def hf_to_interleaved(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Reorder Q/K rows from HF's half-split rope pairs to interleaved pairs.
 
     Row ``(h, half, i)`` of head ``h`` becomes row ``(h, i, half)``, as llama.cpp's converter
-    does, so :func:`treeattn.runtime.model.apply_rope` rotates the right pairs.
+    does, so :func:`treeattn.llm.model.apply_rope` rotates the right pairs.
     """
     out_dim = w.shape[0]
     return w.reshape(n_heads, 2, out_dim // n_heads // 2, -1).transpose(1, 2).reshape(w.shape)
 
 
-def _build(config: ModelConfig, state: dict[str, torch.Tensor], source: str) -> Transformer:
-    rope_freqs = state.pop("rope_freqs", None)
-    with torch.device("meta"):
-        model = Transformer(config)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    missing = [m for m in missing if not (config.tie_embeddings and m == "output.weight")]
-    if missing or unexpected:
-        names = ", ".join((missing or unexpected)[:3])
-        raise ModelError(f"{source}: weights do not match a llama model ({names} ...)")
-    if config.tie_embeddings:
-        model.output.weight = model.tok_embeddings.weight
-    from treeattn.runtime.model import rope_inv_freq
-
-    inv_freq = rope_inv_freq(config)
-    if rope_freqs is not None:  # GGUF stores Llama 3 scaling as per-pair divisors
-        inv_freq = inv_freq / rope_freqs.float()
-    model.inv_freq = inv_freq
-    return model.eval()
-
-
 def load_gguf(path: Path) -> LoadedModel:
-    from treeattn.runtime.gguf_load import (
+    from treeattn.llm.gguf_load import (
         config_from_gguf,
         open_gguf,
         state_dict_from_gguf,
         tokenizer_metadata,
     )
-    from treeattn.runtime.tokenizer import tokenizer_from_gguf
+    from treeattn.llm.tokenizer import tokenizer_from_gguf
 
     reader = open_gguf(path)
     config = config_from_gguf(reader, path)
     tokenizer = tokenizer_from_gguf(tokenizer_metadata(reader))
-    model = _build(config, state_dict_from_gguf(reader, config), str(path))
+    model = assemble(config, state_dict_from_gguf(reader, config), str(path))
     return LoadedModel(model, tokenizer, str(path))
 
 
@@ -127,7 +110,7 @@ def _hf_name(name: str) -> str:
 def load_hf_dir(path: Path) -> LoadedModel:
     from safetensors.torch import load_file
 
-    from treeattn.runtime.tokenizer import tokenizer_from_hf_dir
+    from treeattn.llm.tokenizer import tokenizer_from_hf_dir
 
     try:
         config = config_from_hf(json.loads((path / "config.json").read_text()), str(path))
@@ -148,13 +131,13 @@ def load_hf_dir(path: Path) -> LoadedModel:
             name = f"layers.{i}.attention.{key}.weight"
             if name in state:
                 state[name] = hf_to_interleaved(state[name], heads)
-    model = _build(config, state, str(path))
+    model = assemble(config, state, str(path))
     return LoadedModel(model, tokenizer_from_hf_dir(path), str(path))
 
 
 def debug_model(seed: int = 0) -> LoadedModel:
     """The ``debug`` flavour: random weights, a 256-token byte tokenizer, no network."""
-    from treeattn.runtime.tokenizer import byte_tokenizer
+    from treeattn.llm.tokenizer import byte_tokenizer
 
     return LoadedModel(random_model(ModelConfig.from_name("debug"), seed), byte_tokenizer(),
                        "debug")
@@ -182,7 +165,7 @@ def load_model(spec: str | None = None, dtype: torch.dtype = torch.float32) -> L
     if resolved == "debug":
         loaded = debug_model()
     elif is_snapshot(Path(resolved)):
-        loaded = load_snapshot(Path(resolved))
+        loaded = LoadedModel(*load_snapshot(Path(resolved)))
     elif Path(resolved).is_dir():
         loaded = load_hf_dir(Path(resolved))
     else:

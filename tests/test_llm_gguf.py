@@ -18,10 +18,10 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
-from treeattn.runtime.gguf_quants import BLOCKS, dequantize  # noqa: E402
-from treeattn.runtime.model import ModelConfig, random_model  # noqa: E402
-from treeattn.runtime.model_errors import ModelError  # noqa: E402
-from treeattn.runtime.weights import load_model  # noqa: E402
+from treeattn.llm.errors import ModelError  # noqa: E402
+from treeattn.llm.gguf_quants import BLOCKS, dequantize  # noqa: E402
+from treeattn.llm.model import ModelConfig, random_model  # noqa: E402
+from treeattn.llm.weights import load_model  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 # byte offsets of the fp16 scales inside one block
@@ -70,7 +70,7 @@ def write_llama_gguf(path, model, kind: str = "Q8_0", arch: str = "llama") -> No
     """Write ``model`` as a llama GGUF with a tiny byte-level vocabulary."""
     from gguf import GGUFWriter
 
-    from treeattn.runtime.tokenizer import byte_tokenizer
+    from treeattn.llm.tokenizer import byte_tokenizer
 
     c = model.config
     writer = GGUFWriter(str(path), arch)
@@ -153,7 +153,7 @@ def test_unsupported_architecture_is_a_model_error(tmp_path):
 
 
 def test_loaded_gguf_model_generates_like_its_source(debug_gguf):
-    from treeattn.runtime.generate import generate_local
+    from treeattn.llm.generate import generate_local
 
     model, path = debug_gguf
     loaded = load_model(str(path))

@@ -15,14 +15,15 @@ import pytest
 import torch
 
 from treeattn.cli import main
-from treeattn.runtime.generate import LocalCache, generate_local
-from treeattn.runtime.generate_dist import (
+from treeattn.llm.generate import generate_local
+from treeattn.llm.generate_dist import (
     GenerateRequest,
     generate_distributed,
     make_schedule,
     split_lengths,
 )
-from treeattn.runtime.weights import load_model
+from treeattn.llm.local_cache import LocalCache
+from treeattn.llm.weights import load_model
 
 LOGIT_ATOL, LOGIT_RTOL = 1e-4, 1e-4
 torch.set_num_threads(1)
@@ -58,7 +59,7 @@ def test_debug_model_sharded_matches_single_process(world, algorithm):
 
 
 def test_debug_model_long_context_sharded_matches_single_process():
-    from treeattn.runtime.generate_context import document_segment
+    from treeattn.llm.generate_context import document_segment
 
     loaded = load_model("debug")
     segment = document_segment(loaded.tokenizer)[:50]
@@ -76,7 +77,7 @@ class _BlockOnly:
         self.k, self.v = [], []
 
     def attend(self, layer, q, k, v, start):
-        from treeattn.runtime.generate import causal_attention
+        from treeattn.llm.local_cache import causal_attention
 
         self.k.append(k)
         self.v.append(v)
@@ -85,7 +86,7 @@ class _BlockOnly:
 
 def test_repeated_document_equals_encoding_each_copy_at_its_position():
     """context_kv's rotation shortcut = encoding copy c on its own at positions c*S..."""
-    from treeattn.runtime.generate_context import context_kv, segment_kv
+    from treeattn.llm.generate_context import context_kv, segment_kv
 
     model = load_model("debug").model
     segment = [(13 * i + 7) % 256 for i in range(40)]

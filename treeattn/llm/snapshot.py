@@ -13,10 +13,9 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-import torch
-
-from treeattn.runtime.model import ModelConfig, Transformer
-from treeattn.runtime.model_errors import ModelError
+from treeattn.llm.errors import ModelError
+from treeattn.llm.model import ModelConfig, Transformer, assemble
+from treeattn.llm.tokenizer import Tokenizer
 
 MARKER = "treeattn-snapshot.json"
 WEIGHTS = "model.safetensors"
@@ -27,7 +26,7 @@ def is_snapshot(path: Path) -> bool:
 
 
 def save_snapshot(loaded, path: Path) -> Path:
-    """Write ``loaded`` (a :class:`treeattn.runtime.weights.LoadedModel`) under ``path``."""
+    """Write ``loaded`` (a :class:`treeattn.llm.weights.LoadedModel`) under ``path``."""
     from safetensors.torch import save_file
 
     model, tok = loaded.model, loaded.tokenizer
@@ -45,28 +44,21 @@ def save_snapshot(loaded, path: Path) -> Path:
     return path
 
 
-def load_snapshot(path: Path):
-    """The :class:`LoadedModel` saved by :func:`save_snapshot`."""
+def load_snapshot(path: Path) -> tuple[Transformer, Tokenizer, str]:
+    """The model, tokenizer and source saved by :func:`save_snapshot`.
+
+    :func:`treeattn.llm.weights.load_model` wraps them in its ``LoadedModel``; this module
+    does not import :mod:`treeattn.llm.weights`, so the two do not form an import cycle.
+    """
     from safetensors.torch import load_file
     from tokenizers import Tokenizer as HFTokenizer
-
-    from treeattn.runtime.tokenizer import Tokenizer
-    from treeattn.runtime.weights import LoadedModel
 
     try:
         meta = json.loads((path / MARKER).read_text())
         state = load_file(str(path / WEIGHTS))
     except Exception as exc:
         raise ModelError(f"cannot read the model snapshot in {path}: {exc}") from None
-    config = ModelConfig(**meta["config"])
-    inv_freq = state.pop("inv_freq")
-    with torch.device("meta"):
-        model = Transformer(config)
-    model.load_state_dict(state, strict=not config.tie_embeddings, assign=True)
-    if config.tie_embeddings:
-        model.output.weight = model.tok_embeddings.weight
-    model.inv_freq = inv_freq
+    model = assemble(ModelConfig(**meta["config"]), state, str(path))
     tok = Tokenizer(HFTokenizer.from_str(meta["tokenizer"]), meta["bos_id"], meta["eos_id"],
                     meta["chat_template"], meta["add_bos"])
-    return LoadedModel(model.eval(), tok, meta["source"])
-
+    return model, tok, meta["source"]

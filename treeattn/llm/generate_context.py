@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from treeattn.runtime.generate import LocalCache, prefill
-from treeattn.runtime.model import Transformer, apply_rope, rope_cos_sin
+from treeattn.llm.local_cache import LocalCache, prefill
+from treeattn.llm.model import Transformer, apply_rope, rope_cos_sin
 
 # An original filler text; any text works, this one just reads like a document.
 DOCUMENT = (

@@ -1,9 +1,9 @@
 """Read a GGUF file into a :class:`ModelConfig`, a state dict and the tokenizer metadata.
 
 The file is parsed by the ``gguf`` package's :class:`gguf.GGUFReader` (memory-mapped); the
-tensors are dequantized by :mod:`treeattn.runtime.gguf_quants`. Only the ``llama``
+tensors are dequantized by :mod:`treeattn.llm.gguf_quants`. Only the ``llama``
 architecture is accepted. Q and K stay in GGML's interleaved rope layout, which is the one
-:mod:`treeattn.runtime.model` uses.
+:mod:`treeattn.llm.model` uses.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from treeattn.runtime.gguf_quants import dequantize
-from treeattn.runtime.model import ModelConfig
-from treeattn.runtime.model_errors import ModelError
+from treeattn.llm.errors import ModelError
+from treeattn.llm.gguf_quants import dequantize
+from treeattn.llm.model import ModelConfig
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
-# GGUF tensor name (after "blk.N.") -> name in treeattn.runtime.model.Transformer
+# GGUF tensor name (after "blk.N.") -> name in treeattn.llm.model.Transformer
 _LAYER_NAMES = {
     "attn_norm.weight": "attention_norm.weight",
     "attn_q.weight": "attention.wq.weight",
