@@ -9,7 +9,7 @@ from treeattn.runtime.cache import shard_lengths
 from treeattn.runtime.check import RunRequest
 from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.plans import build, workload_for
-from treeattn.sim.memory import peak_memory
+from treeattn.sim.engine import peak_memory
 from treeattn.topo import Topology
 
 WORLD = 4
