@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from treeattn.sim.schedule import SimError
@@ -109,8 +109,6 @@ class HardwareModel:
         """Seconds for a step touching ``nbytes`` and doing ``flops``."""
         return max(nbytes / self.memory_bandwidth_Bps, flops / self.peak_flops) + self.launch_s
 
-    def with_cores(self, cores: int | None) -> HardwareModel:
-        return replace(self, cores=cores)
 
 
 GPU_LAUNCH_S = 4e-6

@@ -252,13 +252,6 @@ class SimResult:
     def latency_s(self) -> float:
         return self.makespan_s
 
-    def finish_times(self) -> list[float]:
-        """When each rank's last step ended."""
-        out = [0.0] * len(self.bytes_per_rank)
-        for rank, _, _, _, end in self.timeline:
-            out[rank] = max(out[rank], end)
-        return out
-
     def summary(self) -> dict:
         return {
             "algorithm": self.algorithm, "latency_s": self.makespan_s,

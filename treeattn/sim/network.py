@@ -120,9 +120,6 @@ class Network:
         lat_sum, inv_min = self.summary(src, dst)
         return lat_sum + nbytes * inv_min
 
-    def message_time(self, src: int, dst: int, nbytes: float) -> float:
-        """α + wire: sender overhead, wire time, receiver overhead."""
-        return self.backend.send_s + self.wire_time(src, dst, nbytes) + self.backend.recv_s
 
 
 # -- links -------------------------------------------------------------------------------
