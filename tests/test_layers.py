@@ -38,13 +38,6 @@ ALLOWED = {
 # Allowed only inside a function, so importing the package does not pull them in.
 ALLOWED_LAZILY = {"sweep": {"runtime"}}
 
-# Import cycles inside treeattn.sim, removed by the sim regroup (a separate branch). Each is
-# the cycle's modules, starting at the alphabetically first. Nothing else may form a cycle.
-KNOWN_SIM_CYCLES: set[tuple[str, ...]] = {
-    ("treeattn.sim.schedule", "treeattn.sim.validate"),  # removed by the sim regroup
-}
-
-
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -149,16 +142,7 @@ def test_shared_leaves_import_nothing_of_ours():
 def test_no_import_cycles():
     graph, _ = import_graph()
     cycles = find_cycles(graph)
-    assert sorted(cycles - KNOWN_SIM_CYCLES) == []
-
-
-def test_known_cycles_are_only_inside_sim_and_still_exist():
-    """The allowed list may only shrink: each entry is sim-internal and still a cycle."""
-    graph, _ = import_graph()
-    cycles = find_cycles(graph)
-    for cycle in KNOWN_SIM_CYCLES:
-        assert all(layer(m) == "sim" for m in cycle), cycle
-        assert cycle in cycles, f"{cycle} is gone: remove it from KNOWN_SIM_CYCLES"
+    assert sorted(cycles) == []
 
 
 def test_a_cycle_and_a_layer_break_are_caught():

@@ -105,7 +105,7 @@ def profile_path(tmp_path_factory):
 def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     import os
 
-    from treeattn.sim.profile import hardware_from_profile, load_profile
+    from treeattn.sim.devices import hardware_from_profile, load_profile
 
     profile = load_profile(profile_path)
     assert profile["world"] == 2 and profile["cores"] == os.cpu_count()

@@ -8,7 +8,7 @@ import pytest
 from treeattn.runtime.check import RunRequest
 from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.plans import build, shard_lengths, workload_for
-from treeattn.sim.memory import peak_memory
+from treeattn.sim.engine import peak_memory
 from treeattn.topo import Topology
 
 WORLD = 4

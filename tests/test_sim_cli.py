@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -85,3 +86,23 @@ def test_demo_section_prints_speedups():
     console = Console(record=True, width=160)
     assert demo_section(console) == 0
     assert "1,048,576" in console.export_text()
+
+
+@pytest.mark.parametrize("gpu", ["A6000", "RTX3090"])
+def test_plan_on_an_imported_box_of_any_named_gpu(capsys, tmp_path, gpu):
+    """Every GPU model the topology can name has a hardware model (the one GPU table)."""
+    fixture = Path(__file__).parent / "fixtures" / "nvsmi-4xrtx3090-nv4-pairs-aikitoria-pr18.txt"
+    out = tmp_path / "box.json"
+    assert run(capsys, "topo", "import", str(fixture), "--gpu", gpu, "-o", str(out))[0] == 0
+    code, stdout, _ = run(capsys, "plan", "--topology", str(out), "--model", "llama-3.1-8b",
+                          "--seq-len", "8192", "--json")
+    assert code == 0, stdout
+    assert json.loads(stdout)["latency_s"] > 0
+
+
+def test_every_topology_gpu_model_has_a_hardware_model():
+    from treeattn.sim.devices import hardware_for
+    from treeattn.topo.hardware import GPU_SPECS
+
+    for name in GPU_SPECS:
+        assert hardware_for(name).name == name

@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.sim import DecodeWorkload, HardwareModel, build_schedule, simulate
-from treeattn.sim.alg_tree import make_trees
-from treeattn.sim.backend import BackendModel
+from treeattn.sim.algorithms.tree import make_trees
 from treeattn.sim.closed_form import closed_form
-from treeattn.sim.costs import CostModel
+from treeattn.sim.devices import BackendModel
+from treeattn.sim.network import CostModel
 from treeattn.topo import Topology
 
 VARIANTS = [("tree", {"shape": s}) for s in

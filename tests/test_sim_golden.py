@@ -1,7 +1,7 @@
 """Predictions for the standard configurations must match the reviewed golden file.
 
 If this fails after an intended model change, regenerate with
-``.venv/bin/python -m treeattn.sim.golden --update`` and review the diff.
+``.venv/bin/python tests/golden/update.py --update`` and review the diff.
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from treeattn.sim.golden import GOLDEN, predictions
+from golden.update import GOLDEN, predictions
 
 
 def test_predictions_match_golden_file():

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.sim import DecodeWorkload, ModelConfig, SimError, build_schedule, plan, simulate
-from treeattn.sim.memory import peak_memory
+from treeattn.sim.engine import peak_memory
 from treeattn.topo import Topology
 
 
@@ -83,7 +83,7 @@ def test_plan_beats_ring_at_long_context_and_explains_itself():
     chosen = plan(topo, DecodeWorkload("llama-3.1-70b", 1 << 20))
     assert chosen.algorithm != "ring"
     assert chosen.best("ring").latency_s > 10 * chosen.latency_s
-    d = chosen.to_dict()
+    d = chosen.to_json()
     assert {"algorithm", "tree", "latency_s", "candidates"} <= set(d)
     assert all({"name", "latency_s"} <= set(c) for c in d["candidates"])
     assert chosen.name in chosen.explain()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from treeattn.sim import DecodeWorkload, SimError, build_schedule, simulate
-from treeattn.sim.profile import (
+from treeattn.sim.devices import (
     backend_from_profile,
     hardware_from_profile,
     load_profile,
@@ -63,7 +63,7 @@ def test_unreadable_profile(tmp_path):
 
 
 def test_concurrent_exchange_bandwidth_prices_the_links():
-    from treeattn.sim.profile import topology_from_profile
+    from treeattn.sim.devices import topology_from_profile
 
     base = {"version": 1, "backend": "gloo", "world": 2, "cores": 2,
             "p2p": {"latency_s": 4e-5, "bandwidth_Bps": 4e9},

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sim_reference import execute, full_attention
 
 from treeattn.sim import DecodeWorkload, ScheduleError, build_schedule
+from treeattn.sim.algorithms.trees import double_binary, hierarchical, simple_shape
+from treeattn.sim.reference import execute, full_attention
 from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send
-from treeattn.sim.trees import double_binary, hierarchical, simple_shape
 from treeattn.topo import Topology
 
 SHAPES = ("chain", "flat", "binary", "kary", "binomial", "double_binary", "hierarchical",

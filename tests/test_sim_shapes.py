@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from treeattn.sim import DecodeWorkload, build_schedule, simulate
-from treeattn.sim.search import fnf_tree
+from treeattn.sim.algorithms.trees import fnf_tree
 from treeattn.topo import Topology
 
 

@@ -18,8 +18,9 @@ from rich.console import Console
 
 from treeattn.commands._args import parse_tokens
 from treeattn.errors import UserError
+from treeattn.sim import ALGORITHM_NAMES
 
-ALGORITHMS = ("auto", "tree", "ring", "butterfly", "allreduce3", "allgather")
+ALGORITHMS = ("auto", *ALGORITHM_NAMES)
 DEMO_PROMPT = "What is the capital of France?"
 
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from treeattn.commands._args import parse_tokens
 from treeattn.sim import DecodeWorkload, SimError, plan
-from treeattn.sim.rows import algorithm_rows
+from treeattn.sweep.rows import algorithm_rows
 
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")
 DEMO_SEQ_LENS = (32 * 1024, 128 * 1024, 1024 * 1024)
@@ -55,7 +55,7 @@ def _load(args: argparse.Namespace, seq_len: int):
                               include_model=args.include_model)
     overrides = {}
     if args.profile:
-        from treeattn.sim.profile import backend_from_profile, hardware_from_profile
+        from treeattn.sim.devices import backend_from_profile, hardware_from_profile
 
         overrides = {"hardware": hardware_from_profile(args.profile),
                      "backend": backend_from_profile(args.profile)}
@@ -66,7 +66,8 @@ def handle_predict(args: argparse.Namespace) -> int:
     rows = []
     for seq_len in args.seq_len:
         topo, workload, overrides = _load(args, seq_len)
-        rows += algorithm_rows(plan(topo, workload, simulate_each=True, **overrides), args.topology)
+        chosen = plan(topo, workload, simulate_each=True, **overrides)
+        rows += [r.to_json() for r in algorithm_rows(chosen, args.topology)]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -90,7 +91,7 @@ def handle_plan(args: argparse.Namespace) -> int:
     topo, workload, overrides = _load(args, args.seq_len)
     chosen = plan(topo, workload, **overrides)
     if args.json:
-        print(json.dumps(chosen.to_dict(), indent=2, default=float))
+        print(json.dumps(chosen.to_json(), indent=2, default=float))
         return 0
     console = Console()
     console.print(f"[bold]{chosen.name}[/bold]: {_time(chosen.latency_s)} per layer, "

@@ -18,13 +18,13 @@ from rich.table import Table
 from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
-from treeattn.sim.models import DTYPE_BYTES
+from treeattn.sim.algorithms import ALGORITHM_NAMES
+from treeattn.sim.workload import DTYPE_BYTES
 
 DEMO_SEQ_LENS = (16384, 65536, 262144)
-# The parser's choices, free of torch so that `treeattn --help` does not import it (the
-# runtime modules are imported where they run). tests/test_cli_deps.py checks that they equal
-# treeattn.runtime.plans.ALGORITHMS and DTYPES.
-ALGORITHMS = ("auto", "tree", "butterfly", "ring", "allreduce3", "allgather")
+# The parser's choices come from the torch-free registries, so that `treeattn --help` does not
+# import torch (the runtime modules are imported where they run).
+ALGORITHMS = ("auto", *ALGORITHM_NAMES)
 DTYPES = tuple(DTYPE_BYTES)
 
 def _add_group_options(parser: argparse.ArgumentParser) -> None:

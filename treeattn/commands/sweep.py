@@ -19,8 +19,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from treeattn.atomic import atomic_folder, check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.errors import UserError
+from treeattn.sim import ALGORITHM_NAMES
 from treeattn.sweep import plots
-from treeattn.sweep.grid import ALGORITHMS, check_points, expand_grid, memory_rows, run_sweep
+from treeattn.sweep.grid import check_points, expand_grid, memory_rows, run_sweep
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="context length (repeatable; 80k, 1M accepted)")
     parser.add_argument("--nodes", type=int, action="append", default=None,
                         help="node count applied to each topology (repeatable)")
-    parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
+    parser.add_argument("--algorithms", nargs="+", choices=ALGORITHM_NAMES,
+                        default=list(ALGORITHM_NAMES))
     parser.add_argument("-o", "--output", required=True, help="output directory")
     parser.add_argument("--measure", action="store_true",
                         help="run tree/ring for real on local ranks and plot vs prediction")

@@ -310,7 +310,7 @@ def read_profile(path: str | os.PathLike) -> dict:
     if not isinstance(profile, dict) or profile.get("version") != PROFILE_VERSION:
         raise RuntimeFailure(f"profile {path} is not a version {PROFILE_VERSION} profile")
     from treeattn.sim import SimError
-    from treeattn.sim.profile import load_profile
+    from treeattn.sim.devices import load_profile
 
     try:
         return load_profile(profile)

@@ -152,7 +152,7 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
         return topo, None, None
     if profile is None:
         return local_topology(world), None, None
-    from treeattn.sim.profile import (
+    from treeattn.sim.devices import (
         backend_from_profile,
         hardware_from_profile,
         topology_from_profile,

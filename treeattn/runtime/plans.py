@@ -20,11 +20,11 @@ from treeattn.runtime.executor import Executor, RunStats
 from treeattn.runtime.group import RankContext
 from treeattn.runtime.native import run_allreduce3_native
 from treeattn.runtime.wire import AttnDims
-from treeattn.sim.models import ModelConfig
+from treeattn.sim.algorithms import ALGORITHM_NAMES
 from treeattn.sim.schedule import Compute, Schedule
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.sim.workload import DecodeWorkload, ModelConfig
 
-ALGORITHMS = ("auto", "tree", "butterfly", "ring", "allreduce3", "allgather")
+ALGORITHMS = ("auto", *ALGORITHM_NAMES)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

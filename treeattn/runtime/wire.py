@@ -19,7 +19,15 @@ from dataclasses import dataclass
 import torch
 
 from treeattn.runtime.errors import RuntimeFailure
-from treeattn.sim.schedule import Recv, Schedule, Send
+from treeattn.sim.schedule import (
+    PAYLOAD_LAYOUTS,
+    Payload,
+    Recv,
+    Schedule,
+    Send,
+    payload_numel,
+    shard_bounds,
+)
 
 
 @dataclass(frozen=True)
@@ -34,18 +42,14 @@ class AttnDims:
 
     def numel(self, payload: str, kv_len: int = 0) -> int:
         """Elements in the flat buffer of ``payload`` (``kv_len`` tokens for ``"kv"``)."""
-        b, hq, d = self.batch, self.n_heads, self.head_dim
-        partial = b * hq * (d + 1)
-        sizes = {"partial": partial, "residue": partial, "max": b * hq, "den": b * hq,
-                 "num": b * hq * d}
-        if payload == "kv":
-            return 2 * b * self.n_kv_heads * kv_len * d
-        if payload not in sizes:
+        if payload not in PAYLOAD_LAYOUTS:
             raise RuntimeFailure(f"unknown payload {payload!r}")
-        return sizes[payload]
+        return payload_numel(payload, {"B": self.batch, "Hq": self.n_heads,
+                                       "Hkv": self.n_kv_heads, "D": self.head_dim, "T": kv_len})
 
     def dtype(self, payload: str) -> torch.dtype:
-        return self.kv_dtype if payload == "kv" else torch.float32
+        cache = PAYLOAD_LAYOUTS[Payload(payload)].dtype == "cache"
+        return self.kv_dtype if cache else torch.float32
 
 
 def pack_partial(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -126,9 +130,7 @@ def chunk_bounds(numel: int, chunk: tuple[int, int] | None) -> tuple[int, int]:
     index, count = chunk
     if not 0 <= index < count:
         raise RuntimeFailure(f"chunk {chunk} is out of range")
-    base, extra = divmod(numel, count)
-    lo = index * base + min(index, extra)
-    return lo, lo + base + (1 if index < extra else 0)
+    return shard_bounds(numel, count)[index]
 
 
 def kv_message_lengths(schedule: Schedule, lengths: list[int]) -> dict[tuple[int, int], int]:

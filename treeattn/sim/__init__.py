@@ -1,25 +1,21 @@
 """The simulator and planner: schedules, a simpy engine, closed forms and the planner.
 
 >>> from treeattn.topo import Topology
->>> from treeattn.sim import DecodeWorkload, plan
+>>> from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, plan
 >>> p = plan(Topology.from_spec("mi300x"), DecodeWorkload("llama-3.1-8b", 32768))
->>> p.algorithm in ("tree", "butterfly", "allgather", "allreduce3", "ring")
+>>> p.algorithm in ALGORITHM_NAMES
 True
 """
 
-from treeattn.sim.algorithms import build_schedule
-from treeattn.sim.backend import BackendModel
-from treeattn.sim.engine import simulate
-from treeattn.sim.errors import ScheduleError, SimError
-from treeattn.sim.hardware import HardwareModel
-from treeattn.sim.models import ModelConfig
+from treeattn.sim.algorithms import ALGORITHM_NAMES, build_schedule
+from treeattn.sim.devices import BackendModel, HardwareModel
+from treeattn.sim.engine import SimResult, simulate
 from treeattn.sim.planner import Plan, plan
-from treeattn.sim.results import SimResult
-from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, ScheduleError, Send, SimError
+from treeattn.sim.workload import DecodeWorkload, ModelConfig
 
 __all__ = [
-    "BackendModel", "Compute", "DecodeWorkload", "HardwareModel", "Merge", "ModelConfig",
-    "Plan", "Recv", "Schedule", "ScheduleError", "Send", "SimError", "SimResult",
-    "build_schedule", "plan", "simulate",
+    "ALGORITHM_NAMES", "BackendModel", "Compute", "DecodeWorkload", "HardwareModel", "Merge",
+    "ModelConfig", "Plan", "Recv", "Schedule", "ScheduleError", "Send", "SimError",
+    "SimResult", "build_schedule", "plan", "simulate",
 ]

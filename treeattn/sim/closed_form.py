@@ -10,7 +10,8 @@ order (the schedule generators' docstrings) and propagate per-rank ready times:
   + merge``; down: each child receives ``send · k + wire`` after its parent's k-th send.
   On a homogeneous network this is ``attn + depth · 2(α + n/β) + merges`` for a binomial tree.
 * butterfly: ``⌈log2 p⌉`` rounds of ``max(own sends, partner's arrivals) + recv + merge``;
-  when p is not a power of two some rounds carry two partials (see ``alg_butterfly``).
+  when p is not a power of two some rounds carry two partials (see
+  :mod:`treeattn.sim.algorithms.butterfly`).
 * allgather: the ``j``-th message from ``r`` leaves at ``attn_r + j·send``; ``r`` merges its
   ``p − 1`` arrivals in order.
 * ring: rank r's step ``i + 1`` starts at
@@ -30,9 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from treeattn.sim.alg_common import chunk_sizes
-from treeattn.sim.costs import CostModel
-from treeattn.sim.trees import Tree
+from treeattn.sim.algorithms.trees import Tree
+from treeattn.sim.network import CostModel
 
 
 def tree_up(cm: CostModel, start, tree: Tree, nbytes: float) -> list[float]:
@@ -68,7 +68,7 @@ def tree_down(cm: CostModel, start, tree: Tree, nbytes: float) -> list[float]:
 
 def tree_allreduce(cm: CostModel, start, trees: list[Tree], payload: str = "partial"):
     count = len(trees)
-    sizes = chunk_sizes(cm.workload, payload, count)
+    sizes = cm.workload.chunk_bytes(payload, count)
     t = list(start)
     for tree, n in zip(trees, sizes):
         t = tree_up(cm, t, tree, n)
@@ -168,7 +168,7 @@ def ring(cm: CostModel) -> float:
 
 def ring_allreduce(cm: CostModel, start, payload: str, op_merge: bool = True) -> np.ndarray:
     p = cm.world
-    sizes = np.array(chunk_sizes(cm.workload, payload, p), dtype=float)
+    sizes = np.array(cm.workload.chunk_bytes(payload, p), dtype=float)
     prv, ranks = _ring_pairs(cm)
     t = np.asarray(start, dtype=float)
     for replace in (False, True):

@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from treeattn.sim import nccl_tables as T
-from treeattn.sim.errors import SimError
+from treeattn.sim.schedule import SimError
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 
@@ -76,7 +76,7 @@ class GroupShape:
     @classmethod
     def of(cls, topology, ranks: Iterable[int]) -> GroupShape:
         """Read the group's shape off ``topology`` (ranks in the topology's rank order)."""
-        from treeattn.topo.hardware import gpu_links, normalize_model
+        from treeattn.topo.hardware import gpu_spec, normalize_model
 
         gpus = [topology.gpu(r) for r in ranks]
         if not gpus:
@@ -96,7 +96,7 @@ class GroupShape:
             kinds = {topology.edge(u, v)["kind"] for u, v in edges}
             nvswitch = any(topology.graph.nodes[v].get("kind") == "nvswitch" for _, v in edges)
             intra = "nvlink" if kinds <= {"nvlink", "xgmi"} else "pci"
-            line = gpu_links(model).link_bandwidth or 1.0
+            line = gpu_spec(model).link_bandwidth or 1.0
             links_out = round(topology.link_bandwidth_out(local[0]) / line)
             channels, speed, p2p_intra = _intra_channels(
                 topology, local, family, arch, intra, nvswitch, links_out)

@@ -1,4 +1,5 @@
-"""The simpy engine: execute a :class:`~treeattn.sim.schedule.Schedule` on a topology.
+"""The simpy engine: execute a :class:`~treeattn.sim.schedule.Schedule` on a topology, and what
+it returns (:class:`SimResult`, the critical path, the peak-memory model).
 
 * Each rank is a simpy process that runs its steps in order (semantics in schedule.py),
   keeping its own clock: steps that cannot block (Compute, Merge, Send) advance it without
@@ -11,25 +12,55 @@
 * A message is cut into chunks (:mod:`treeattn.sim.network`) that cross the route with
   cut-through pipelining: a chunk holds each link for ``chunk / bandwidth`` (and until its
   tail has arrived), and its head reaches the next link ``latency`` after it started on
-  this one. Links are resources booked first-fit at injection
-  (:mod:`treeattn.sim.links`): a chunk gets the earliest idle slot at or after the moment it
-  can reach the link. Without contention this is exactly the closed-form pipeline; with
-  contention it differs from a strict arrival-order FIFO only when a later-posted message
-  cannot fit in a gap before an earlier-posted one (it then queues behind it). Booking at
-  injection needs one event per message instead of one per chunk and hop, which is what
-  makes tens of thousands of ranks tractable.
+  this one. Links are resources booked first-fit at injection (a
+  :class:`~treeattn.sim.network.LinkCalendar`): a chunk gets the earliest idle slot at or
+  after the moment it can reach the link. Without contention this is exactly the
+  closed-form pipeline; with contention it differs from a strict arrival-order FIFO only
+  when a later-posted message cannot fit in a gap before an earlier-posted one (it then
+  queues behind it). Booking at injection needs one event per message instead of one per
+  chunk and hop, which is what makes tens of thousands of ranks tractable.
+
+Peak memory per rank (:func:`peak_memory`): the KV shard plus what the algorithm keeps
+alive. What is counted, walking a rank's steps in order (the peak over all points):
+
+* its own KV shard (the cache), always; ``"kv"`` starts as an alias of it (no extra bytes);
+* the payload buffers once set: ``partial`` (by ``attention``), ``max`` (``init_max``),
+  ``num`` and ``den`` (``rescale``), ``residue`` (its first Merge), or by a replacing Recv
+  (a chunked replace counts the whole buffer once). A replacing Recv of ``"kv"`` makes
+  ``"kv"`` a separate block of the received size (the previous foreign block is freed at
+  that moment);
+* the block partial of an ``attention_block`` until its ``Merge(tag=None)``;
+* a message received with ``reduce=True`` until the Merge of its tag;
+* the one receive posted ahead: the runtime posts a rank's next receive as soon as the
+  previous one completed (the first at the start), so its buffer is live from then until
+  it completes.
+
+Send buffers are not counted: a send reads the buffer in place, and a replacing Recv
+allocates a fresh tensor instead of overwriting it. Ring therefore peaks at
+``shard + current block + incoming block (+ partials)``, and tree at ``shard + partials``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import simpy
 
-from treeattn.sim.costs import CostModel
-from treeattn.sim.errors import ScheduleError
-from treeattn.sim.links import LinkCalendar
-from treeattn.sim.memory import peak_memory
-from treeattn.sim.results import SimResult, critical_path
-from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send, step_name
+from treeattn.sim.network import CostModel, LinkCalendar
+from treeattn.sim.schedule import (
+    COMPUTE_SETS,
+    Compute,
+    ComputeLabel,
+    Merge,
+    MergeOp,
+    Payload,
+    Recv,
+    Schedule,
+    ScheduleError,
+    Send,
+    step_name,
+)
 from treeattn.sim.workload import DecodeWorkload
 
 
@@ -73,6 +104,13 @@ class _Run:
         count, size = net.chunking(step.nbytes)
         self.sent[src] += step.nbytes
         arrival = now
+        # Chunked cut-through pipelining. A message is not stored and forwarded whole at each
+        # hop: it is cut into `count` chunks, and a chunk's head enters link j + 1 one latency
+        # after it started on link j, while its tail may still be on link j. So a long
+        # message pays the slowest link's transfer time once (plus every hop's latency), not
+        # once per hop; and chunks of different messages can interleave on a shared link.
+        # Every chunk is booked on every link now, at injection (first fit in the calendars),
+        # which costs one event per message instead of one per chunk and hop.
         for k in range(count):
             head, tail = now, now  # head may enter the next link at `head`; tail is in by `tail`
             for edge, bw, lat in hops:
@@ -168,3 +206,132 @@ def simulate(schedule: Schedule, topology, workload: DecodeWorkload, hardware=No
         steps_timeline=run.timeline if timeline else [], bytes_per_link=run.link_bytes,
         critical_path=critical_path(schedule.steps, run.start, run.end, run.cause),
     )
+
+
+# -- results -----------------------------------------------------------------------------
+
+@dataclass
+class SimResult:
+    """The prediction for one schedule.
+
+    ``timeline`` holds ``(rank, step_index, step_name, start_s, end_s)``; ``bytes_per_link``
+    maps a directed edge ``(u, v)`` to the bytes that crossed it; ``bytes_per_rank`` is what
+    each rank sent; ``comm_bytes`` their sum (each message counted once, not per hop).
+    ``critical_path`` splits the makespan into ``compute_s`` (Compute and Merge steps,
+    waiting for a shared core included), ``overhead_s`` (software send/recv overhead) and
+    ``wire_s`` (in flight, contention included). ``method`` is ``"simulated"`` or
+    ``"closed_form"`` (see :mod:`treeattn.sim.closed_form`).
+    """
+
+    algorithm: str
+    params: dict
+    makespan_s: float
+    comm_bytes: int
+    bytes_per_rank: list[int]
+    memory: list[int] | Callable[[], list[int]] = field(default_factory=list, repr=False)
+    steps_timeline: list | Callable[[], list] = field(default_factory=list, repr=False)
+    bytes_per_link: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+    critical_path: dict = field(default_factory=dict)
+    method: str = "simulated"
+
+    @property
+    def peak_memory_bytes(self) -> list[int]:
+        """Peak bytes per rank (computed on first use; see :func:`peak_memory`)."""
+        if callable(self.memory):
+            self.memory = self.memory()
+        return self.memory
+
+    @property
+    def timeline(self) -> list[tuple[int, int, str, float, float]]:
+        """``(rank, step_index, step_name, start_s, end_s)`` for every step (built lazily)."""
+        if callable(self.steps_timeline):
+            self.steps_timeline = self.steps_timeline()
+        return self.steps_timeline
+
+    @property
+    def latency_s(self) -> float:
+        return self.makespan_s
+
+    def summary(self) -> dict:
+        return {
+            "algorithm": self.algorithm, "latency_s": self.makespan_s,
+            "comm_bytes": self.comm_bytes, "peak_memory_bytes": max(self.peak_memory_bytes),
+            "method": self.method, "critical_path": self.critical_path,
+        }
+
+
+def critical_path(steps, start, end, cause) -> dict:
+    """Walk back from the last step to finish, following what each step waited for.
+
+    ``start[r][i]``/``end[r][i]`` are step times; ``cause[r][i]`` is, for a Recv that waited
+    on its message, ``(src_rank, src_step, inject_time, arrival_time)``, else ``None``.
+    """
+    r = max(range(len(end)), key=lambda x: end[x][-1] if end[x] else 0.0)
+    i = len(steps[r]) - 1
+    out = {"compute_s": 0.0, "overhead_s": 0.0, "wire_s": 0.0, "steps": 0}
+    while i >= 0:
+        step = steps[r][i]
+        out["steps"] += 1
+        if isinstance(step, Compute | Merge):
+            out["compute_s"] += end[r][i] - start[r][i]
+        elif isinstance(step, Send):
+            out["overhead_s"] += end[r][i] - start[r][i]
+        elif isinstance(step, Recv) and cause[r][i] is not None:
+            src, j, inject, arrival = cause[r][i]
+            out["overhead_s"] += end[r][i] - arrival
+            out["wire_s"] += arrival - inject
+            r, i = src, j
+            continue
+        else:
+            out["overhead_s"] += end[r][i] - start[r][i]
+        i -= 1
+    return out
+
+
+# -- peak memory -------------------------------------------------------------------------
+
+def _set_by_compute(label: str, workload: DecodeWorkload) -> dict[str, int]:
+    return {p: workload.buffer_bytes(p) for p in COMPUTE_SETS[ComputeLabel(label)]}
+
+
+def rank_peak(steps, shard_bytes: int, workload: DecodeWorkload) -> int:
+    """Peak bytes of one rank's schedule (see the module docstring)."""
+    recvs = [i for i, s in enumerate(steps) if isinstance(s, Recv)]
+    posted = steps[recvs[0]].nbytes if recvs else 0
+    next_recv = 1
+    named: dict[str, int] = {}
+    kept: dict[int, int] = {}
+    block = 0
+    peak = shard_bytes + posted
+    for s in steps:
+        if isinstance(s, Compute):
+            named.update(_set_by_compute(s.label, workload))
+            if s.label == ComputeLabel.ATTENTION_BLOCK:
+                block = workload.partial_bytes
+        elif isinstance(s, Recv):
+            if s.reduce:
+                kept[s.tag] = s.nbytes
+            elif s.payload == Payload.KV:
+                named[Payload.KV] = s.nbytes
+            else:
+                full = s.nbytes if s.chunk is None else workload.buffer_bytes(s.payload)
+                named[s.payload] = max(named.get(s.payload, 0), full)
+            posted = steps[recvs[next_recv]].nbytes if next_recv < len(recvs) else 0
+            next_recv += 1
+        elif isinstance(s, Merge):
+            if s.op == MergeOp.RESIDUE:
+                named[Payload.RESIDUE] = workload.partial_bytes
+            if s.tag is None and s.op == MergeOp.PARTIAL:
+                block = 0
+            elif s.tag is not None:
+                kept.pop(s.tag, None)
+        live = shard_bytes + sum(named.values()) + sum(kept.values()) + posted + block
+        peak = max(peak, live)
+    return peak
+
+
+def peak_memory(schedule: Schedule, workload: DecodeWorkload) -> list[int]:
+    """Peak bytes per rank for ``schedule`` on ``workload``'s shards."""
+    shards = workload.shards(schedule.world)
+    return [rank_peak(steps, workload.kv_bytes(shards[r]), workload)
+            for r, steps in enumerate(schedule.steps)]

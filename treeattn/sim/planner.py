@@ -1,10 +1,10 @@
 """``plan(topology, workload)``: score every candidate, simulate the promising, pick the fastest.
 
-Search (branch and bound): each candidate of :mod:`treeattn.sim.candidates` first gets its
-closed-form latency (:mod:`treeattn.sim.closed_form`), a lower bound on what the simulator
-will say because it ignores contention. Candidates are then simulated in increasing order of
-that bound until the next bound is no better than the best simulated latency (nothing left
-can win) or the simulation budget is spent (8 for p ≤ 64, 3 up to 2048 ranks, 1 beyond).
+Search (branch and bound): each candidate first gets its closed-form latency
+(:mod:`treeattn.sim.closed_form`), a lower bound on what the simulator will say because it
+ignores contention. Candidates are then simulated in increasing order of that bound until
+the next bound is no better than the best simulated latency (nothing left can win) or the
+simulation budget is spent (8 for p ≤ 64, 3 up to 2048 ranks, 1 beyond).
 Candidates never simulated are reported with their closed form, marked ``closed_form``.
 
 The best-bounded candidate is simulated up to ``MAX_FIRST_CHUNK_MESSAGES`` chunk-messages
@@ -14,6 +14,24 @@ need more than ``MAX_CHUNK_MESSAGES`` chunk-messages
 closed form includes the queueing of a rank's back-to-back sends on its route, and the
 ring's neighbour routes do not share links on the rail-optimised fabrics we build, so there
 the closed form is what the simulator would compute (tests check it at small p).
+
+Candidates: a :class:`Candidate` is an algorithm plus the parameters ``build_schedule``
+takes. What is enumerated for ``p`` ranks on ``h`` hosts (pruning rules that keep it fast):
+
+* tree shapes: binomial, 4-ary, 8-ary and double binary always; binary for p ≤ 256; flat
+  for p ≤ 64; chain for p ≤ 16; hierarchical (inner flat or binomial × outer binomial or
+  4-ary; flat/4-ary only up to 256 ranks) when there is more than one host; searched (FNF,
+  O(p²)) for p ≤ 256;
+* roots: every rank for p ≤ 16, rank 0 and rank p/2 up to 256 ranks, rank 0 beyond (on a
+  symmetric cluster the root matters little; on small irregular boxes every root is tried);
+* beyond ``HUGE`` (4096) ranks, only binomial, 8-ary and the two hierarchical trees with
+  a flat or binomial inner tree, rooted at 0: every distinct (src, dst) pair costs a route
+  look-up, and the full list would need millions of them;
+* butterfly always; allgather for p ≤ 256 (its p(p−1) messages make it hopeless beyond);
+* allreduce3 over a binomial tree, and over a ring for p ≤ 256;
+* ring always (its closed form is vectorised; see the planner for when it is simulated).
+
+:meth:`Plan.explain` says in one paragraph why the winner wins.
 """
 
 from __future__ import annotations
@@ -21,18 +39,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from treeattn.sim.alg_tree import make_trees
 from treeattn.sim.algorithms import build_schedule
-from treeattn.sim.candidates import Candidate, enumerate_candidates
+from treeattn.sim.algorithms.tree import make_trees
+from treeattn.sim.algorithms.trees import Tree
 from treeattn.sim.closed_form import closed_form
-from treeattn.sim.costs import CostModel
-from treeattn.sim.engine import simulate
-from treeattn.sim.errors import SimError
-from treeattn.sim.explain import explain_plan
-from treeattn.sim.memory import peak_memory
-from treeattn.sim.results import SimResult
-from treeattn.sim.schedule import Schedule
-from treeattn.sim.trees import Tree
+from treeattn.sim.engine import SimResult, peak_memory, simulate
+from treeattn.sim.network import CostModel
+from treeattn.sim.schedule import Schedule, SimError
 from treeattn.sim.workload import DecodeWorkload
 
 MAX_CHUNK_MESSAGES = 100_000
@@ -41,6 +54,95 @@ MAX_CHUNK_MESSAGES = 100_000
 MAX_FIRST_CHUNK_MESSAGES = 400_000
 
 
+# -- candidates --------------------------------------------------------------------------
+TREE_STYLE = ("tree", "butterfly", "allgather")
+HUGE = 4096  # beyond this many ranks only a short list of shapes is scored
+
+
+@dataclass
+class Candidate:
+    """One plan the planner scored: closed-form bound, and a simulation when it ran."""
+
+    name: str
+    algorithm: str
+    params: dict
+    trees: list[Tree] = field(default_factory=list)
+    bound_s: float = float("inf")
+    result: SimResult | None = None
+
+    @property
+    def latency_s(self) -> float:
+        return self.result.makespan_s if self.result is not None else self.bound_s
+
+    @property
+    def method(self) -> str:
+        return self.result.method if self.result is not None else "closed_form"
+
+    @property
+    def family(self) -> str:
+        return "tree" if self.algorithm in TREE_STYLE else self.algorithm
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "algorithm": self.algorithm, "latency_s": self.latency_s,
+                "closed_form_s": self.bound_s, "method": self.method}
+
+
+def roots_for(world: int) -> list[int]:
+    if world <= 16:
+        return list(range(world))
+    return sorted({0, world // 2}) if world <= 256 else [0]
+
+
+def tree_shapes(world: int, hosts: int) -> list[dict]:
+    if world > HUGE:
+        return [dict(shape="binomial"), dict(shape="kary", k=8),
+                dict(shape="hierarchical", inner="flat", outer="binomial"),
+                dict(shape="hierarchical", inner="binomial", outer="binomial")]
+    shapes = [dict(shape="binomial"), dict(shape="kary", k=4), dict(shape="kary", k=8),
+              dict(shape="double_binary")]
+    if world <= 256:
+        shapes.append(dict(shape="binary"))
+    if world <= 64:
+        shapes.append(dict(shape="flat"))
+    if world <= 16:
+        shapes.append(dict(shape="chain"))
+    if 1 < hosts < world:
+        for inner in ("flat", "binomial"):
+            shapes.append(dict(shape="hierarchical", inner=inner, outer="binomial"))
+            if inner == "binomial" or world <= 256:
+                shapes.append(dict(shape="hierarchical", inner=inner, outer="kary", k=4))
+    if world <= 256:
+        shapes.append(dict(shape="searched"))
+    return shapes
+
+
+def tree_name(params: dict) -> str:
+    shape = params["shape"]
+    if shape == "kary":
+        shape = f"{params['k']}-ary"
+    if shape == "hierarchical":
+        outer = params["outer"] if params["outer"] != "kary" else f"{params['k']}-ary"
+        shape = f"hierarchical({params['inner']}/{outer})"
+    return f"tree/{shape}@{params['root']}"
+
+
+def enumerate_candidates(world: int, hosts: int) -> list[Candidate]:
+    out = []
+    for shape in tree_shapes(world, hosts):
+        for root in roots_for(world):
+            params = dict(shape, root=root)
+            out.append(Candidate(tree_name(params), "tree", params))
+    out.append(Candidate("butterfly", "butterfly", {}))
+    if world <= 256:
+        out.append(Candidate("allgather", "allgather", {}))
+    out.append(Candidate("allreduce3/tree", "allreduce3", {"inner": "tree"}))
+    if world <= 256:
+        out.append(Candidate("allreduce3/ring", "allreduce3", {"inner": "ring"}))
+    out.append(Candidate("ring", "ring", {}))
+    return out
+
+
+# -- the plan ----------------------------------------------------------------------------
 @dataclass
 class Plan:
     """The chosen schedule, its prediction, and every candidate considered (ranked)."""
@@ -92,7 +194,8 @@ class Plan:
     def explain(self) -> str:
         return explain_plan(self)
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict:
+        """The JSON object ``treeattn predict --json`` prints."""
         tree = self.tree
         return {
             "algorithm": self.algorithm, "name": self.name,
@@ -101,7 +204,7 @@ class Plan:
             "comm_bytes": self.prediction.comm_bytes,
             "peak_memory_bytes": max(self.prediction.peak_memory_bytes),
             "critical_path": self.prediction.critical_path,
-            "candidates": [c.to_dict() for c in self.candidates],
+            "candidates": [c.to_json() for c in self.candidates],
             "explanation": self.explain(),
         }
 
@@ -212,3 +315,60 @@ def closed_form_result(c: Candidate, topology, cm: CostModel) -> SimResult:
         memory = peak_memory(schedule, w)
     return SimResult(c.algorithm, dict(c.params), c.bound_s, sum(sent), sent, memory,
                      method="closed_form")
+
+
+# -- the explanation ---------------------------------------------------------------------
+
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:,.2f} ms"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def explain_plan(plan) -> str:
+    """Why ``plan.winner`` beats the rest, in one paragraph of plain sentences."""
+    w, win, pred = plan.workload, plan.winner, plan.prediction
+    topo = plan.topology
+    cp = pred.critical_path or {}
+    parts = [
+        f"On {topo.num_gpus} GPUs over {len(topo.hosts)} host(s), {win.name} is predicted to "
+        f"take {_us(win.latency_s)} per attention layer for {w.describe()} "
+        f"({_us(plan.token_latency_s())} per token over {w.model.n_layers} layers, "
+        f"{pred.method})."
+    ]
+    if cp:
+        parts.append(
+            f"Its critical path is {_us(cp['compute_s'])} of local compute and merges, "
+            f"{_us(cp['overhead_s'])} of per-message software overhead and "
+            f"{_us(cp['wire_s'])} on the wire."
+        )
+    tree = plan.tree
+    if tree is not None:
+        parts.append(f"The tree has depth {tree.depth} and root {tree.root}; each rank sends "
+                     f"a {_bytes(w.partial_bytes)} partial, never its KV shard.")
+    others = [c for c in plan.candidates if c is not win]
+    if others:
+        runner = others[0]
+        gap = runner.latency_s / win.latency_s - 1
+        parts.append(f"The runner-up, {runner.name}, is {gap:.1%} slower ({_us(runner.latency_s)}, "
+                     f"{runner.method}).")
+    ring = plan.best("ring")
+    if ring is not None and ring is not win:
+        ring_bytes = (topo.num_gpus - 1) * w.kv_bytes(w.seq_len)
+        parts.append(f"Ring Attention would take {_us(ring.latency_s)} "
+                     f"({ring.latency_s / win.latency_s:.1f}× longer) because it moves "
+                     f"{_bytes(ring_bytes)} of KV blocks per layer against "
+                     f"{_bytes(pred.comm_bytes)} here.")
+    simulated = sum(c.result is not None for c in plan.candidates)
+    parts.append(f"{len(plan.candidates)} candidates were scored in closed form and "
+                 f"{simulated} simulated; the rest cannot beat the winner because their "
+                 f"closed form, a lower bound, is already slower.")
+    return " ".join(parts)

@@ -7,19 +7,121 @@ Sizes (all in bytes, ``B`` the batch, ``n`` a shard's token count):
 * ``max`` and ``den``: ``4 · B · Hq``; ``num``: ``4 · B · Hq · D``;
 * attention FLOPs over ``n`` tokens: ``4 · B · Hq · n · D`` (q·Kᵀ and p·V, 2 per MAC).
 
-Sharding rule: the sequence is split into contiguous shards, rank ``r`` holding a shard of
-``seq_len // p`` tokens, and the first ``seq_len % p`` ranks one token more. Explicit
-``shard_lengths`` (which must sum to ``seq_len``) override the rule.
+Sharding rule (:func:`treeattn.sim.schedule.shard_sizes`): the sequence is split into
+contiguous shards, rank ``r`` holding a shard of ``seq_len // p`` tokens, and the first
+``seq_len % p`` ranks one token more. Explicit ``shard_lengths`` (which must sum to
+``seq_len``) override the rule. Payload sizes come from the IR's one table of payload
+layouts (:data:`treeattn.sim.schedule.PAYLOAD_LAYOUTS`).
+
+:class:`ModelConfig` is THE registry of model shapes (:data:`MODELS`); values are copied
+from each model's published ``config.json`` on the Hugging Face Hub:
+
+* ``smollm2-135m``: HuggingFaceTB/SmolLM2-135M/config.json (hidden_size 576,
+  intermediate_size 1536, num_hidden_layers 30, num_attention_heads 9, num_key_value_heads 3,
+  head_dim 576/9 = 64, vocab_size 49152, tie_word_embeddings true, bfloat16).
+* ``llama-3.2-1b``: meta-llama/Llama-3.2-1B/config.json (2048, 8192, 16 layers, 32 heads,
+  8 KV heads, head_dim 64, vocab 128256, tied embeddings, bfloat16).
+* ``llama-3.1-8b``: meta-llama/Llama-3.1-8B/config.json (4096, 14336, 32 layers, 32 heads,
+  8 KV heads, head_dim 128, vocab 128256, bfloat16).
+* ``llama-3.1-70b``: meta-llama/Llama-3.1-70B/config.json (8192, 28672, 80 layers, 64 heads,
+  8 KV heads, head_dim 128, vocab 128256, bfloat16).
+* ``debug``: a tiny fp32 flavour for tests (2 layers, 4 query heads, 2 KV heads, head_dim 16).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from treeattn.sim.errors import SimError
-from treeattn.sim.models import ModelConfig
+from treeattn.sim.schedule import (
+    PAYLOAD_LAYOUTS,
+    Compute,
+    ComputeLabel,
+    Payload,
+    SimError,
+    payload_numel,
+    shard_sizes,
+)
 
 FP32 = 4
+
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shapes of one decoder-only transformer.
+
+    ``n_heads`` is Hq, ``n_kv_heads`` is Hkv (GQA: ``Hq % Hkv == 0``), ``head_dim`` is D and
+    ``dim`` the hidden size. ``dtype_bytes`` is derived from ``dtype``.
+
+    Examples
+    --------
+    >>> m = ModelConfig.from_name("llama-3.1-8b")
+    >>> (m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim, m.dtype_bytes)
+    (32, 32, 8, 128, 2)
+    >>> ModelConfig.from_name("debug").dtype
+    'float32'
+    """
+
+    name: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    dim: int
+    ffn_dim: int
+    vocab_size: int
+    dtype: str = "bfloat16"
+    tie_embeddings: bool = False
+    dtype_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise SimError(f"model {self.name}: unknown dtype {self.dtype!r}")
+        for attr in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "dim", "vocab_size"):
+            if getattr(self, attr) <= 0:
+                raise SimError(f"model {self.name}: {attr} must be positive")
+        if self.n_heads % self.n_kv_heads:
+            raise SimError(f"model {self.name}: n_heads % n_kv_heads != 0 (GQA)")
+        object.__setattr__(self, "dtype_bytes", DTYPE_BYTES[self.dtype])
+
+    @classmethod
+    def from_name(cls, name: str) -> ModelConfig:
+        """The registered configuration called ``name`` (case-insensitive)."""
+        key = str(name).strip().lower()
+        if key not in MODELS:
+            raise SimError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
+        return MODELS[key]
+
+    @classmethod
+    def debug(cls) -> ModelConfig:
+        """The tiny fp32 flavour used by tests."""
+        return MODELS["debug"]
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads outside attention's softmax core.
+
+        Q/K/V/O projections and the gated MLP of every layer, plus the output head; the input
+        embedding is a row gather and is not counted.
+        """
+        attn = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        mlp = 3 * self.dim * self.ffn_dim
+        head = self.vocab_size * self.dim
+        return (self.n_layers * (attn + mlp) + head) * self.dtype_bytes
+
+
+MODELS: dict[str, ModelConfig] = {
+    m.name: m
+    for m in (
+        ModelConfig("smollm2-135m", 30, 9, 3, 64, 576, 1536, 49152, tie_embeddings=True),
+        ModelConfig("llama-3.2-1b", 16, 32, 8, 64, 2048, 8192, 128256, tie_embeddings=True),
+        ModelConfig("llama-3.1-8b", 32, 32, 8, 128, 4096, 14336, 128256),
+        ModelConfig("llama-3.1-70b", 80, 64, 8, 128, 8192, 28672, 128256),
+        ModelConfig("debug", 2, 4, 2, 16, 64, 128, 256, dtype="float32"),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -72,35 +174,50 @@ class DecodeWorkload:
             return list(self.shard_lengths)
         if self.seq_len < world:
             raise SimError(f"seq_len {self.seq_len} is smaller than the number of GPUs {world}")
-        base, extra = divmod(self.seq_len, world)
-        return [base + (1 if r < extra else 0) for r in range(world)]
+        return shard_sizes(self.seq_len, world)
 
     # -- sizes -----------------------------------------------------------------------------
-    def kv_bytes(self, tokens: int) -> int:
+    def dims(self, tokens: int = 0) -> dict[str, int]:
+        """The symbol values of :data:`~treeattn.sim.schedule.PAYLOAD_LAYOUTS`."""
         m = self.model
-        return 2 * self.batch * tokens * m.n_kv_heads * m.head_dim * m.dtype_bytes
+        return {"B": self.batch, "Hq": m.n_heads, "Hkv": m.n_kv_heads, "D": m.head_dim,
+                "T": tokens}
+
+    def kv_bytes(self, tokens: int) -> int:
+        return payload_numel(Payload.KV, self.dims(tokens)) * self.model.dtype_bytes
 
     @property
     def partial_bytes(self) -> int:
-        return FP32 * self.batch * self.model.n_heads * (self.model.head_dim + 1)
+        return self.buffer_bytes(Payload.PARTIAL)
 
     @property
     def max_bytes(self) -> int:
-        return FP32 * self.batch * self.model.n_heads
+        return self.buffer_bytes(Payload.MAX)
 
     @property
     def num_bytes(self) -> int:
-        return FP32 * self.batch * self.model.n_heads * self.model.head_dim
+        return self.buffer_bytes(Payload.NUM)
 
     def buffer_bytes(self, payload: str) -> int:
-        """Size of a non-KV payload buffer (``partial``, ``max``, ``num``, ``den``)."""
-        sizes = {
-            "partial": self.partial_bytes, "residue": self.partial_bytes, "max": self.max_bytes,
-            "num": self.num_bytes, "den": self.max_bytes,
-        }
-        if payload not in sizes:
+        """Size of a non-KV (fp32) payload buffer (``partial``, ``max``, ``num``, ...)."""
+        if payload not in PAYLOAD_LAYOUTS or PAYLOAD_LAYOUTS[Payload(payload)].dtype != "fp32":
             raise SimError(f"no fixed size for payload {payload!r}")
-        return sizes[payload]
+        return FP32 * payload_numel(payload, self.dims())
+
+    def chunk_bytes(self, payload: str, count: int) -> list[int]:
+        """Bytes of each of ``count`` chunks of a payload buffer (schedule.py's chunks).
+
+        ``partial`` is sliced along the query-head axis (``o`` and ``lse`` together);
+        ``max``/``num``/``den`` are sliced as flat fp32 arrays.
+
+        >>> DecodeWorkload("debug", 8).chunk_bytes("partial", 3)  # 4 heads: 2, 1, 1
+        [136, 68, 68]
+        """
+        if PAYLOAD_LAYOUTS[Payload(payload)].chunk_axis == "Hq":
+            per_head = FP32 * payload_numel(payload, {**self.dims(), "Hq": 1})
+            return [per_head * h for h in shard_sizes(self.model.n_heads, count)]
+        elements = self.buffer_bytes(payload) // FP32
+        return [FP32 * n for n in shard_sizes(elements, count)]
 
     def query_bytes(self) -> int:
         m = self.model
@@ -110,14 +227,13 @@ class DecodeWorkload:
         """Bytes one partial attention touches: its KV, the query and the partial written."""
         return self.kv_bytes(tokens) + self.query_bytes() + self.partial_bytes
 
+    def attention_step(self, tokens: int, label: str = ComputeLabel.ATTENTION) -> Compute:
+        """The Compute step of a partial attention over ``tokens`` (own shard or a block)."""
+        return Compute(label, self.attention_bytes(tokens), self.attention_flops(tokens))
+
     def attention_flops(self, tokens: int) -> int:
         m = self.model
         return 4 * self.batch * m.n_heads * tokens * m.head_dim
-
-    def merge_bytes(self, payload: str = "partial", elements_bytes: int | None = None) -> int:
-        """Bytes a Merge touches: read both operands and write one (3 × the message)."""
-        size = self.buffer_bytes(payload) if elements_bytes is None else elements_bytes
-        return 3 * size
 
     def describe(self) -> str:
         return f"{self.model.name} seq_len={self.seq_len} batch={self.batch}"

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from treeattn.sim import DecodeWorkload, ModelConfig, SimError, plan
-from treeattn.sim.rows import ALGORITHMS, algorithm_rows
+from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, ModelConfig, SimError, plan
+from treeattn.sweep.rows import algorithm_rows
 from treeattn.topo import Topology
 
 
@@ -72,7 +72,7 @@ def _check_point(point: SweepPoint, topology: Topology) -> None:
                        f"{topology.num_gpus} GPUs")
 
 
-def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHMS,
+def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHM_NAMES,
                   model: ModelConfig | None = None,
                   topology: Topology | None = None) -> list[dict]:
     """One row per algorithm for ``point``, with its speedup over ring.
@@ -84,7 +84,8 @@ def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHMS,
     _check_point(point, topology)
     workload = DecodeWorkload(model or point.model, point.seq_len)
     chosen = plan(topology, workload, simulate_each=True)
-    rows = [r for r in algorithm_rows(chosen, point.topology) if r["algorithm"] in algorithms]
+    rows = [r.to_json() for r in algorithm_rows(chosen, point.topology)
+            if r.algorithm in algorithms]
     for row in rows:
         row.update(topology=_short_name(point.topology), spec=point.topology,
                    hosts=len(topology.hosts),
@@ -97,7 +98,7 @@ def _short_name(spec: str) -> str:
     return Path(spec).stem if Path(spec).exists() else spec.split(":")[0]
 
 
-def run_sweep(points: list[SweepPoint], algorithms: Iterable[str] = ALGORITHMS,
+def run_sweep(points: list[SweepPoint], algorithms: Iterable[str] = ALGORITHM_NAMES,
               progress: Callable[[SweepPoint], None] | None = None) -> list[dict]:
     """Check the whole grid first, then predict every point; ``progress`` is called after
     each one."""

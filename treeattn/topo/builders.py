@@ -114,7 +114,7 @@ def _check_nodes(name: str, nodes: int) -> None:
 
 def _gpu(b: GraphBuilder, host: str, i: int, rank: int, model: str, nic: str | None) -> str:
     attrs = {"nic": nic} if nic else {}
-    p2p = hw.gpu_links(model).p2p
+    p2p = hw.gpu_spec(model).p2p
     return b.node(f"{host}/gpu{i}", "gpu", host, model=model, rank=rank, p2p=p2p, **attrs)
 
 
@@ -122,7 +122,7 @@ def dgx_h100(nodes: int = 1):
     """DGX H100 hosts (see the module docstring for the NVSwitch model)."""
     _check_nodes("dgx-h100", nodes)
     b, fabric_nics = GraphBuilder(), []
-    link = hw.gpu_links("H100")
+    link = hw.gpu_spec("H100")
     hop = hw.NVLINK_HOP_LATENCY / 2
     for h in range(nodes):
         host = f"node{h}"
@@ -146,7 +146,7 @@ def mi300x(nodes: int = 1):
     """MI300X hosts: xGMI full mesh, one link per peer at 64 GB/s per direction."""
     _check_nodes("mi300x", nodes)
     b, fabric_nics = GraphBuilder(), []
-    link = hw.gpu_links("MI300X")
+    link = hw.gpu_spec("MI300X")
     for h in range(nodes):
         host = f"node{h}"
         nics = [b.node(f"{host}/nic{i}", "nic", host, rail=i) for i in range(8)]

@@ -8,7 +8,7 @@ of about 0.6 us on NVLink with the LL protocol, 1.0 us on PCIe and 2.7-5 us over
 network). A two-hop path (GPU -> NVSwitch -> GPU, GPU -> CPU -> GPU) splits the hop's latency
 across its edges, so the GPU-to-GPU route adds up to NCCL's per-hop figure.
 
-Per-GPU-model NVLink / xGMI table (:data:`GPU_LINKS`), per link and direction:
+Per-GPU-model table (:data:`GPU_SPECS`): NVLink / xGMI, per link and direction:
 
 ============  ===========  ======  ==========  ==============================================
 model         link         links   GB/s/link   source
@@ -29,6 +29,34 @@ MI300A        xGMI (IF4)   6       64          AMD CDNA3 whitepaper (128 GB/s bi
 MI308X        xGMI (IF4)   7       64          same package as MI300X
 RTX4090       none         0       -           GeForce RTX 4090: no NVLink, no P2P
 ============  ===========  ======  ==========  ==============================================
+
+The same rows carry each model's compute figures, from which the simulator builds its
+hardware models (:mod:`treeattn.sim.devices`): peak memory bandwidth and dense 16-bit tensor
+throughput (BF16, or FP16 where the part has no BF16), from the vendor datasheets:
+
+* H100 SXM5: 3.35 TB/s HBM3, 989 TFLOP/s (NVIDIA H100 Tensor Core GPU datasheet).
+  H800 SXM5: as H100 (NVIDIA H800 product brief: same GPU, fewer NVLinks).
+* H200 SXM: 4.8 TB/s HBM3e, 989 TFLOP/s (NVIDIA H200 datasheet).
+* B200: 8 TB/s HBM3e, 2.25 PFLOP/s (NVIDIA DGX B200 datasheet, per GPU).
+* A100 SXM4 80 GB: 2.039 TB/s, 312 TFLOP/s (NVIDIA A100 datasheet). A800: as A100
+  (NVIDIA A800 product brief: same GPU, fewer NVLinks).
+* V100 SXM2: 900 GB/s, 125 TFLOP/s FP16 (NVIDIA V100 datasheet).
+* P100 SXM2: 732 GB/s, 18.7 TFLOP/s FP16 (NVIDIA Tesla P100 datasheet; no tensor cores).
+* RTX A6000: 768 GB/s GDDR6, 154.8 TFLOP/s dense FP16 tensor with FP32 accumulate
+  (NVIDIA RTX A6000 datasheet).
+* MI300X: 5.3 TB/s HBM3, 1307 TFLOP/s (AMD Instinct MI300X datasheet).
+* MI300A: 5.3 TB/s, 981 TFLOP/s (AMD Instinct MI300A datasheet).
+* MI308X: 5.3 TB/s (same HBM3 package as MI300X). AMD publishes no datasheet compute
+  figure; we take MI300X's 1307 TFLOP/s, an assumption that does not move predictions
+  because decode attention is memory-bound.
+* MI250X / MI250 (per GCD, the unit a rank owns): 1.6 TB/s, 191.5 / 181 TFLOP/s
+  (AMD Instinct MI250X / MI250 datasheets, halved per GCD).
+* MI210: 1.6 TB/s, 181 TFLOP/s (AMD Instinct MI210 datasheet).
+* RTX 4090: 1008 GB/s GDDR6X, 165 TFLOP/s BF16 with FP32 accumulate (NVIDIA Ada Lovelace
+  architecture whitepaper, appendix table).
+* RTX 3090: 936 GB/s, 71 TFLOP/s (NVIDIA Ampere GA102 whitepaper).
+* ``cpu``: 10 GB/s and 100 GFLOP/s, a placeholder until ``treeattn calibrate`` measures the
+  machine (:func:`treeattn.sim.devices.hardware_from_profile`).
 """
 
 from __future__ import annotations
@@ -36,39 +64,60 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GB = 1e9
+TB = 1e12
 US = 1e-6
 
 
 @dataclass(frozen=True)
-class GpuLinks:
-    """Peer-link facts for one GPU model."""
+class GpuSpec:
+    """Peer-link and compute facts for one GPU model."""
 
     link: str  # "nvlink", "xgmi" or "" (none)
     links: int  # links per GPU
     link_bandwidth: float  # bytes/s per link per direction
     p2p: bool = True  # PCIe peer-to-peer allowed (False on GeForce 40xx)
     pcie_gen: int = 4  # host link generation (x16)
+    memory_bandwidth: float = 0.0  # bytes/s, peak
+    peak_flops: float = 0.0  # dense 16-bit tensor FLOP/s
 
 
-GPU_LINKS: dict[str, GpuLinks] = {
-    "P100": GpuLinks("nvlink", 4, 20 * GB, pcie_gen=3),
-    "V100": GpuLinks("nvlink", 6, 25 * GB, pcie_gen=3),
-    "A100": GpuLinks("nvlink", 12, 25 * GB),
-    "A800": GpuLinks("nvlink", 8, 25 * GB),
-    "H100": GpuLinks("nvlink", 18, 25 * GB, pcie_gen=5),
-    "H200": GpuLinks("nvlink", 18, 25 * GB, pcie_gen=5),
-    "H800": GpuLinks("nvlink", 8, 25 * GB, pcie_gen=5),
-    "B200": GpuLinks("nvlink", 18, 50 * GB, pcie_gen=5),
-    "RTX3090": GpuLinks("nvlink", 4, 112.5 / 8 * GB),
-    "A6000": GpuLinks("nvlink", 4, 112.5 / 8 * GB),
-    "MI250": GpuLinks("xgmi", 8, 50 * GB),
-    "MI250X": GpuLinks("xgmi", 8, 50 * GB),
-    "MI210": GpuLinks("xgmi", 3, 50 * GB),
-    "MI300X": GpuLinks("xgmi", 7, 64 * GB, pcie_gen=5),
-    "MI300A": GpuLinks("xgmi", 6, 64 * GB, pcie_gen=5),
-    "MI308X": GpuLinks("xgmi", 7, 64 * GB, pcie_gen=5),
-    "RTX4090": GpuLinks("", 0, 0.0, p2p=False),
-    "cpu": GpuLinks("", 0, 0.0),
+GPU_SPECS: dict[str, GpuSpec] = {
+    "P100": GpuSpec("nvlink", 4, 20 * GB, pcie_gen=3,
+            memory_bandwidth=732 * GB, peak_flops=18.7e12),
+    "V100": GpuSpec("nvlink", 6, 25 * GB, pcie_gen=3,
+            memory_bandwidth=900 * GB, peak_flops=125e12),
+    "A100": GpuSpec("nvlink", 12, 25 * GB,
+            memory_bandwidth=2.039 * TB, peak_flops=312e12),
+    "A800": GpuSpec("nvlink", 8, 25 * GB,
+            memory_bandwidth=2.039 * TB, peak_flops=312e12),
+    "H100": GpuSpec("nvlink", 18, 25 * GB, pcie_gen=5,
+            memory_bandwidth=3.35 * TB, peak_flops=989e12),
+    "H200": GpuSpec("nvlink", 18, 25 * GB, pcie_gen=5,
+            memory_bandwidth=4.8 * TB, peak_flops=989e12),
+    "H800": GpuSpec("nvlink", 8, 25 * GB, pcie_gen=5,
+            memory_bandwidth=3.35 * TB, peak_flops=989e12),
+    "B200": GpuSpec("nvlink", 18, 50 * GB, pcie_gen=5,
+            memory_bandwidth=8.0 * TB, peak_flops=2250e12),
+    "RTX3090": GpuSpec("nvlink", 4, 112.5 / 8 * GB,
+            memory_bandwidth=936 * GB, peak_flops=71e12),
+    "A6000": GpuSpec("nvlink", 4, 112.5 / 8 * GB,
+            memory_bandwidth=768 * GB, peak_flops=154.8e12),
+    "MI250": GpuSpec("xgmi", 8, 50 * GB,
+            memory_bandwidth=1.6 * TB, peak_flops=181e12),
+    "MI250X": GpuSpec("xgmi", 8, 50 * GB,
+            memory_bandwidth=1.6 * TB, peak_flops=191.5e12),
+    "MI210": GpuSpec("xgmi", 3, 50 * GB,
+            memory_bandwidth=1.6 * TB, peak_flops=181e12),
+    "MI300X": GpuSpec("xgmi", 7, 64 * GB, pcie_gen=5,
+            memory_bandwidth=5.3 * TB, peak_flops=1307e12),
+    "MI300A": GpuSpec("xgmi", 6, 64 * GB, pcie_gen=5,
+            memory_bandwidth=5.3 * TB, peak_flops=981e12),
+    "MI308X": GpuSpec("xgmi", 7, 64 * GB, pcie_gen=5,
+            memory_bandwidth=5.3 * TB, peak_flops=1307e12),
+    "RTX4090": GpuSpec("", 0, 0.0, p2p=False,
+            memory_bandwidth=1008 * GB, peak_flops=165e12),
+    "cpu": GpuSpec("", 0, 0.0,
+            memory_bandwidth=10 * GB, peak_flops=100e9),
 }
 
 # PCI device IDs (pci.ids) and SM / gfx versions -> model, for the NCCL/RCCL XML importer.
@@ -117,14 +166,14 @@ LOOPBACK_LATENCY = 20 * US
 LOOPBACK_BANDWIDTH = 5 * GB
 
 
-def gpu_links(model: str) -> GpuLinks:
-    """Return the link facts for ``model`` (case-insensitive), or raise ``KeyError``.
+def gpu_spec(model: str) -> GpuSpec:
+    """Return the facts for ``model`` (case-insensitive), or raise ``KeyError``.
 
-    >>> gpu_links("h100").links
+    >>> gpu_spec("h100").links
     18
     """
     key = normalize_model(model)
-    return GPU_LINKS[key]
+    return GPU_SPECS[key]
 
 
 def normalize_model(model: str) -> str:
@@ -140,10 +189,10 @@ def normalize_model(model: str) -> str:
         key = key.removeprefix(prefix)
     if key in ("3090", "4090"):
         key = "RTX" + key
-    for name in GPU_LINKS:
+    for name in GPU_SPECS:
         if key == name.upper():
             return name
-    for name in GPU_LINKS:  # "A100SXM440GB" -> "A100", "H100SXM" -> "H100"
+    for name in GPU_SPECS:  # "A100SXM440GB" -> "A100", "H100SXM" -> "H100"
         if name != "cpu" and key.startswith(name.upper()):
             return name
     return key

@@ -19,16 +19,16 @@ def resolve_model(override: str | None, detected: str | None) -> str:
     """
     if override is not None:
         model = hw.normalize_model(override)
-        if model not in hw.GPU_LINKS:
-            known = ", ".join(m for m in hw.GPU_LINKS if m != "cpu")
+        if model not in hw.GPU_SPECS:
+            known = ", ".join(m for m in hw.GPU_SPECS if m != "cpu")
             raise TopologyError(f"unknown GPU model {override!r} (known: {known})")
         return model
     return detected or UNKNOWN
 
 
-def links_of(model: str) -> hw.GpuLinks:
+def links_of(model: str) -> hw.GpuSpec:
     """Link facts for ``model``; an unknown model has no peer links and allows P2P."""
-    return hw.GPU_LINKS.get(model, hw.GpuLinks("", 0, 0.0))
+    return hw.GPU_SPECS.get(model, hw.GpuSpec("", 0, 0.0))
 
 
 # Per-link figures assumed when the model is unknown (documented in hardware.py's table):

@@ -82,5 +82,5 @@ def _assume_nvswitch(b: GraphBuilder, gpus: list[str]) -> None:
     """Hand-written files carry no NVLink facts; 8 SXM GPUs of these models sit on NVSwitch."""
     model = b.graph.nodes[gpus[0]]["model"]
     if model in NVSWITCH_MODELS and len(gpus) == 8:
-        spec = hw.GPU_LINKS[model]
+        spec = hw.GPU_SPECS[model]
         ic.add_nvswitch(b, gpus, spec.links, spec.link_bandwidth)

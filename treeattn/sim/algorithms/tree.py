@@ -15,15 +15,29 @@ half of the payload (``chunk=(0, 2)`` and ``(1, 2)``): up A, up B, down A, down 
 
 from __future__ import annotations
 
-from treeattn.sim import trees as T
-from treeattn.sim.alg_common import Tags, chunk_sizes, local_attention
-from treeattn.sim.errors import SimError
-from treeattn.sim.schedule import Merge, Recv, Schedule, Send, Step
+from treeattn.sim.algorithms.trees import (
+    Tree,
+    double_binary,
+    hierarchical,
+    searched_tree,
+    simple_shape,
+)
+from treeattn.sim.schedule import (
+    Merge,
+    MergeOp,
+    Payload,
+    Recv,
+    Schedule,
+    Send,
+    SimError,
+    Step,
+    Tags,
+)
 from treeattn.sim.workload import DecodeWorkload
 
 
-def reduce_phase(steps: list[list[Step]], tree: T.Tree, nbytes: int, tags: Tags,
-                 payload: str = "partial", op: str = "partial",
+def reduce_phase(steps: list[list[Step]], tree: Tree, nbytes: int, tags: Tags,
+                 payload: str = Payload.PARTIAL, op: str = MergeOp.PARTIAL,
                  chunk: tuple[int, int] | None = None) -> None:
     """Append the up pass (merge every subtree into the root) to each rank's steps."""
     up_tag = [tags(v, u) if u >= 0 else -1 for v, u in enumerate(tree.parent)]
@@ -35,8 +49,8 @@ def reduce_phase(steps: list[list[Step]], tree: T.Tree, nbytes: int, tags: Tags,
             steps[v].append(Send(tree.parent[v], nbytes, up_tag[v], payload, chunk))
 
 
-def bcast_phase(steps: list[list[Step]], tree: T.Tree, nbytes: int, tags: Tags,
-                payload: str = "partial", chunk: tuple[int, int] | None = None) -> None:
+def bcast_phase(steps: list[list[Step]], tree: Tree, nbytes: int, tags: Tags,
+                payload: str = Payload.PARTIAL, chunk: tuple[int, int] | None = None) -> None:
     """Append the down pass (the root's buffer replaces everyone's) to each rank's steps."""
     for v in tree.pre_order:
         for c in tree.bcast_order(v):
@@ -45,11 +59,11 @@ def bcast_phase(steps: list[list[Step]], tree: T.Tree, nbytes: int, tags: Tags,
             steps[c].append(Recv(v, nbytes, tag, payload, chunk, reduce=False))
 
 
-def allreduce_phase(steps, trees: list[T.Tree], workload: DecodeWorkload, tags: Tags,
-                    payload: str = "partial", op: str = "partial") -> None:
+def allreduce_phase(steps, trees: list[Tree], workload: DecodeWorkload, tags: Tags,
+                    payload: str = Payload.PARTIAL, op: str = MergeOp.PARTIAL) -> None:
     """Tree all-reduce of ``payload`` (one tree, or a double-binary pair split in halves)."""
     count = len(trees)
-    sizes = chunk_sizes(workload, payload, count)
+    sizes = workload.chunk_bytes(payload, count)
     chunks = [None] if count == 1 else [(i, count) for i in range(count)]
     for tree, size, chunk in zip(trees, sizes, chunks):
         reduce_phase(steps, tree, size, tags, payload, op, chunk)
@@ -58,25 +72,23 @@ def allreduce_phase(steps, trees: list[T.Tree], workload: DecodeWorkload, tags: 
 
 
 def make_trees(topology, shape: str, root: int = 0, k: int = 4, inner: str = "binomial",
-               outer: str = "binomial", tree: T.Tree | None = None,
-               message_bytes: float | None = None, backend=None) -> list[T.Tree]:
+               outer: str = "binomial", tree: Tree | None = None,
+               message_bytes: float | None = None, backend=None) -> list[Tree]:
     """The tree (or double-binary pair) a ``tree`` schedule reduces over."""
     world = topology.num_gpus
     if tree is not None:
-        if not isinstance(tree, T.Tree) or tree.world != world:
+        if not isinstance(tree, Tree) or tree.world != world:
             raise SimError(f"tree must be a Tree over the topology's {world} ranks")
         return [tree]
     if not isinstance(root, int) or not 0 <= root < world:
         raise SimError(f"root {root} is not a rank of a {world}-GPU topology")
     if shape == "double_binary":
-        return list(T.double_binary(world, root))
+        return list(double_binary(world, root))
     if shape == "hierarchical":
-        return [T.hierarchical(topology, root, inner, outer, k)]
+        return [hierarchical(topology, root, inner, outer, k)]
     if shape == "searched":
-        from treeattn.sim.search import searched_tree
-
         return [searched_tree(topology, root, backend, message_bytes)]
-    return [T.simple_shape(shape, world, root, k)]
+    return [simple_shape(shape, world, root, k)]
 
 
 def build_tree(topology, workload: DecodeWorkload, shape: str = "binomial", root: int = 0,
@@ -85,7 +97,7 @@ def build_tree(topology, workload: DecodeWorkload, shape: str = "binomial", root
     world = topology.num_gpus
     shards = workload.shards(world)
     trees = make_trees(topology, shape, root, k, message_bytes=workload.partial_bytes, **kw)
-    steps = [[local_attention(workload, shards[r])] for r in range(world)]
+    steps = [[workload.attention_step(shards[r])] for r in range(world)]
     allreduce_phase(steps, trees, workload, Tags())
     params = {"shape": trees[0].shape or shape, "root": trees[0].root, "k": k,
               "parent": list(trees[0].parent)}

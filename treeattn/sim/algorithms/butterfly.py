@@ -28,15 +28,14 @@ where bit ``j`` is set carry two partials.
 
 from __future__ import annotations
 
-from treeattn.sim.alg_common import Tags, local_attention
-from treeattn.sim.schedule import Merge, Recv, Schedule, Send, Step
+from treeattn.sim.schedule import Merge, MergeOp, Payload, Recv, Schedule, Send, Step, Tags
 from treeattn.sim.workload import DecodeWorkload
 
 
 def build_butterfly(topology, workload: DecodeWorkload) -> Schedule:
     world = topology.num_gpus
     shards = workload.shards(world)
-    steps = [[local_attention(workload, shards[r])] for r in range(world)]
+    steps = [[workload.attention_step(shards[r])] for r in range(world)]
     if world & (world - 1) == 0:
         rounds = _xor_rounds(steps, workload.partial_bytes)
     else:
@@ -52,11 +51,16 @@ def _xor_rounds(steps: list[list[Step]], n: int) -> int:
         for r in range(world):
             partner = r ^ (1 << k)
             steps[r] += [Send(partner, n, out[r]), Recv(partner, n, out[partner]),
-                         Merge(3 * n, "partial", out[partner])]
+                         Merge(3 * n, MergeOp.PARTIAL, out[partner])]
     return rounds
 
 
 def _cyclic_rounds(steps: list[list[Step]], n: int) -> int:
+    # Why a second partial: with p not a power of two the plain XOR exchange would pair a rank
+    # with a non-existent partner, and wrapping distances cyclically makes the last round
+    # overlap ranges already merged. The log-sum-exp merge is not idempotent (a rank counted
+    # twice skews the softmax), so each rank also carries S, the exact range of the p − 2^K
+    # extra ranks it still owes, built bit by bit of m, and closes the cycle with it at the end.
     world, tags = len(steps), Tags()
     top = world.bit_length() - 1  # K
     residue = world - (1 << top)  # m
@@ -68,20 +72,23 @@ def _cyclic_rounds(steps: list[list[Step]], n: int) -> int:
         s_tag = [tags(r, (r - dist) % world) for r in range(world)] if ships else None
         for r in range(world):
             dst, src = (r - dist) % world, (r + dist) % world
+            # Both sends go before the receives: sends never block, so every rank posts before
+            # it waits and the round cannot deadlock.
             steps[r].append(Send(dst, n, p_tag[r]))
             if ships:
-                steps[r].append(Send(dst, n, s_tag[r], payload="residue"))
+                steps[r].append(Send(dst, n, s_tag[r], payload=Payload.RESIDUE))
             steps[r].append(Recv(src, n, p_tag[src]))
             if ships:
-                steps[r].append(Recv(src, n, s_tag[src], payload="residue"))
-            if grows:
-                steps[r].append(Merge(3 * n, "residue", s_tag[src] if ships else None))
-            steps[r].append(Merge(3 * n, "partial", p_tag[src]))
+                steps[r].append(Recv(src, n, s_tag[src], payload=Payload.RESIDUE))
+            if grows:  # before P grows: S needs the *old* P = [r, r + 2^j)
+                steps[r].append(Merge(3 * n, MergeOp.RESIDUE, s_tag[src] if ships else None))
+            steps[r].append(Merge(3 * n, MergeOp.PARTIAL, p_tag[src]))
+    # Final round: S(r + 2^K) = [r + 2^K, r + p) is exactly what P = [r, r + 2^K) lacks.
     dist = 1 << top
     f_tag = [tags(r, (r - dist) % world) for r in range(world)]
     for r in range(world):
         dst, src = (r - dist) % world, (r + dist) % world
-        steps[r] += [Send(dst, n, f_tag[r], payload="residue"),
-                     Recv(src, n, f_tag[src], payload="residue"),
-                     Merge(3 * n, "partial", f_tag[src])]
+        steps[r] += [Send(dst, n, f_tag[r], payload=Payload.RESIDUE),
+                     Recv(src, n, f_tag[src], payload=Payload.RESIDUE),
+                     Merge(3 * n, MergeOp.PARTIAL, f_tag[src])]
     return top + 1

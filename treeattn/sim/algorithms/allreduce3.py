@@ -18,17 +18,26 @@ all-gather step ``s`` sends slice ``(r + 1 − s) mod p`` and receives slice ``(
 
 from __future__ import annotations
 
-from treeattn.sim import alg_tree
-from treeattn.sim.alg_common import Tags, chunk_sizes, local_attention
-from treeattn.sim.errors import SimError
-from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send
+from treeattn.sim.algorithms.tree import allreduce_phase, make_trees
+from treeattn.sim.schedule import (
+    Compute,
+    ComputeLabel,
+    Merge,
+    MergeOp,
+    Payload,
+    Recv,
+    Schedule,
+    Send,
+    SimError,
+    Tags,
+)
 from treeattn.sim.workload import DecodeWorkload
 
 
 def ring_allreduce_phase(steps, workload: DecodeWorkload, tags: Tags, payload: str,
                          op: str) -> None:
     world = len(steps)
-    sizes = chunk_sizes(workload, payload, world)
+    sizes = workload.chunk_bytes(payload, world)
     for replace in (False, True):
         for s in range(world - 1):
             out = [tags(r, (r + 1) % world) for r in range(world)]
@@ -53,24 +62,24 @@ def build_allreduce3(topology, workload: DecodeWorkload, inner: str = "tree",
     shards = workload.shards(world)
     mx, num = workload.max_bytes, workload.num_bytes
     pb = workload.partial_bytes
-    steps = [[local_attention(workload, shards[r]), Compute("init_max", pb + mx)]
+    steps = [[workload.attention_step(shards[r]), Compute(ComputeLabel.INIT_MAX, pb + mx)]
              for r in range(world)]
     tags = Tags()
-    trees = alg_tree.make_trees(topology, shape, root, k) if inner == "tree" else []
+    trees = make_trees(topology, shape, root, k) if inner == "tree" else []
 
     def allreduce(payload: str, op: str) -> None:
         if inner == "ring":
             ring_allreduce_phase(steps, workload, tags, payload, op)
         else:
-            alg_tree.allreduce_phase(steps, trees, workload, tags, payload, op)
+            allreduce_phase(steps, trees, workload, tags, payload, op)
 
-    allreduce("max", "max")
+    allreduce(Payload.MAX, MergeOp.MAX)
     for r in range(world):
-        steps[r].append(Compute("rescale", pb + 3 * mx + num))
-    allreduce("num", "sum")
-    allreduce("den", "sum")
+        steps[r].append(Compute(ComputeLabel.RESCALE, pb + 3 * mx + num))
+    allreduce(Payload.NUM, MergeOp.SUM)
+    allreduce(Payload.DEN, MergeOp.SUM)
     for r in range(world):
-        steps[r].append(Compute("finalize", num + mx + pb + mx))
+        steps[r].append(Compute(ComputeLabel.FINALIZE, num + mx + pb + mx))
     params = {"inner": inner}
     if trees:
         params.update(shape=trees[0].shape, root=trees[0].root, parent=list(trees[0].parent))

@@ -4,7 +4,7 @@ A change to any cost model, generator or planner rule that moves a prediction sh
 diff of ``tests/golden/predictions.json`` in review. After checking that the change is
 intended, regenerate the file with::
 
-    .venv/bin/python -m treeattn.sim.golden --update
+    .venv/bin/python tests/golden/update.py --update
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-from treeattn.sim.planner import plan
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, plan
 
-GOLDEN = Path(__file__).resolve().parents[2] / "tests" / "golden" / "predictions.json"
+GOLDEN = Path(__file__).resolve().parent / "predictions.json"
 CONFIGS = (
     ("dgx-h100:nodes=1", "llama-3.1-8b"),
     ("dgx-h100:nodes=2", "llama-3.1-70b"),
@@ -27,7 +26,6 @@ CONFIGS = (
     ("local:ranks=4,latency=1e-05,bandwidth=2000000000.0", "debug"),
 )
 SEQ_LENS = (32768, 131072)
-ALGORITHMS = ("tree", "butterfly", "allgather", "allreduce3", "ring")
 
 
 def predictions() -> list[dict]:
@@ -39,7 +37,7 @@ def predictions() -> list[dict]:
         topo = Topology.from_spec(spec)
         for seq_len in SEQ_LENS:
             chosen = plan(topo, DecodeWorkload(model, seq_len), simulate_each=True)
-            for algorithm in ALGORITHMS:
+            for algorithm in ALGORITHM_NAMES:
                 cand = chosen.best(algorithm)
                 rows.append({"topology": spec, "model": model, "seq_len": seq_len,
                              "algorithm": algorithm, "plan": cand.name,

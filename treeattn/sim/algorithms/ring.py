@@ -19,18 +19,14 @@ a block of ``n`` tokens being ``2·B·n·Hkv·D·dtype_bytes`` bytes (K and V). 
 
 from __future__ import annotations
 
-from treeattn.sim.alg_common import local_attention
-from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send
+from treeattn.sim.schedule import ComputeLabel, Merge, MergeOp, Payload, Recv, Schedule, Send
 from treeattn.sim.workload import DecodeWorkload
 
 
 def block_compute(workload: DecodeWorkload, tokens: int) -> list:
     """Attend over a foreign block and fold it into the running partial."""
-    return [
-        Compute("attention_block", workload.attention_bytes(tokens),
-                workload.attention_flops(tokens)),
-        Merge(3 * workload.partial_bytes, "partial", None),
-    ]
+    return [workload.attention_step(tokens, ComputeLabel.ATTENTION_BLOCK),
+            Merge(3 * workload.partial_bytes, MergeOp.PARTIAL, None)]
 
 
 def build_ring(topology, workload: DecodeWorkload) -> Schedule:
@@ -42,12 +38,13 @@ def build_ring(topology, workload: DecodeWorkload) -> Schedule:
         rank_steps = []
         for i in range(world - 1):
             held, incoming = shards[(r - i) % world], shards[(r - i - 1) % world]
-            rank_steps.append(Send(nxt, workload.kv_bytes(held), i, "kv"))
+            rank_steps.append(Send(nxt, workload.kv_bytes(held), i, Payload.KV))
             if i == 0:
-                rank_steps.append(local_attention(workload, held))
+                rank_steps.append(workload.attention_step(held))
             else:
                 rank_steps += block_compute(workload, held)
-            rank_steps.append(Recv(prv, workload.kv_bytes(incoming), i, "kv", reduce=False))
+            rank_steps.append(Recv(prv, workload.kv_bytes(incoming), i, Payload.KV,
+                                   reduce=False))
         rank_steps += block_compute(workload, shards[(r + 1) % world])
         steps.append(rank_steps)
     return Schedule("ring", steps, {})

@@ -7,8 +7,7 @@ first target), then receives from ``r−1, r−2, …`` and merges each. One rou
 
 from __future__ import annotations
 
-from treeattn.sim.alg_common import local_attention
-from treeattn.sim.schedule import Merge, Recv, Schedule, Send
+from treeattn.sim.schedule import Merge, MergeOp, Recv, Schedule, Send
 from treeattn.sim.workload import DecodeWorkload
 
 
@@ -18,10 +17,10 @@ def build_allgather(topology, workload: DecodeWorkload) -> Schedule:
     n = workload.partial_bytes
     steps = []
     for r in range(world):
-        rank_steps = [local_attention(workload, shards[r])]
+        rank_steps = [workload.attention_step(shards[r])]
         rank_steps += [Send((r + j) % world, n, 0) for j in range(1, world)]
         for j in range(1, world):
             src = (r - j) % world
-            rank_steps += [Recv(src, n, 0), Merge(3 * n, "partial", 0)]
+            rank_steps += [Recv(src, n, 0), Merge(3 * n, MergeOp.PARTIAL, 0)]
         steps.append(rank_steps)
     return Schedule("allgather", steps, {})

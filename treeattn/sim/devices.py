@@ -1,0 +1,259 @@
+"""The device cost models: per-GPU compute (:class:`HardwareModel`), per-library messaging
+overhead (:class:`BackendModel`), their registries, and both built from a calibration profile.
+
+Hardware
+--------
+Per-device compute models: how long a Compute or Merge step takes.
+
+A step that touches ``nbytes`` and does ``flops`` takes
+``max(nbytes / memory_bandwidth, flops / peak_flops) + launch_s`` (decode attention is
+memory-bound, so the first term wins in practice).
+
+
+``launch_s``: a decode attention is two kernels (split-K partial + combine); a CUDA/HIP
+launch costs a few µs from the host (CUDA C++ Best Practices Guide, "kernel launch overhead").
+We take 4 µs per Compute step on GPUs; this is an estimate, not a datasheet figure.
+
+The ``cpu`` profile is a placeholder until the runtime calibrates it
+(:func:`hardware_from_profile`). ``cores`` is the number of compute
+servers shared by all ranks of one host (``None``: each rank owns its device).
+
+The figures (peak memory bandwidth, dense 16-bit FLOP/s) and their datasheet sources live in
+THE GPU table, :data:`treeattn.topo.hardware.GPU_SPECS`, which the topology builders and
+importers read too; :data:`HARDWARE` has one model per row of it.
+
+Backends
+--------
+Communication-library software overhead, paid at each end of every message.
+
+A message from ``a`` to ``b`` costs ``send_s`` on the sender (posting it occupies the rank),
+then the wire time along its route (per-hop link latency plus chunked, pipelined
+transfer, see :mod:`treeattn.sim.network`), then ``recv_s`` on the receiver once it has
+arrived. The small-message latency is therefore ``α = send_s + route latency + recv_s``.
+
+Sources:
+
+* ``nccl``: NCCL's tuning model (``src/graph/tuning.cc``) charges a base latency of
+  ≈6.6–6.8 µs per collective operation on top of per-hop hardware latencies (0.6 µs NVLink,
+  1.0 µs PCIe, 2.7–5 µs network). The per-hop part lives in the topology's link latencies,
+  so here only the base is split evenly between the two ends: 3.3 µs each.
+* ``gloo``: TCP on loopback through gloo's pair transport costs tens of µs per message on a
+  typical Linux host; 15 µs per end is a placeholder that calibration replaces
+  (:func:`backend_from_profile`).
+
+Calibration profiles
+--------------------
+Calibration profiles: measured gloo costs on this machine, turned into sim models.
+
+``treeattn calibrate`` (the runtime) writes a JSON profile, schema version 1::
+
+    {"version": 1, "backend": "gloo", "world": N, "cores": C,
+     "p2p": {"latency_s": α, "bandwidth_Bps": β, "sizes": [...], "times_s": [...]},
+     "allreduce": {"latency_s": ..., "sizes": [...], "times_s": [...]},
+     "attention": {"bandwidth_Bps": ..., "launch_s": ..., "threads_per_rank": 1},
+     "machine": {...}}
+
+How α is split (so that latency is counted once): the one-way small-message time α of the
+ping-pong fit ``t(n) = α + n/β`` is all software on loopback, so it goes to the backend as
+``send_s = recv_s = α/2``, and the ``local`` topology gets link latency 0 and bandwidth β.
+A message then costs ``α/2 + 0 + n/β + α/2 = α + n/β`` on its 2-hop loopback route
+(cut-through: the bottleneck bandwidth is paid once, see :mod:`treeattn.sim.network`).
+
+Which bandwidth the links get: on loopback every byte of a message is copied by a CPU core,
+so when every rank sends at once (a ring step) each message gets less than a lone ping-pong
+message does. When the profile has an ``exchange`` section (all ranks send to ``r+1`` and
+receive from ``r−1`` at once, a microbenchmark like the others), its per-message bandwidth is
+the link bandwidth; otherwise the ping-pong β is. Small messages (tree partials) are priced
+by α and hardly notice the difference.
+
+Core sharing: compute runs on ``cores // threads_per_rank`` servers shared by all ranks of the
+host (:class:`HardwareModel` ``cores``), so with more ranks than
+cores the simulated compute queues, as the real processes do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from treeattn.sim.schedule import SimError
+from treeattn.topo.hardware import GPU_SPECS
+
+
+@dataclass(frozen=True)
+class HardwareModel:
+    """Compute cost model of one device type.
+
+    Examples
+    --------
+    >>> h = HardwareModel("toy", memory_bandwidth_Bps=1e9, peak_flops=1e12, launch_s=1e-6)
+    >>> round(h.compute_time(nbytes=1000, flops=0), 9)
+    2e-06
+    """
+
+    name: str
+    memory_bandwidth_Bps: float
+    peak_flops: float
+    launch_s: float
+    cores: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory_bandwidth_Bps <= 0 or self.peak_flops <= 0 or self.launch_s < 0:
+            raise SimError(f"hardware {self.name}: bandwidth and FLOPs must be positive")
+        if self.cores is not None and self.cores < 1:
+            raise SimError(f"hardware {self.name}: cores must be at least 1")
+
+    def compute_time(self, nbytes: float, flops: float = 0.0) -> float:
+        """Seconds for a step touching ``nbytes`` and doing ``flops``."""
+        return max(nbytes / self.memory_bandwidth_Bps, flops / self.peak_flops) + self.launch_s
+
+
+
+GPU_LAUNCH_S = 4e-6
+CPU_LAUNCH_S = 20e-6  # placeholder: `treeattn calibrate` measures it
+# One model per row of THE GPU table, so every GPU a topology can name has one.
+HARDWARE: dict[str, HardwareModel] = {
+    name: HardwareModel(name, spec.memory_bandwidth, spec.peak_flops,
+                        CPU_LAUNCH_S if name == "cpu" else GPU_LAUNCH_S)
+    for name, spec in GPU_SPECS.items()
+}
+
+
+def hardware_for(model: str) -> HardwareModel:
+    """The registered model for a GPU type name as ``Topology.gpu_model`` spells it."""
+    key = str(model).strip()
+    if key in HARDWARE:
+        return HARDWARE[key]
+    folded = {k.lower(): v for k, v in HARDWARE.items()}
+    if key.lower() in folded:
+        return folded[key.lower()]
+    raise SimError(f"no hardware model for device {model!r} (known: {', '.join(HARDWARE)})")
+
+
+@dataclass(frozen=True)
+class BackendModel:
+    """Per-message software overhead of a communication library.
+
+    Examples
+    --------
+    >>> backend_for("nccl").send_s
+    3.3e-06
+    """
+
+    name: str
+    send_s: float
+    recv_s: float
+
+    def __post_init__(self) -> None:
+        if self.send_s < 0 or self.recv_s < 0:
+            raise SimError(f"backend {self.name}: overheads must be non-negative")
+
+    @property
+    def overhead_s(self) -> float:
+        """Software part of α: both ends together."""
+        return self.send_s + self.recv_s
+
+
+BACKENDS: dict[str, BackendModel] = {
+    "nccl": BackendModel("nccl", 3.3e-6, 3.3e-6),
+    "rccl": BackendModel("rccl", 3.3e-6, 3.3e-6),
+    "gloo": BackendModel("gloo", 15e-6, 15e-6),
+}
+
+
+def backend_for(name: str) -> BackendModel:
+    key = str(name).strip().lower()
+    if key not in BACKENDS:
+        raise SimError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")
+    return BACKENDS[key]
+
+
+def default_backend(gpu_model: str) -> BackendModel:
+    """gloo for CPU ranks, RCCL on AMD GPUs, NCCL otherwise."""
+    if gpu_model.lower() == "cpu":
+        return BACKENDS["gloo"]
+    if gpu_model.upper().startswith("MI"):
+        return BACKENDS["rccl"]
+    return BACKENDS["nccl"]
+
+
+# -- calibration profiles ----------------------------------------------------------------
+VERSION = 1
+# Decode attention on a CPU is memory-bound; when the profile has no FLOP rate we take one
+# that never binds (1 FLOP per byte of bandwidth ×1000).
+FLOPS_PER_BYTE_UNBOUND = 1000.0
+
+
+def _positive(profile: dict, section: str, key: str, allow_zero: bool = False) -> float:
+    try:
+        value = float(profile[section][key])
+    except (KeyError, TypeError, ValueError):
+        raise SimError(f"calibration profile: missing or non-numeric {section}.{key}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise SimError(f"calibration profile: {section}.{key} = {value} is not positive")
+    return value
+
+
+def load_profile(source: str | Path | dict) -> dict:
+    """Read and check a calibration profile (a path or an already-parsed dict).
+
+    >>> p = load_profile({"version": 1, "backend": "gloo", "world": 2, "cores": 4,
+    ...                   "p2p": {"latency_s": 3e-5, "bandwidth_Bps": 2e9},
+    ...                   "attention": {"bandwidth_Bps": 1e10, "launch_s": 1e-5}})
+    >>> p["world"]
+    2
+    """
+    if isinstance(source, dict):
+        profile = source
+    else:
+        try:
+            profile = json.loads(Path(source).read_text())
+        except (OSError, ValueError) as exc:
+            raise SimError(f"cannot read calibration profile {source}: {exc}") from None
+    if not isinstance(profile, dict) or profile.get("version") != VERSION:
+        raise SimError(f"calibration profile must be a JSON object with version {VERSION}")
+    for key in ("world", "cores"):
+        if not isinstance(profile.get(key), int) or profile[key] < 1:
+            raise SimError(f"calibration profile: {key} must be a positive integer")
+    _positive(profile, "p2p", "latency_s", allow_zero=True)
+    _positive(profile, "p2p", "bandwidth_Bps")
+    _positive(profile, "attention", "bandwidth_Bps")
+    _positive(profile, "attention", "launch_s", allow_zero=True)
+    return profile
+
+
+def hardware_from_profile(profile: dict) -> HardwareModel:
+    """The ``cpu`` model: memory bandwidth and launch from the attention calibration."""
+    profile = load_profile(profile)
+    attention = profile["attention"]
+    bandwidth = float(attention["bandwidth_Bps"])
+    flops = float(attention.get("flops_per_s", bandwidth * FLOPS_PER_BYTE_UNBOUND))
+    threads = max(1, int(attention.get("threads_per_rank", 1)))
+    return HardwareModel("cpu", bandwidth, flops, float(attention["launch_s"]),
+                         cores=max(1, profile["cores"] // threads))
+
+
+def backend_from_profile(profile: dict) -> BackendModel:
+    """gloo with the measured α split evenly between sender and receiver."""
+    profile = load_profile(profile)
+    alpha = float(profile["p2p"]["latency_s"])
+    return BackendModel(str(profile.get("backend", "gloo")), alpha / 2, alpha / 2)
+
+
+def link_bandwidth(profile: dict) -> float:
+    """The per-message bandwidth under concurrent traffic when calibrated, else ping-pong β."""
+    if isinstance(profile.get("exchange"), dict) and "bandwidth_Bps" in profile["exchange"]:
+        return _positive(profile, "exchange", "bandwidth_Bps")
+    return _positive(profile, "p2p", "bandwidth_Bps")
+
+
+def topology_from_profile(profile: dict, world: int | None = None):
+    """A ``local`` topology of ``world`` ranks with latency 0 and the measured bandwidth."""
+    from treeattn.topo import Topology
+
+    profile = load_profile(profile)
+    world = int(world or profile["world"])
+    beta = link_bandwidth(profile)
+    return Topology.from_spec(f"local:ranks={world},latency=0,bandwidth={beta!r}")

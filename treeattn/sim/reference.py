@@ -1,0 +1,173 @@
+"""A numpy reference executor of the schedule IR: the clearest statement of its semantics.
+
+It runs a :class:`~treeattn.sim.schedule.Schedule` with real arrays, following the semantics
+in :mod:`treeattn.sim.schedule` to the letter (sends snapshot, receives replace or wait for a
+Merge, chunks are :func:`~treeattn.sim.schedule.shard_bounds` slices, and a payload whose
+layout has ``chunk_axis="Hq"`` is sliced along the head axis), so the tests can check that
+every generator leaves softmax attention over the whole sequence on every rank. Numpy only:
+the torch executor in :mod:`treeattn.runtime.executor` is checked against the same semantics.
+Arrays drop the batch axis: ``q`` is (H, D), a KV shard is ``(k, v)`` of (n, H, D) each.
+
+>>> import numpy as np
+>>> from treeattn.topo import Topology
+>>> from treeattn.sim import DecodeWorkload, build_schedule
+>>> rng = np.random.default_rng(0)
+>>> q, k, v = rng.normal(size=(4, 16)), rng.normal(size=(8, 4, 16)), rng.normal(size=(8, 4, 16))
+>>> s = build_schedule("butterfly", Topology.from_spec("local:ranks=3"), DecodeWorkload("debug", 8))
+>>> shards = [(k[a:b], v[a:b]) for a, b in shard_bounds(8, 3)]
+>>> o, lse = execute(s, q, shards)[2]
+>>> bool(np.allclose(o, full_attention(q, k, v)[0]))
+True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from treeattn.sim.schedule import (
+    PAYLOAD_LAYOUTS,
+    Compute,
+    ComputeLabel,
+    Merge,
+    MergeOp,
+    Payload,
+    Recv,
+    Schedule,
+    Send,
+    shard_bounds,
+)
+
+
+def partial(q, k, v):
+    """(o, lse) of one query over one block. q (H, D), k/v (n, H, D) -> o (H, D), lse (H,)."""
+    if k.shape[0] == 0:
+        return np.zeros_like(q), np.full(q.shape[0], -np.inf)
+    s = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[1])  # (H, n)
+    m = s.max(axis=1, keepdims=True)
+    lse = (m + np.log(np.exp(s - m).sum(axis=1, keepdims=True)))[:, 0]  # (H,)
+    p = np.exp(s - lse[:, None])
+    return np.einsum("hn,nhd->hd", p, v), lse
+
+
+def merge(a, b):
+    """The log-sum-exp merge of two partials (an empty one, lse = -inf, is the identity)."""
+    (oa, la), (ob, lb) = a, b
+    lse = np.logaddexp(la, lb)
+    with np.errstate(invalid="ignore"):
+        wa = np.where(np.isneginf(la), 0.0, np.exp(la - lse))
+        wb = np.where(np.isneginf(lb), 0.0, np.exp(lb - lse))
+    return oa * wa[:, None] + ob * wb[:, None], lse
+
+
+def full_attention(q, k, v):
+    """What every rank must end with: attention over the whole sequence."""
+    return partial(q, k, v)
+
+
+def _slices(n: int, chunk):
+    if chunk is None:
+        return slice(0, n)
+    index, count = chunk
+    return slice(*shard_bounds(n, count)[index])
+
+
+def _by_heads(payload) -> bool:
+    return PAYLOAD_LAYOUTS[Payload(payload)].chunk_axis == "Hq"
+
+
+def _get(buf, payload, chunk):
+    if _by_heads(payload):
+        o, lse = buf
+        s = _slices(o.shape[0], chunk)
+        return o[s].copy(), lse[s].copy()
+    if payload == Payload.KV:
+        return buf
+    flat = buf.reshape(-1)
+    return flat[_slices(flat.size, chunk)].copy()
+
+
+def _put(buffers, payload, chunk, value):
+    if _by_heads(payload):
+        o, lse = buffers[payload]
+        s = _slices(o.shape[0], chunk)
+        o, lse = o.copy(), lse.copy()
+        o[s], lse[s] = value
+        buffers[payload] = (o, lse)
+    elif payload == Payload.KV:
+        buffers[payload] = value
+    else:
+        flat = buffers[payload].reshape(-1).copy()
+        flat[_slices(flat.size, chunk)] = value
+        buffers[payload] = flat.reshape(buffers[payload].shape)
+
+
+def _fold(buffers, op, recv: Recv, value):
+    if op == MergeOp.PARTIAL:
+        mine = _get(buffers[Payload.PARTIAL], Payload.PARTIAL, recv.chunk)
+        _put(buffers, Payload.PARTIAL, recv.chunk, merge(mine, value))
+        return
+    mine = _get(buffers[recv.payload], recv.payload, recv.chunk)
+    _put(buffers, recv.payload, recv.chunk, np.maximum(mine, value) if op == MergeOp.MAX
+         else mine + value)
+
+
+def _compute(buffers, step: Compute, q, shard):
+    """Local work; which buffers each label sets is the IR's ``COMPUTE_SETS``."""
+    if step.label == ComputeLabel.ATTENTION:
+        buffers[Payload.PARTIAL] = partial(q, *shard)
+    elif step.label == ComputeLabel.ATTENTION_BLOCK:
+        buffers["block"] = partial(q, *buffers[Payload.KV])
+    elif step.label == ComputeLabel.INIT_MAX:
+        buffers[Payload.MAX] = buffers[Payload.PARTIAL][1].copy()
+    elif step.label == ComputeLabel.RESCALE:
+        o, lse = buffers[Payload.PARTIAL]
+        with np.errstate(invalid="ignore"):
+            den = np.where(np.isneginf(lse), 0.0, np.exp(lse - buffers[Payload.MAX]))
+        buffers[Payload.DEN], buffers[Payload.NUM] = den, o * den[:, None]
+    elif step.label == ComputeLabel.FINALIZE:
+        den = buffers[Payload.DEN]
+        buffers[Payload.PARTIAL] = (buffers[Payload.NUM] / den[:, None],
+                                    buffers[Payload.MAX] + np.log(den))
+
+
+def execute(schedule: Schedule, q, shards) -> list:
+    """Run ``schedule``; return each rank's final partial. Sends snapshot; Recv blocks."""
+    world = schedule.world
+    buffers = [{Payload.KV: shards[r]} for r in range(world)]
+    pc, mail, kept = [0] * world, {}, [dict() for _ in range(world)]
+    recv_of = [dict() for _ in range(world)]
+    progress = True
+    while progress:
+        progress = False
+        for r in range(world):
+            steps = schedule.steps[r]
+            while pc[r] < len(steps):
+                s = steps[pc[r]]
+                if isinstance(s, Send):
+                    mail[(r, s.dst, s.tag)] = _get(buffers[r][s.payload], s.payload, s.chunk)
+                elif isinstance(s, Recv):
+                    key = (s.src, r, s.tag)
+                    if key not in mail:
+                        break
+                    value = mail.pop(key)
+                    if s.reduce:
+                        kept[r][s.tag], recv_of[r][s.tag] = value, s
+                    else:
+                        _put(buffers[r], s.payload, s.chunk, value)
+                elif isinstance(s, Merge) and s.op == MergeOp.RESIDUE:  # residue = partial (+) msg
+                    mine = buffers[r][Payload.PARTIAL]
+                    buffers[r][Payload.RESIDUE] = mine if s.tag is None else merge(
+                        mine, kept[r].pop(s.tag))
+                elif isinstance(s, Merge):
+                    if s.tag is None:
+                        buffers[r][Payload.PARTIAL] = merge(buffers[r][Payload.PARTIAL],
+                                                      buffers[r].pop("block"))
+                    else:
+                        _fold(buffers[r], s.op, recv_of[r][s.tag], kept[r].pop(s.tag))
+                else:
+                    _compute(buffers[r], s, q, shards[r])
+                pc[r] += 1
+                progress = True
+    assert all(pc[r] == len(schedule.steps[r]) for r in range(world)), "deadlock"
+    assert not mail, "unreceived messages"
+    return [buffers[r][Payload.PARTIAL] for r in range(world)]
