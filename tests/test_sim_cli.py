@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from treeattn.cli import main
+from treeattn.sim.algorithms import ALGORITHM_NAMES
 
 
 def run(capsys, *argv):
@@ -23,16 +24,18 @@ def test_predict_json_contract(capsys):
     assert code == 0
     rows = json.loads(out)
     assert {(r["seq_len"], r["algorithm"]) for r in rows} == {
-        (s, a) for s in (32768, 131072)
-        for a in ("tree", "butterfly", "allgather", "allreduce3", "ring")}
+        (s, a) for s in (32768, 131072) for a in (*ALGORITHM_NAMES, "pick")}
     for r in rows:
-        assert {"topology", "gpus", "model", "seq_len", "algorithm", "latency_s",
-                "token_latency_s", "comm_bytes", "peak_memory_bytes", "speedup_vs_ring"} <= set(r)
+        assert {"topology", "gpus", "model", "seq_len", "algorithm", "system", "layout",
+                "latency_s", "token_latency_s", "comm_bytes", "peak_memory_bytes",
+                "speedup_vs_best_baseline", "best_baseline", "speedup_vs_ring"} <= set(r)
         assert r["gpus"] == 8 and r["token_latency_s"] == pytest.approx(32 * r["latency_s"])
     by = {(r["seq_len"], r["algorithm"]): r for r in rows}
     assert by[(131072, "ring")]["speedup_vs_ring"] == pytest.approx(1.0)
     assert by[(131072, "tree")]["speedup_vs_ring"] > 1
-    assert by[(131072, "tree")]["latency_s"] <= by[(131072, "butterfly")]["latency_s"]
+    pick = by[(131072, "pick")]
+    assert pick["latency_s"] == min(r["latency_s"] for r in rows if r["seq_len"] == 131072)
+    assert pick["speedup_vs_best_baseline"] >= 1.0  # the planner never picks a slower plan
     # ring moves KV, the tree partials: ring's volume grows 4x with the context, the tree's not
     assert by[(131072, "ring")]["comm_bytes"] == 4 * by[(32768, "ring")]["comm_bytes"]
     assert by[(131072, "tree")]["comm_bytes"] == by[(32768, "tree")]["comm_bytes"]

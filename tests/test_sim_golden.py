@@ -11,6 +11,8 @@ import json
 import pytest
 from golden.update import GOLDEN, predictions
 
+from treeattn.sim.algorithms import ALGORITHM_NAMES
+
 
 def test_predictions_match_golden_file():
     want = json.loads(GOLDEN.read_text())
@@ -23,4 +25,4 @@ def test_predictions_match_golden_file():
              if got_by[k]["latency_s"] != pytest.approx(want_by[k]["latency_s"], rel=1e-9)
              or got_by[k]["plan"] != want_by[k]["plan"]]
     assert not moved, f"{len(moved)} predictions moved, first: {moved[0]}"
-    assert len(want) == 6 * 2 * 5
+    assert len(want) == 6 * 2 * len(ALGORITHM_NAMES)

@@ -10,9 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.sim import DecodeWorkload, ScheduleError, build_schedule
+from treeattn.sim.algorithms import ALGORITHM_NAMES
 from treeattn.sim.algorithms.trees import double_binary, hierarchical, simple_shape
+from treeattn.sim.payloads import shard_bounds
 from treeattn.sim.reference import execute, full_attention
-from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send
+from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send
 from treeattn.topo import Topology
 
 SHAPES = ("chain", "flat", "binary", "kary", "binomial", "double_binary", "hierarchical",
@@ -21,6 +23,8 @@ VARIANTS = [("tree", {"shape": s}) for s in SHAPES] + [
     ("butterfly", {}), ("allgather", {}), ("ring", {}),
     ("allreduce3", {"inner": "tree"}), ("allreduce3", {"inner": "ring"}),
     ("allreduce3", {"inner": "tree", "shape": "double_binary"}),
+    ("allreduce3", {}), ("allreduce2", {}), ("oneshot", {}), ("helix", {}), ("dcp", {}),
+    ("dcp", {"query_gather": True}),
 ]
 
 
@@ -34,15 +38,17 @@ def shard_lengths(draw_lengths, p):
 
 @settings(max_examples=60, deadline=None)
 @given(variant=st.sampled_from(VARIANTS), p=st.integers(2, 11), root=st.integers(0, 10),
-       lengths=st.lists(st.integers(0, 6), min_size=11, max_size=11), seed=st.integers(0, 99))
-def test_every_schedule_validates_and_computes_exact_attention(variant, p, root, lengths, seed):
+       lengths=st.lists(st.integers(0, 6), min_size=11, max_size=11), seed=st.integers(0, 99),
+       layout=st.sampled_from(["replicated", "head_sharded"]))
+def test_every_schedule_validates_and_computes_exact_attention(variant, p, root, lengths, seed,
+                                                               layout):
     algorithm, params = variant
     params = dict(params)
     if "shape" in params and algorithm == "tree":
         params["root"] = root % p
     lengths = list(lengths[:p])
     lengths[0] += 1  # at least one token somewhere
-    w = DecodeWorkload("debug", sum(lengths), shard_lengths=tuple(lengths))
+    w = DecodeWorkload("debug", sum(lengths), shard_lengths=tuple(lengths), layout=layout)
     schedule = build_schedule(algorithm, local(p), w, **params)
     schedule.validate()
     rng = np.random.default_rng(seed)
@@ -53,19 +59,52 @@ def test_every_schedule_validates_and_computes_exact_attention(variant, p, root,
     bounds = np.cumsum([0] + lengths)
     shards = [(k[a:b], v[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     want_o, want_lse = full_attention(q, k, v)
-    for o, lse in execute(schedule, q, shards):
+    for rank, (o, lse) in enumerate(execute(schedule, q, shards)):
+        heads_of_rank = slice(None)
+        if schedule.output_layout == "head_sharded":  # rank r holds head chunk (r, p)
+            heads_of_rank = slice(*shard_bounds(heads, p)[rank])
         # fp64 throughout; merges reorder sums only
-        np.testing.assert_allclose(o, want_o, rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(lse, want_lse, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(o[heads_of_rank], want_o[heads_of_rank], rtol=1e-10,
+                                   atol=1e-12)
+        np.testing.assert_allclose(lse[heads_of_rank], want_lse[heads_of_rank], rtol=1e-10,
+                                   atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(algorithm=st.sampled_from(ALGORITHM_NAMES), p=st.integers(2, 64),
+       batch=st.integers(1, 256), layout=st.sampled_from(["replicated", "head_sharded"]))
+def test_every_algorithm_validates_for_any_world_and_batch(algorithm, p, batch, layout):
+    w = DecodeWorkload("llama-3.1-8b", 4096, batch=batch, layout=layout)
+    schedule = build_schedule(algorithm, local(p), w).validate()
+    assert schedule.output_layout in ("replicated", layout)
+    # only the head-scatter algorithms may leave heads sharded, and only when asked to
+    if schedule.output_layout == "head_sharded":
+        assert algorithm in ("helix", "dcp") and layout == "head_sharded"
+
+
+def test_collective_validation_names_the_odd_rank():
+    group = (0, 1, 2)
+    good = Collective("all_reduce_max", group, 64, "max")
+    odd = Collective("all_reduce_sum", group, 64, "max")
+    steps = [[good], [good], [odd]]
+    with pytest.raises(ScheduleError, match="rank 2 step 0: collective 0 of group"):
+        Schedule("x", steps).validate()
+    with pytest.raises(ScheduleError, match="rank 2 never reaches collective 0"):
+        Schedule("x", [[good], [good], []]).validate()
+    with pytest.raises(ScheduleError, match="not in"):
+        Schedule("x", [[Collective("all_reduce_max", (1, 2), 64, "max")], [], []]).validate()
+    with pytest.raises(ScheduleError, match="needs a tag"):
+        Schedule("x", [[Collective("all_gather", (0,), 64)]]).validate()
 
 
 @settings(max_examples=40, deadline=None)
 @given(variant=st.sampled_from(VARIANTS), p=st.integers(2, 9), pick=st.integers(0, 10**6))
 def test_validate_catches_a_removed_recv(variant, p, pick):
+    """Remove any receive, or any rank's part in a collective: validate() must object."""
     algorithm, params = variant
     schedule = build_schedule(algorithm, local(p), DecodeWorkload("debug", 64), **params)
     recvs = [(r, i) for r, steps in enumerate(schedule.steps)
-             for i, s in enumerate(steps) if isinstance(s, Recv)]
+             for i, s in enumerate(steps) if isinstance(s, Recv | Collective)]
     r, i = recvs[pick % len(recvs)]
     steps = [list(s) for s in schedule.steps]
     del steps[r][i]

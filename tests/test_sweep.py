@@ -10,6 +10,7 @@ import pytest
 from matplotlib.image import imread
 
 from treeattn.cli import main
+from treeattn.sim.algorithms import ALGORITHM_NAMES, BASELINES
 from treeattn.sweep import plots
 from treeattn.sweep.grid import SweepPoint, expand_grid, memory_rows, predict_point, with_nodes
 from treeattn.topo import Topology
@@ -34,12 +35,17 @@ def test_expand_grid_is_the_full_product():
 def test_point_rows_are_consistent():
     rows = predict_point(SweepPoint("dgx-h100:nodes=2", "llama-3.1-8b", 262144))
     by_algo = {r["algorithm"]: r for r in rows}
-    assert set(by_algo) == {"tree", "butterfly", "allgather", "allreduce3", "ring"}
+    assert set(by_algo) == {*ALGORITHM_NAMES, "pick"}
     assert by_algo["ring"]["speedup_vs_ring"] == pytest.approx(1.0)
-    # "tree" is the best of the tree-style family, so it is no slower than any member.
-    for member in ("butterfly", "allgather"):
-        assert by_algo["tree"]["latency_s"] <= by_algo[member]["latency_s"] * (1 + 1e-12)
+    # Each row is its own algorithm; the pick is the fastest of them all.
+    assert by_algo["tree"]["name"].startswith("tree/")
+    assert by_algo["pick"]["latency_s"] == min(r["latency_s"] for r in rows)
+    baselines = [by_algo[a] for a in BASELINES]
+    fastest = min(baselines, key=lambda r: r["latency_s"])
     for row in rows:
+        assert row["speedup_vs_best_baseline"] == pytest.approx(
+            fastest["latency_s"] / row["latency_s"])
+        assert row["best_baseline"] == fastest["name"]
         assert row["speedup_vs_ring"] == pytest.approx(
             by_algo["ring"]["latency_s"] / row["latency_s"])
         assert row["gpus"] == 16 and row["hosts"] == 2
@@ -64,7 +70,8 @@ def test_sweep_cli_writes_tables_and_plots(tmp_path, capsys):
                    "--nodes", "2", "--seq-len", "32k", "--seq-len", "256k", "-o", str(out)])
     assert status == 0
     rows = json.loads((out / "results.json").read_text())
-    assert len(rows) == 2 * 2 * 2 * 5  # topologies × nodes × lengths × algorithms
+    # topologies × nodes × lengths × (algorithms + the pick)
+    assert len(rows) == 2 * 2 * 2 * (len(ALGORITHM_NAMES) + 1)
     with open(out / "results.csv") as handle:
         assert len(list(csv.DictReader(handle))) == len(rows)
     for name in ("latency_vs_seq_len", "speedup_vs_gpus", "memory_vs_hidden", "chosen_tree"):

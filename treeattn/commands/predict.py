@@ -15,7 +15,8 @@ from rich.table import Table
 
 from treeattn.commands._args import parse_tokens
 from treeattn.sim import DecodeWorkload, SimError, plan
-from treeattn.sweep.rows import algorithm_rows
+from treeattn.sim.algorithms import SOURCES
+from treeattn.sweep.rows import PICK, algorithm_rows
 
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")
 DEMO_SEQ_LENS = (32 * 1024, 128 * 1024, 1024 * 1024)
@@ -71,19 +72,27 @@ def handle_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = Table(title=f"Predicted attention per layer: {args.topology}, {args.model}",
-                  caption="† closed form only (not simulated)")
-    for col in ("seq_len", "algorithm", "plan", "layer", "token", "comm", "peak mem",
-                "vs ring"):
-        table.add_column(col, justify="left" if col in ("algorithm", "plan") else "right",
-                         no_wrap=True)
+    table = Table(title=f"Predicted attention per layer: {args.topology}, {args.model}, "
+                        f"batch {args.batch}, output {rows[0]['layout']}",
+                  caption="† closed form only (not simulated). vs best baseline: against the "
+                          "fastest of what serving systems run today (>1: faster).")
+    for col in ("seq_len", "algorithm", "system", "plan", "layer", "token", "comm",
+                "peak mem", "vs best baseline", "vs ring pass-KV"):
+        table.add_column(col, justify="left" if col in ("algorithm", "system", "plan")
+                         else "right", no_wrap=True)
     for r in rows:
         mark = "" if r["method"] == "simulated" else "†"
-        table.add_row(f"{r['seq_len']:,}", r["algorithm"], r["name"],
+        style = "bold" if r["algorithm"] == PICK else None
+        table.add_row(f"{r['seq_len']:,}", r["algorithm"], r["system"], r["name"],
                       _time(r["latency_s"]) + mark, _time(r["token_latency_s"]),
                       _size(r["comm_bytes"]), _size(r["peak_memory_bytes"]),
-                      f"{r['speedup_vs_ring']:.1f}×")
+                      f"{r['speedup_vs_best_baseline']:.2f}×",
+                      f"{r['speedup_vs_ring']:.1f}×", style=style)
     Console().print(table)
+    for r in rows:
+        if r["algorithm"] == PICK and r["speedup_vs_best_baseline"] <= 1.0:
+            print(f"At {r['seq_len']:,} tokens a baseline wins: {r['name']} "
+                  f"({r['system']}) is the fastest, and the planner picks it.")
     return 0
 
 
@@ -94,8 +103,18 @@ def handle_plan(args: argparse.Namespace) -> int:
         print(json.dumps(chosen.to_json(), indent=2, default=float))
         return 0
     console = Console()
-    console.print(f"[bold]{chosen.name}[/bold]: {_time(chosen.latency_s)} per layer, "
-                  f"{_time(chosen.token_latency_s())} per token ({chosen.prediction.method})")
+    console.print(f"[bold]{chosen.name}[/bold] ({SOURCES[chosen.algorithm]}): "
+                  f"{_time(chosen.latency_s)} per layer, "
+                  f"{_time(chosen.token_latency_s())} per token ({chosen.prediction.method}); "
+                  f"output {workload.layout}")
+    baseline = chosen.best_baseline()
+    if baseline is not None and baseline is chosen.winner:
+        console.print(f"A baseline wins here: {baseline.name} ({SOURCES[baseline.algorithm]}) "
+                      "is the fastest plan.")
+    elif baseline is not None:
+        console.print(f"{baseline.latency_s / chosen.latency_s:.2f}× faster than the best "
+                      f"baseline, {baseline.name} ({SOURCES[baseline.algorithm]}, "
+                      f"{_time(baseline.latency_s)})")
     tree = chosen.tree
     if tree is None:
         best_tree = next((c for c in chosen.candidates if c.algorithm == "tree"), None)

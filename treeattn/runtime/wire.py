@@ -19,15 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from treeattn.runtime.errors import RuntimeFailure
-from treeattn.sim.schedule import (
-    PAYLOAD_LAYOUTS,
-    Payload,
-    Recv,
-    Schedule,
-    Send,
-    payload_numel,
-    shard_bounds,
-)
+from treeattn.sim.payloads import PAYLOAD_LAYOUTS, Payload, payload_numel, shard_bounds
+from treeattn.sim.schedule import Recv, Schedule, Send
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ True
 from treeattn.sim.algorithms import ALGORITHM_NAMES, build_schedule
 from treeattn.sim.devices import BackendModel, HardwareModel
 from treeattn.sim.engine import SimResult, simulate
+from treeattn.sim.payloads import ScheduleError, SimError
 from treeattn.sim.planner import Plan, plan
-from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, ScheduleError, Send, SimError
+from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send
 from treeattn.sim.workload import DecodeWorkload, ModelConfig
 
 __all__ = [

@@ -210,3 +210,40 @@ def closed_form(algorithm: str, cm: CostModel, trees: list[Tree] | None = None,
     if algorithm == "ring":
         return ring(cm)
     return allreduce3(cm, inner, trees or [])
+
+
+def collective_schedule(cm: CostModel, schedule) -> float:
+    """Exact latency of a schedule made of local steps and collectives only.
+
+    Each rank's clock advances by its compute steps; a collective starts when its last
+    member arrives and lasts :meth:`CostModel.collective_time`. The engine does the same,
+    so for these schedules the bound is the prediction.
+    """
+    from treeattn.sim.schedule import Collective, Compute, Merge
+
+    clock = [0.0] * schedule.world
+    pc = [0] * schedule.world
+    progress = True
+    while progress:
+        progress = False
+        for r, steps in enumerate(schedule.steps):
+            while pc[r] < len(steps):
+                step = steps[pc[r]]
+                if isinstance(step, Compute | Merge):
+                    flops = step.flops if isinstance(step, Compute) else 0
+                    clock[r] += cm.compute(r, step.nbytes, flops)
+                elif isinstance(step, Collective):
+                    if any(schedule.steps[m][pc[m]] != step if pc[m] < len(schedule.steps[m])
+                           else True for m in step.group):
+                        break
+                    end = max(clock[m] for m in step.group) + cm.collective_time(
+                        step.op, step.group, step.nbytes)
+                    for m in step.group:
+                        clock[m] = end
+                        if m != r:
+                            pc[m] += 1
+                else:
+                    raise ValueError("collective_schedule: point-to-point steps present")
+                pc[r] += 1
+                progress = True
+    return max(clock)

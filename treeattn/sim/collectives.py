@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from treeattn.sim import nccl_tables as T
-from treeattn.sim.schedule import SimError
+from treeattn.sim.payloads import SimError
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 

@@ -33,10 +33,13 @@ arrived. The small-message latency is therefore ``α = send_s + route latency + 
 
 Sources:
 
-* ``nccl``: NCCL's tuning model (``src/graph/tuning.cc``) charges a base latency of
-  ≈6.6–6.8 µs per collective operation on top of per-hop hardware latencies (0.6 µs NVLink,
-  1.0 µs PCIe, 2.7–5 µs network). The per-hop part lives in the topology's link latencies,
-  so here only the base is split evenly between the two ends: 3.3 µs each.
+* ``nccl``: NCCL keeps no cost table for send/recv; we price one p2p message as one ring
+  hop of its LL protocol (see :func:`treeattn.sim.collectives.p2p_cost`): the ring LL base
+  of NCCL 2.30.7's ``tuning.cc`` (6.6 µs), split between the two ends (3.3 µs each), plus
+  the route's per-hop latency, which lives in the topology's links (0.6 µs NVLink, 1.0 µs
+  PCIe, 2.7 µs network). Collectives are priced by the library's own model instead.
+* ``rccl``: the same with RCCL's ring LL base for gfx942 (12.0 µs, ``tuning_model_5``):
+  6.0 µs each end.
 * ``gloo``: TCP on loopback through gloo's pair transport costs tens of µs per message on a
   typical Linux host; 15 µs per end is a placeholder that calibration replaces
   (:func:`backend_from_profile`).
@@ -78,7 +81,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from treeattn.sim.schedule import SimError
+from treeattn.sim.payloads import SimError
 from treeattn.topo.hardware import GPU_SPECS
 
 
@@ -145,10 +148,19 @@ class BackendModel:
     name: str
     send_s: float
     recv_s: float
+    # Measured collectives (calibration): ((op, world, alpha_s, seconds_per_byte), ...).
+    collectives: tuple[tuple[str, int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.send_s < 0 or self.recv_s < 0:
             raise SimError(f"backend {self.name}: overheads must be non-negative")
+
+    def measured_collective(self, op: str, world: int) -> tuple[float, float] | None:
+        """``(alpha_s, seconds_per_byte)`` calibrated for ``op`` at ``world`` ranks, if any."""
+        for name, size, alpha, per_byte in self.collectives:
+            if name == op and size == world:
+                return alpha, per_byte
+        return None
 
     @property
     def overhead_s(self) -> float:
@@ -158,7 +170,7 @@ class BackendModel:
 
 BACKENDS: dict[str, BackendModel] = {
     "nccl": BackendModel("nccl", 3.3e-6, 3.3e-6),
-    "rccl": BackendModel("rccl", 3.3e-6, 3.3e-6),
+    "rccl": BackendModel("rccl", 6.0e-6, 6.0e-6),
     "gloo": BackendModel("gloo", 15e-6, 15e-6),
 }
 
@@ -239,7 +251,26 @@ def backend_from_profile(profile: dict) -> BackendModel:
     """gloo with the measured α split evenly between sender and receiver."""
     profile = load_profile(profile)
     alpha = float(profile["p2p"]["latency_s"])
-    return BackendModel(str(profile.get("backend", "gloo")), alpha / 2, alpha / 2)
+    return BackendModel(str(profile.get("backend", "gloo")), alpha / 2, alpha / 2,
+                        collectives=_collective_fits(profile))
+
+
+def _collective_fits(profile: dict) -> tuple[tuple[str, int, float, float], ...]:
+    """The profile's ``collectives`` section: per op, a fit ``t = alpha + bytes * per_byte``
+    measured at ``collectives.world`` ranks (see :mod:`treeattn.runtime.calibrate`)."""
+    section = profile.get("collectives")
+    if section is None:
+        return ()
+    if not isinstance(section, dict) or not isinstance(section.get("world"), int):
+        raise SimError("calibration profile: collectives must be an object with a world")
+    fits = []
+    for op in section:
+        if op == "world":
+            continue
+        alpha = _positive(section, op, "alpha_s", allow_zero=True)
+        per_byte = _positive(section, op, "seconds_per_byte", allow_zero=True)
+        fits.append((op, section["world"], alpha, per_byte))
+    return tuple(fits)
 
 
 def link_bandwidth(profile: dict) -> float:

@@ -48,19 +48,8 @@ from dataclasses import dataclass, field
 import simpy
 
 from treeattn.sim.network import CostModel, LinkCalendar
-from treeattn.sim.schedule import (
-    COMPUTE_SETS,
-    Compute,
-    ComputeLabel,
-    Merge,
-    MergeOp,
-    Payload,
-    Recv,
-    Schedule,
-    ScheduleError,
-    Send,
-    step_name,
-)
+from treeattn.sim.payloads import COMPUTE_SETS, ComputeLabel, MergeOp, Payload, ScheduleError
+from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send, step_name
 from treeattn.sim.workload import DecodeWorkload
 
 
@@ -78,6 +67,10 @@ class _Run:
         self.cause: list[list] = [[None] * len(st) for st in schedule.steps]
         self.finished = 0
         self.cores = self._core_pools(schedule.world)
+        # Collectives in flight: (group, k-th call of that group) -> arrivals and the event
+        # that the last member to arrive fires with the finish time.
+        self.calls: dict[tuple, dict] = {}
+        self.call_count: dict[tuple[int, tuple], int] = {}
 
     def _core_pools(self, world: int) -> list:
         hw = self.c.hardware
@@ -141,6 +134,8 @@ class _Run:
             elif isinstance(step, Send):
                 t += c.send_s
                 self.post(r, i, step, t)
+            elif isinstance(step, Collective):
+                t = yield from self._collective(r, i, step, t)
             elif isinstance(step, Recv):
                 key = (step.src, r, step.tag)
                 info = self.mail.get(key)
@@ -152,6 +147,35 @@ class _Run:
                 t += c.recv_s
             self.start[r][i], self.end[r][i] = start, t
         self.finished += 1
+
+    def _collective(self, r: int, i: int, step: Collective, t: float):
+        """Wait for every member, then take the collective's modelled time; the last member
+        to arrive sets the start. Its links are booked for the transfer so that concurrent
+        messages see it."""
+        k = self.call_count.get((r, step.group), 0)
+        self.call_count[(r, step.group)] = k + 1
+        call = self.calls.setdefault((step.group, k), {"arrivals": {}, "event": self.env.event()})
+        call["arrivals"][r] = (t, i)
+        if len(call["arrivals"]) == len(step.group):
+            late_rank, (start, late_step) = max(call["arrivals"].items(),
+                                                key=lambda kv: kv[1][0])
+            end = start + self.c.collective_time(step.op, step.group, step.nbytes)
+            self._book_collective(step, start, end)
+            call["event"].succeed((late_rank, late_step, start, end))
+        late_rank, late_step, start, end = yield call["event"]
+        if late_rank != r:
+            self.cause[r][i] = (late_rank, late_step, start, end)
+        self.sent[r] += sent_bytes(step)
+        return end
+
+    def _book_collective(self, step: Collective, start: float, end: float) -> None:
+        """Hold each ring link of the group (member i -> member i+1) while the data moves."""
+        group, net = step.group, self.c.net
+        moved = step.nbytes * _bus_factor(step.op, len(group))  # what each member sends
+        for a, b in zip(group, group[1:] + group[:1]):
+            for edge, bw, _lat in net.hops(a, b):
+                self.link_bytes[edge] = self.link_bytes.get(edge, 0) + int(moved)
+                self.links.reserve(edge, start, min(moved / bw, end - start), start, start)
 
     def _shared_compute(self, r: int, t: float, duration: float):
         env = self.env
@@ -206,6 +230,23 @@ def simulate(schedule: Schedule, topology, workload: DecodeWorkload, hardware=No
         steps_timeline=run.timeline if timeline else [], bytes_per_link=run.link_bytes,
         critical_path=critical_path(schedule.steps, run.start, run.end, run.cause),
     )
+
+
+def sent_bytes(step) -> int:
+    """Bytes a rank puts on the wire for one step: a Send's size, a collective's share."""
+    if isinstance(step, Send):
+        return step.nbytes
+    if isinstance(step, Collective):
+        return int(step.nbytes * _bus_factor(step.op, len(step.group)))
+    return 0
+
+
+def _bus_factor(op, p: int) -> float:
+    """Bytes each member sends per byte of a collective's nccl-tests size (busbw factor)."""
+    if p < 2:
+        return 0.0
+    return 2 * (p - 1) / p if str(op).startswith("all_reduce") else (
+        1.0 if str(op) == "broadcast" else (p - 1) / p)
 
 
 # -- results -----------------------------------------------------------------------------
@@ -276,6 +317,12 @@ def critical_path(steps, start, end, cause) -> dict:
             out["compute_s"] += end[r][i] - start[r][i]
         elif isinstance(step, Send):
             out["overhead_s"] += end[r][i] - start[r][i]
+        elif isinstance(step, Collective):
+            found = cause[r][i]
+            out["wire_s"] += end[r][i] - (found[2] if found else start[r][i])
+            if found is not None:  # a later member held everyone up: follow it
+                r, i = found[0], found[1] - 1
+                continue
         elif isinstance(step, Recv) and cause[r][i] is not None:
             src, j, inject, arrival = cause[r][i]
             out["overhead_s"] += end[r][i] - arrival
@@ -318,6 +365,11 @@ def rank_peak(steps, shard_bytes: int, workload: DecodeWorkload) -> int:
                 named[s.payload] = max(named.get(s.payload, 0), full)
             posted = steps[recvs[next_recv]].nbytes if next_recv < len(recvs) else 0
             next_recv += 1
+        elif isinstance(s, Collective):
+            if s.keeps_messages:  # the other members' contributions, until the Merge
+                kept[s.tag] = int(s.nbytes * (len(s.group) - 1) / len(s.group))
+            else:
+                named[s.payload] = workload.buffer_bytes(s.payload)
         elif isinstance(s, Merge):
             if s.op == MergeOp.RESIDUE:
                 named[Payload.RESIDUE] = workload.partial_bytes

@@ -37,7 +37,7 @@ from treeattn.sim.devices import (
     default_backend,
     hardware_for,
 )
-from treeattn.sim.schedule import SimError
+from treeattn.sim.payloads import CollectiveOp, SimError
 from treeattn.sim.workload import DecodeWorkload
 
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -214,6 +214,8 @@ class CostModel:
         self.flops = np.array([h.peak_flops for h in self.hardware])
         self.launch = np.array([h.launch_s for h in self.hardware])
         self._pair_cache: dict = {}
+        self._collective_cache: dict = {}
+        self._group_shapes: dict = {}
 
     def compute(self, rank: int, nbytes: float, flops: float = 0.0) -> float:
         return self.hardware[rank].compute_time(nbytes, flops)
@@ -248,3 +250,57 @@ class CostModel:
         """Vectorised :meth:`Network.wire_time` over pairs ``(src[i], dst[i])``."""
         summ = self.pair_summary(np.asarray(src), np.asarray(dst))
         return summ[:, 0] + np.asarray(nbytes, dtype=float) * summ[:, 1]
+
+    # -- collectives -----------------------------------------------------------------------
+
+    def collective_time(self, op: CollectiveOp | str, group: tuple[int, ...],
+                        nbytes: float) -> float:
+        """Seconds one collective takes once every member has arrived (cached).
+
+        GPUs: NCCL's or RCCL's own tuning model (:mod:`treeattn.sim.collectives`). CPU ranks
+        on gloo: the calibrated fit for that op and group size when the profile has one,
+        else :func:`gloo_collective_time`, our model of how gloo runs it.
+        """
+        op = CollectiveOp(op)
+        key = (op, group, int(nbytes))
+        found = self._collective_cache.get(key)
+        if found is None:
+            found = self._collective_time(op, group, int(nbytes))
+            self._collective_cache[key] = found
+        return found
+
+    def _collective_time(self, op: CollectiveOp, group: tuple[int, ...], nbytes: int) -> float:
+        if len(group) < 2:
+            return 0.0
+        if self.backend.name == "gloo" or all(h.name == "cpu" for h in self.hardware):
+            fit = self.backend.measured_collective(op.library_op, len(group))
+            if fit is not None:
+                return fit[0] + nbytes * fit[1]
+            latency, per_byte = self.net.summary(group[0], group[1])
+            return gloo_collective_time(op, len(group), nbytes, self.send_s + self.recv_s
+                                        + latency, per_byte)
+        from treeattn.sim.collectives import GroupShape, collective_cost
+
+        shape = self._group_shapes.get(group)
+        if shape is None:
+            shape = self._group_shapes[group] = GroupShape.of(self.topology, group)
+        return collective_cost(op.library_op, max(1, nbytes), shape).time_s
+
+
+def gloo_collective_time(op: CollectiveOp, p: int, nbytes: float, alpha: float,
+                         per_byte: float) -> float:
+    """How gloo runs each op on CPU ranks, as message rounds of ``alpha + bytes·per_byte``.
+
+    * all-reduce: gloo's ring (reduce-scatter then all-gather), ``2(p−1)`` rounds of
+      ``n/p`` bytes;
+    * all-gather and all-to-all: ``p−1`` rounds of ``n/p`` bytes (ring, pairwise);
+    * broadcast: a binomial tree, ``⌈log2 p⌉`` rounds of the whole buffer;
+    * reduce-scatter: gloo has none, so the runtime runs an all-reduce and keeps its slice
+      (:mod:`treeattn.runtime.collectives`): priced as that all-reduce.
+    """
+    if op in (CollectiveOp.ALL_REDUCE_SUM, CollectiveOp.ALL_REDUCE_MAX,
+              CollectiveOp.REDUCE_SCATTER):
+        return 2 * (p - 1) * (alpha + nbytes / p * per_byte)
+    if op == CollectiveOp.BROADCAST:
+        return math.ceil(math.log2(p)) * (alpha + nbytes * per_byte)
+    return (p - 1) * (alpha + nbytes / p * per_byte)

@@ -39,13 +39,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from treeattn.sim.algorithms import build_schedule
+from treeattn.sim.algorithms import BASELINES, SOURCES, build_schedule
 from treeattn.sim.algorithms.tree import make_trees
 from treeattn.sim.algorithms.trees import Tree
-from treeattn.sim.closed_form import closed_form
-from treeattn.sim.engine import SimResult, peak_memory, simulate
+from treeattn.sim.closed_form import closed_form, collective_schedule
+from treeattn.sim.engine import SimResult, peak_memory, sent_bytes, simulate
 from treeattn.sim.network import CostModel
-from treeattn.sim.schedule import Schedule, SimError
+from treeattn.sim.payloads import SimError
+from treeattn.sim.schedule import Schedule
 from treeattn.sim.workload import DecodeWorkload
 
 MAX_CHUNK_MESSAGES = 100_000
@@ -55,7 +56,6 @@ MAX_FIRST_CHUNK_MESSAGES = 400_000
 
 
 # -- candidates --------------------------------------------------------------------------
-TREE_STYLE = ("tree", "butterfly", "allgather")
 HUGE = 4096  # beyond this many ranks only a short list of shapes is scored
 
 
@@ -77,10 +77,6 @@ class Candidate:
     @property
     def method(self) -> str:
         return self.result.method if self.result is not None else "closed_form"
-
-    @property
-    def family(self) -> str:
-        return "tree" if self.algorithm in TREE_STYLE else self.algorithm
 
     def to_json(self) -> dict:
         return {"name": self.name, "algorithm": self.algorithm, "latency_s": self.latency_s,
@@ -135,11 +131,22 @@ def enumerate_candidates(world: int, hosts: int) -> list[Candidate]:
     out.append(Candidate("butterfly", "butterfly", {}))
     if world <= 256:
         out.append(Candidate("allgather", "allgather", {}))
+    out.append(Candidate("allreduce3", "allreduce3", {"inner": "collective"}))
     out.append(Candidate("allreduce3/tree", "allreduce3", {"inner": "tree"}))
     if world <= 256:
         out.append(Candidate("allreduce3/ring", "allreduce3", {"inner": "ring"}))
+    for name in COLLECTIVE_ALGORITHMS:
+        out.append(Candidate(name, name, {}))
     out.append(Candidate("ring", "ring", {}))
     return out
+
+
+# Algorithms built only of collectives and local steps: their closed form is exact.
+COLLECTIVE_ALGORITHMS = ("allreduce2", "oneshot", "helix", "dcp")
+
+
+def _is_collective(c: Candidate) -> bool:
+    return c.algorithm in COLLECTIVE_ALGORITHMS or c.params.get("inner") == "collective"
 
 
 # -- the plan ----------------------------------------------------------------------------
@@ -186,9 +193,13 @@ class Plan:
                              self.latency_s if latency_s is None else latency_s)
 
     def best(self, algorithm: str) -> Candidate | None:
-        """The best candidate of one algorithm, or of the tree-style family for ``"tree"``."""
-        pool = [c for c in self.candidates
-                if (c.family == "tree" if algorithm == "tree" else c.algorithm == algorithm)]
+        """The best candidate of one algorithm (each row is what its name says)."""
+        pool = [c for c in self.candidates if c.algorithm == algorithm]
+        return min(pool, key=lambda c: c.latency_s, default=None)
+
+    def best_baseline(self) -> Candidate | None:
+        """The fastest candidate a practitioner runs today (anything but treeattn's own)."""
+        pool = [c for c in self.candidates if c.algorithm in BASELINES]
         return min(pool, key=lambda c: c.latency_s, default=None)
 
     def explain(self) -> str:
@@ -197,13 +208,19 @@ class Plan:
     def to_json(self) -> dict:
         """The JSON object ``treeattn predict --json`` prints."""
         tree = self.tree
+        baseline = self.best_baseline()
         return {
             "algorithm": self.algorithm, "name": self.name,
+            "system": SOURCES[self.algorithm], "layout": self.workload.layout,
+            "batch": self.workload.batch,
             "tree": tree.to_dict() if tree is not None else None,
             "latency_s": self.latency_s, "token_latency_s": self.token_latency_s(),
             "comm_bytes": self.prediction.comm_bytes,
             "peak_memory_bytes": max(self.prediction.peak_memory_bytes),
             "critical_path": self.prediction.critical_path,
+            "best_baseline": baseline.name if baseline else None,
+            "speedup_vs_best_baseline": (baseline.latency_s / self.latency_s
+                                         if baseline else None),
             "candidates": [c.to_json() for c in self.candidates],
             "explanation": self.explain(),
         }
@@ -225,6 +242,8 @@ def _chunk_messages(c: Candidate, cm: CostModel) -> float:
         return p * (p - 1)
     if c.algorithm == "butterfly":
         return p * (p.bit_length() - 1) + 2 * p
+    if _is_collective(c):
+        return 6 * p
     if c.algorithm == "allreduce3":
         return 6 * p * (p - 1) if c.params.get("inner") == "ring" else 6 * p * len(c.trees)
     return 2 * p * len(c.trees)
@@ -233,6 +252,9 @@ def _chunk_messages(c: Candidate, cm: CostModel) -> float:
 def score(cands: list[Candidate], topology, cm: CostModel) -> None:
     """Attach trees and the closed-form bound to each candidate."""
     for c in cands:
+        if _is_collective(c):
+            c.bound_s = float(collective_schedule(cm, schedule_for(c, topology, cm.workload)))
+            continue
         if c.algorithm == "tree" or c.params.get("inner") == "tree":
             kw = {k: v for k, v in c.params.items() if k != "inner" or c.algorithm == "tree"}
             c.trees = make_trees(topology, kw.pop("shape", "binomial"), backend=cm.backend,
@@ -310,8 +332,7 @@ def closed_form_result(c: Candidate, topology, cm: CostModel) -> SimResult:
         memory = [k + extra + 2 * w.partial_bytes for k in kv]
     else:
         schedule = schedule_for(c, topology, w)
-        sent = [sum(s.nbytes for s in steps if type(s).__name__ == "Send")
-                for steps in schedule.steps]
+        sent = [sum(sent_bytes(s) for s in steps) for steps in schedule.steps]
         memory = peak_memory(schedule, w)
     return SimResult(c.algorithm, dict(c.params), c.bound_s, sum(sent), sent, memory,
                      method="closed_form")
@@ -360,10 +381,21 @@ def explain_plan(plan) -> str:
         gap = runner.latency_s / win.latency_s - 1
         parts.append(f"The runner-up, {runner.name}, is {gap:.1%} slower ({_us(runner.latency_s)}, "
                      f"{runner.method}).")
+    baseline = plan.best_baseline()
+    if baseline is win:
+        parts.append(f"A baseline wins here: {win.name} is what {SOURCES[win.algorithm]} runs, "
+                     "and nothing of treeattn's own beats it on this cluster and size.")
+    elif baseline is not None:
+        parts.append(f"The strongest baseline, {baseline.name} ({SOURCES[baseline.algorithm]}), "
+                     f"takes {_us(baseline.latency_s)}: "
+                     f"{baseline.latency_s / win.latency_s:.2f}× the winner.")
+    parts.append(f"Outputs are compared {w.layout}: head-sharded algorithms pay for gathering "
+                 "their heads back" if w.layout == "replicated" else
+                 f"Outputs are compared {w.layout} (a tensor-parallel projection follows).")
     ring = plan.best("ring")
     if ring is not None and ring is not win:
         ring_bytes = (topo.num_gpus - 1) * w.kv_bytes(w.seq_len)
-        parts.append(f"Ring Attention would take {_us(ring.latency_s)} "
+        parts.append(f"Ring Attention's pass-KV would take {_us(ring.latency_s)} "
                      f"({ring.latency_s / win.latency_s:.1f}× longer) because it moves "
                      f"{_bytes(ring_bytes)} of KV blocks per layer against "
                      f"{_bytes(pred.comm_bytes)} here.")

@@ -24,18 +24,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from treeattn.sim.schedule import (
+from treeattn.sim.payloads import (
     PAYLOAD_LAYOUTS,
-    Compute,
+    CollectiveOp,
     ComputeLabel,
-    Merge,
     MergeOp,
     Payload,
-    Recv,
-    Schedule,
-    Send,
     shard_bounds,
 )
+from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send
 
 
 def partial(q, k, v):
@@ -107,8 +104,90 @@ def _fold(buffers, op, recv: Recv, value):
         _put(buffers, Payload.PARTIAL, recv.chunk, merge(mine, value))
         return
     mine = _get(buffers[recv.payload], recv.payload, recv.chunk)
-    _put(buffers, recv.payload, recv.chunk, np.maximum(mine, value) if op == MergeOp.MAX
-         else mine + value)
+    _put(buffers, recv.payload, recv.chunk, _combine(op, mine, value))
+
+
+def _combine(op, a, b):
+    """Elementwise max, sum or log-sum-exp of two equally shaped arrays."""
+    if op == MergeOp.MAX:
+        return np.maximum(a, b)
+    if op == MergeOp.LSE:
+        return np.logaddexp(a, b)
+    return a + b
+
+
+# -- collectives: every member's buffers are visible at once (the step is a rendezvous) ----
+
+def _heads(value, index: int, count: int):
+    """Chunk ``index`` of ``count`` along the query heads (axis 0 of every array)."""
+    s = slice(*shard_bounds(_n_heads(value), count)[index])
+    return tuple(a[s].copy() for a in value) if isinstance(value, tuple) else value[s].copy()
+
+
+def _n_heads(value) -> int:
+    return (value[0] if isinstance(value, tuple) else value).shape[0]
+
+
+def _set_heads(value, index: int, count: int, part):
+    s = slice(*shard_bounds(_n_heads(value), count)[index])
+    if isinstance(value, tuple):
+        out = tuple(a.copy() for a in value)
+        for a, b in zip(out, part):
+            a[s] = b
+        return out
+    out = value.copy()
+    out[s] = part
+    return out
+
+
+def _reduce(values, op):
+    total = values[0]
+    for v in values[1:]:
+        total = tuple(a + b for a, b in zip(total, v)) if isinstance(total, tuple) else (
+            np.maximum(total, v) if op == CollectiveOp.ALL_REDUCE_MAX else total + v)
+    return total
+
+
+def _collective(buffers, kept, step: Collective) -> None:
+    """Run one collective on every member at once (semantics in the schedule module)."""
+    group, payload, p = step.group, step.payload, len(step.group)
+    if payload == Payload.QUERY:
+        return  # every rank already holds the whole query: gathering its heads changes nothing
+    values = [buffers[m][payload] for m in group]
+    for i, member in enumerate(group):
+        mine = buffers[member]
+        if step.op in (CollectiveOp.ALL_REDUCE_SUM, CollectiveOp.ALL_REDUCE_MAX):
+            mine[payload] = _reduce(values, step.op)
+        elif step.op == CollectiveOp.BROADCAST:
+            mine[payload] = values[group.index(step.root)]
+        elif step.op == CollectiveOp.ALL_GATHER and step.sharded:
+            out = values[i]
+            for j in range(p):
+                out = _set_heads(out, j, p, _heads(values[j], j, p))
+            mine[payload] = out
+        elif step.op == CollectiveOp.ALL_GATHER:
+            kept[member][step.tag] = ("all", [values[j] for j in range(p) if j != i])
+        elif step.op == CollectiveOp.REDUCE_SCATTER:
+            part = _reduce([_heads(v, i, p) for v in values], step.op)
+            mine[payload] = _set_heads(values[i], i, p, part)
+        else:  # all-to-all: the other members' chunk i, folded into my chunk i by the Merge
+            kept[member][step.tag] = ("heads", (i, p),
+                                      [_heads(values[j], i, p) for j in range(p) if j != i])
+
+
+def _fold_collective(buffers, op, payload, value) -> None:
+    """``Merge(op, tag)`` of what a collective kept: fold each piece in, in group order."""
+    target = Payload.PARTIAL if op == MergeOp.PARTIAL else payload
+    if value[0] == "all":
+        for piece in value[1]:
+            buffers[target] = (merge(buffers[target], piece) if op == MergeOp.PARTIAL
+                               else _combine(op, buffers[target], piece))
+        return
+    (index, count), pieces = value[1], value[2]
+    mine = _heads(buffers[target], index, count)
+    for piece in pieces:
+        mine = merge(mine, piece) if op == MergeOp.PARTIAL else _combine(op, mine, piece)
+    buffers[target] = _set_heads(buffers[target], index, count, mine)
 
 
 def _compute(buffers, step: Compute, q, shard):
@@ -128,6 +207,21 @@ def _compute(buffers, step: Compute, q, shard):
         den = buffers[Payload.DEN]
         buffers[Payload.PARTIAL] = (buffers[Payload.NUM] / den[:, None],
                                     buffers[Payload.MAX] + np.log(den))
+    elif step.label == ComputeLabel.RESCALE_PACKED:
+        o, lse = buffers[Payload.PARTIAL]
+        with np.errstate(invalid="ignore"):
+            den = np.where(np.isneginf(lse), 0.0, np.exp(lse - buffers[Payload.MAX]))
+        buffers[Payload.NUMDEN] = (o * den[:, None], den)
+    elif step.label == ComputeLabel.FINALIZE_PACKED:
+        num, den = buffers[Payload.NUMDEN]
+        buffers[Payload.PARTIAL] = (num / den[:, None], buffers[Payload.MAX] + np.log(den))
+    elif step.label == ComputeLabel.FINALIZE_GLOBAL:
+        buffers[Payload.PARTIAL] = (buffers[Payload.NUM].copy(), buffers[Payload.MAX].copy())
+
+
+def _at(schedule: Schedule, pc: list[int], member: int, step: Collective) -> bool:
+    steps = schedule.steps[member]
+    return pc[member] < len(steps) and steps[pc[member]] == step
 
 
 def execute(schedule: Schedule, q, shards) -> list:
@@ -136,6 +230,7 @@ def execute(schedule: Schedule, q, shards) -> list:
     buffers = [{Payload.KV: shards[r]} for r in range(world)]
     pc, mail, kept = [0] * world, {}, [dict() for _ in range(world)]
     recv_of = [dict() for _ in range(world)]
+    merge_payload = [dict() for _ in range(world)]
     progress = True
     while progress:
         progress = False
@@ -154,6 +249,18 @@ def execute(schedule: Schedule, q, shards) -> list:
                         kept[r][s.tag], recv_of[r][s.tag] = value, s
                     else:
                         _put(buffers[r], s.payload, s.chunk, value)
+                elif isinstance(s, Collective):
+                    if not all(_at(schedule, pc, m, s) for m in s.group):
+                        break  # a rendezvous: wait until every member stands at it
+                    _collective([buffers[m] for m in range(world)], kept, s)
+                    for m in s.group:
+                        if s.tag is not None:
+                            merge_payload[m][s.tag] = s.payload
+                        if m != r:
+                            pc[m] += 1
+                elif isinstance(s, Merge) and s.tag in merge_payload[r]:
+                    _fold_collective(buffers[r], s.op, merge_payload[r].pop(s.tag),
+                                     kept[r].pop(s.tag))
                 elif isinstance(s, Merge) and s.op == MergeOp.RESIDUE:  # residue = partial (+) msg
                     mine = buffers[r][Payload.PARTIAL]
                     buffers[r][Payload.RESIDUE] = mine if s.tag is None else merge(

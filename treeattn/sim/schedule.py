@@ -17,6 +17,7 @@ Each rank owns a few named buffers, the *payloads*:
 * ``"den"``     a running sum of shape (B, Hq) (``allreduce3``);
 * ``"residue"`` a second running partial, laid out like ``"partial"`` (``butterfly`` when p is
   not a power of two; see :mod:`treeattn.sim.algorithms.butterfly`). Unset until a Merge sets it.
+* ``"numden"``  ``num`` and ``den`` packed like a partial (``allreduce2``: one all-reduce).
 
 Steps, run in list order per rank:
 
@@ -29,6 +30,10 @@ Steps, run in list order per rank:
     ``den = exp(lse - max)`` and ``num = o * den``.
   - ``"finalize"`` (allreduce3): ``o = num / den``, ``lse = max + log(den)``; sets ``"partial"``.
   - ``"init_max"`` (allreduce3): ``max = lse`` of ``"partial"``.
+  - ``"rescale_packed"`` / ``"finalize_packed"`` (allreduce2): the same two steps with
+    ``num`` and ``den`` packed in ``"numden"``.
+  - ``"finalize_global"`` (dcp): ``o = num``, ``lse = max``, where ``max`` already holds the
+    global log-sum-exp and ``num`` the reduced, rescaled outputs; sets ``"partial"``.
 
 * :class:`Send` posts a non-blocking send of the rank's current ``payload`` buffer (or one
   ``chunk`` of it, see below) to ``dst``. The executor snapshots what it sends, so later steps
@@ -40,11 +45,33 @@ Steps, run in list order per rank:
   buffer (a broadcast, a gather, a KV rotation). With ``reduce=True`` it is kept aside until
   the :class:`Merge` step with the same ``tag`` folds it in.
 * :class:`Merge` folds the message received under ``tag`` into the rank's buffer with ``op``:
-  ``"partial"`` (the log-sum-exp merge, into ``"partial"``), ``"max"`` or ``"sum"`` (into the
-  buffer named by the matching Recv's payload), or ``"residue"``: ``residue ← partial ⊕
+  ``"partial"`` (the log-sum-exp merge, into ``"partial"``), ``"max"``, ``"sum"`` or ``"lse"``
+  (``log(exp(a) + exp(b))``; into the buffer named by the matching Recv's or Collective's
+  payload), or ``"residue"``: ``residue ← partial ⊕
   message`` (the message received under ``tag`` is kept with ``reduce=True``; ``tag=None``
   means ``residue ← partial``, a copy). For ``op="partial"``, ``tag=None`` folds the block
   partial of the preceding ``attention_block`` Compute into ``"partial"`` (ring).
+
+* :class:`Collective` runs one collective over an explicit ``group`` of ranks (in group
+  order; member ``i`` is ``group[i]``, ``p = len(group)``). Every member must reach the same
+  collectives of a group in the same order; each member blocks until all have arrived.
+
+  - ``all_reduce_sum`` / ``all_reduce_max``: ``payload ← Σ`` (or elementwise max) of every
+    member's ``payload``; the result is on every member.
+  - ``broadcast``: ``payload ← `` the payload of member ``root`` (a rank number).
+  - ``all_gather``: every member keeps, under ``tag``, the ``payload`` of each *other*
+    member; a later ``Merge(op, tag)`` folds them in, in group order. With ``sharded=True``
+    member ``i`` contributes only chunk ``(i, p)`` of its payload and every member's payload
+    is *replaced* by the concatenation (no tag): head shards become a replicated buffer.
+  - ``reduce_scatter`` (sum): member ``i``'s chunk ``(i, p)`` of ``payload`` ← the sum of
+    every member's chunk ``i``; the rest of the buffer is left stale (head-sharded output).
+  - ``all_to_all``: member ``i`` sends chunk ``(j, p)`` of its payload to member ``j`` and
+    keeps, under ``tag``, the chunk ``i`` of each other member; ``Merge(op, tag)`` folds them
+    into its own chunk ``i``. The output is head-sharded.
+
+  ``nbytes`` is the size the way nccl-tests counts it: the whole buffer for all-reduce,
+  broadcast, reduce-scatter and all-to-all, the whole gathered buffer for all-gather.
+  Collective tags come from :meth:`Tags.collective` and never collide with message tags.
 
 A ``chunk=(index, count)`` on Send/Recv restricts it to the ``index``-th of ``count``
 equal slices of the flattened payload (ring all-reduce). ``None`` means the whole buffer.
@@ -54,143 +81,31 @@ Slices follow ``numpy.array_split``: when the length does not divide, the first
 together, so each slice merges on its own (the double binary tree sends each half of the
 heads up a different tree); a Merge of a chunked message acts on that slice only.
 
-Tags are unique per (src, dst) pair within one schedule.
+Tags are unique per (src, dst) pair within one schedule, and a rank's pending tags never
+collide (collective tags live in their own range).
+
+Where the merged output lands is the schedule's ``output_layout``: ``"replicated"`` (every
+rank holds the whole ``"partial"``) or ``"head_sharded"`` (rank ``group[i]`` holds chunk
+``(i, p)`` of the heads, after a reduce-scatter or an all-to-all).
 
 ``nbytes`` everywhere is what the step moves or touches, in bytes: what the simulator costs.
 """
-
 from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from enum import Enum
-from math import prod
 
-
-class SimError(ValueError):
-    """Bad simulator input: an unknown model, an impossible plan, a bad parameter."""
-
-
-class ScheduleError(SimError):
-    """A schedule that cannot run: an unmatched send, a deadlock. Names the rank and step."""
-
-
-class _Name(str, Enum):
-    """A name that *is* its string: ``Payload.PARTIAL == "partial"``, prints as ``partial``
-    and hashes like the string, so old spellings and dict keys keep working."""
-
-    __hash__ = str.__hash__
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Payload(_Name):
-    """The named per-rank buffers a Send/Recv moves (see the module docstring)."""
-
-    PARTIAL = "partial"
-    KV = "kv"
-    MAX = "max"
-    NUM = "num"
-    DEN = "den"
-    RESIDUE = "residue"
-
-
-class ComputeLabel(_Name):
-    """What a :class:`Compute` step does."""
-
-    ATTENTION = "attention"
-    ATTENTION_BLOCK = "attention_block"
-    RESCALE = "rescale"
-    FINALIZE = "finalize"
-    INIT_MAX = "init_max"
-
-
-class MergeOp(_Name):
-    """How a :class:`Merge` folds a message in."""
-
-    PARTIAL = "partial"
-    MAX = "max"
-    SUM = "sum"
-    RESIDUE = "residue"
-
-
-PAYLOADS = tuple(Payload)
-COMPUTE_LABELS = tuple(ComputeLabel)
-MERGE_OPS = tuple(MergeOp)
-
-
-@dataclass(frozen=True)
-class PayloadLayout:
-    """How one payload buffer is laid out: the arrays packed one after the other into one
-    flat buffer, each a shape over the symbols ``B`` (batch), ``Hq``/``Hkv`` (query / KV
-    heads), ``D`` (head dim) and ``T`` (a KV block's tokens); the element type (``fp32`` or
-    the KV ``cache`` dtype); and ``chunk_axis``: ``"Hq"`` when a chunk is a range of query
-    heads of every array (the partial), ``None`` when it is a slice of the flat buffer."""
-
-    arrays: tuple[tuple[str, ...], ...]
-    dtype: str = "fp32"
-    chunk_axis: str | None = None
-
-
-_PARTIAL_LAYOUT = PayloadLayout((("B", "Hq", "D"), ("B", "Hq")), chunk_axis="Hq")  # o, lse
-# THE table of payload shapes: the memory model, the simulator's message sizes, the numpy
-# reference executor and the runtime's wire format all read it.
-PAYLOAD_LAYOUTS: dict[Payload, PayloadLayout] = {
-    Payload.PARTIAL: _PARTIAL_LAYOUT,
-    Payload.RESIDUE: _PARTIAL_LAYOUT,
-    Payload.MAX: PayloadLayout((("B", "Hq"),)),
-    Payload.NUM: PayloadLayout((("B", "Hq", "D"),)),
-    Payload.DEN: PayloadLayout((("B", "Hq"),)),
-    Payload.KV: PayloadLayout((("2", "B", "Hkv", "T", "D"),), dtype="cache"),  # K then V
-}
-# Which buffers each Compute label sets (the memory model counts them from then on).
-COMPUTE_SETS: dict[ComputeLabel, tuple[Payload, ...]] = {
-    ComputeLabel.ATTENTION: (Payload.PARTIAL,),
-    ComputeLabel.ATTENTION_BLOCK: (),
-    ComputeLabel.INIT_MAX: (Payload.MAX,),
-    ComputeLabel.RESCALE: (Payload.NUM, Payload.DEN),
-    ComputeLabel.FINALIZE: (Payload.PARTIAL,),
-}
-
-
-def payload_numel(payload: str, dims: dict[str, int]) -> int:
-    """Elements of ``payload``'s flat buffer for the symbol values ``dims``.
-
-    >>> payload_numel("partial", {"B": 1, "Hq": 4, "D": 16})
-    68
-    >>> payload_numel("kv", {"B": 1, "Hkv": 2, "T": 3, "D": 16})
-    192
-    """
-    layout = PAYLOAD_LAYOUTS[Payload(payload)]
-    return sum(prod(int(s) if s.isdigit() else dims[s] for s in shape)
-               for shape in layout.arrays)
-
-
-def shard_sizes(total: int, count: int) -> list[int]:
-    """THE sharding rule: ``numpy.array_split`` sizes of ``total`` items in ``count``
-    contiguous parts, the first ``total % count`` one larger (a part may be empty).
-
-    Sequence shards, chunks of a payload and the heads of a partial all follow it.
-
-    >>> shard_sizes(10, 4)
-    [3, 3, 2, 2]
-    """
-    base, extra = divmod(total, count)
-    return [base + (1 if i < extra else 0) for i in range(count)]
-
-
-def shard_bounds(total: int, count: int) -> list[tuple[int, int]]:
-    """``[lo, hi)`` of each part of :func:`shard_sizes`.
-
-    >>> shard_bounds(10, 3)
-    [(0, 4), (4, 7), (7, 10)]
-    """
-    out, lo = [], 0
-    for size in shard_sizes(total, count):
-        out.append((lo, lo + size))
-        lo += size
-    return out
+from treeattn.sim.payloads import (
+    COLLECTIVE_OPS,
+    COMPUTE_LABELS,
+    MERGE_OPS,
+    PAYLOADS,
+    CollectiveOp,
+    ComputeLabel,
+    MergeOp,
+    Payload,
+    ScheduleError,
+)
 
 
 @dataclass(frozen=True)
@@ -234,14 +149,44 @@ class Merge:
     tag: int | None = None
 
 
-Step = Compute | Send | Recv | Merge
+@dataclass(frozen=True)
+class Collective:
+    """One collective over ``group`` (see the module docstring for each op's semantics)."""
+
+    op: CollectiveOp | str
+    group: tuple[int, ...]
+    nbytes: int
+    payload: Payload | str = Payload.PARTIAL
+    tag: int | None = None
+    sharded: bool = False
+    root: int | None = None
+
+    @property
+    def keeps_messages(self) -> bool:
+        """Whether it leaves messages under ``tag`` for a Merge (all-gather, all-to-all)."""
+        return self.op == CollectiveOp.ALL_TO_ALL or (
+            self.op == CollectiveOp.ALL_GATHER and not self.sharded)
+
+
+Step = Compute | Send | Recv | Merge | Collective
+OUTPUT_LAYOUTS = ("replicated", "head_sharded")
+
+
+COLLECTIVE_TAG_BASE = 1 << 30  # collective tags start here, above any message tag
 
 
 class Tags:
-    """Hands out tags unique per (src, dst) pair: 0, 1, 2, … in the order they are asked."""
+    """Hands out tags unique per (src, dst) pair: 0, 1, 2, … in the order they are asked,
+    and collective tags (:meth:`collective`) from their own range."""
 
     def __init__(self) -> None:
         self._next: dict[tuple[int, int], int] = defaultdict(int)
+        self._collective = COLLECTIVE_TAG_BASE
+
+    def collective(self) -> int:
+        tag = self._collective
+        self._collective += 1
+        return tag
 
     def __call__(self, src: int, dst: int) -> int:
         tag = self._next[(src, dst)]
@@ -260,6 +205,7 @@ class Schedule:
     algorithm: str
     steps: list[list[Step]]
     params: dict = field(default_factory=dict)
+    output_layout: str = "replicated"
 
     @property
     def world(self) -> int:
@@ -300,6 +246,8 @@ def step_name(step: Step) -> str:
         return "send"
     if isinstance(step, Recv):
         return "recv"
+    if isinstance(step, Collective):
+        return str(step.op)
     return f"merge:{step.op}"
 
 
@@ -327,10 +275,58 @@ def _check_step(r: int, i: int, step, world: int) -> None:
     elif isinstance(step, Merge):
         if step.op not in MERGE_OPS:
             raise ScheduleError(f"{where}: unknown merge op {step.op!r}")
+    elif isinstance(step, Collective):
+        _check_collective(where, r, step, world)
     else:
         raise ScheduleError(f"{where}: not a schedule step")
     if getattr(step, "nbytes", 0) < 0:
         raise ScheduleError(f"{where}: negative nbytes")
+
+
+def _check_collective(where: str, r: int, step: Collective, world: int) -> None:
+    if step.op not in COLLECTIVE_OPS:
+        raise ScheduleError(f"{where}: unknown collective {step.op!r}")
+    if step.payload not in PAYLOADS:
+        raise ScheduleError(f"{where}: unknown payload {step.payload!r}")
+    group = step.group
+    if len(set(group)) != len(group) or not all(0 <= m < world for m in group):
+        raise ScheduleError(f"{where}: group {group} must be distinct ranks below {world}")
+    if r not in group:
+        raise ScheduleError(f"{where}: rank {r} runs a collective of group {group} it is not in")
+    if step.op == CollectiveOp.BROADCAST and step.root not in group:
+        raise ScheduleError(f"{where}: broadcast root {step.root} is not in the group")
+    if step.keeps_messages != (step.tag is not None):
+        raise ScheduleError(f"{where}: {step.op} needs a tag exactly when it keeps messages")
+    if step.tag is not None and step.tag < COLLECTIVE_TAG_BASE:
+        raise ScheduleError(f"{where}: collective tag {step.tag} is in the message-tag range")
+
+
+def _check_groups(schedule: Schedule) -> None:
+    """Every member of a group reaches the same collectives of that group in the same order."""
+    calls: dict[tuple[int, ...], dict[int, list[tuple[int, Collective]]]] = defaultdict(dict)
+    for r, steps in enumerate(schedule.steps):
+        for i, s in enumerate(steps):
+            if isinstance(s, Collective):
+                calls[s.group].setdefault(r, []).append((i, s))
+    for group, by_rank in calls.items():
+        first = group[0]
+        reference = [_signature(c) for _, c in by_rank.get(first, [])]
+        for member in group:
+            mine = by_rank.get(member, [])
+            for k, (i, call) in enumerate(mine):
+                if k >= len(reference) or _signature(call) != reference[k]:
+                    raise ScheduleError(
+                        f"rank {member} step {i}: collective {k} of group {group} is "
+                        f"{call.op} but rank {first} runs "
+                        f"{reference[k][0] if k < len(reference) else 'nothing'} there")
+            if len(mine) < len(reference):
+                raise ScheduleError(
+                    f"rank {member} never reaches collective {len(mine)} of group {group} "
+                    f"({reference[len(mine)][0]}) that rank {first} runs")
+
+
+def _signature(call: Collective) -> tuple:
+    return (str(call.op), str(call.payload), call.nbytes, call.sharded, call.root)
 
 
 def _match_messages(schedule: Schedule) -> None:
@@ -366,7 +362,9 @@ def _check_merges(schedule: Schedule) -> None:
         pending: set[int] = set()
         block = False
         for i, s in enumerate(steps):
-            if isinstance(s, Recv) and s.reduce:
+            if isinstance(s, Recv) and s.reduce or isinstance(s, Collective) and s.keeps_messages:
+                if s.tag in pending:
+                    raise ScheduleError(f"rank {r} step {i}: tag {s.tag} is already pending")
                 pending.add(s.tag)
             elif isinstance(s, Compute) and s.label == ComputeLabel.ATTENTION_BLOCK:
                 block = True
@@ -383,10 +381,14 @@ def _check_merges(schedule: Schedule) -> None:
 
 
 def _check_deadlock(schedule: Schedule) -> None:
+    """Run the schedule symbolically: sends never block, a receive waits for its send, and a
+    collective waits until every member of its group has arrived at it."""
     world = schedule.world
     pc = [0] * world
     posted: set[tuple[int, int, int]] = set()
     waiting: dict[tuple[int, int, int], int] = {}
+    arrived: dict[tuple[tuple[int, ...], int], set[int]] = defaultdict(set)
+    done = defaultdict(int)  # (rank, group) -> collectives of that group completed
     ready = deque(range(world))
     while ready:
         r = ready.popleft()
@@ -401,10 +403,24 @@ def _check_deadlock(schedule: Schedule) -> None:
             elif isinstance(s, Recv) and (s.src, r, s.tag) not in posted:
                 waiting[(s.src, r, s.tag)] = r
                 break
+            elif isinstance(s, Collective):
+                call = (s.group, done[(r, s.group)])
+                arrived[call].add(r)
+                if len(arrived[call]) < len(s.group):
+                    break  # the last member to arrive releases everyone
+                for member in s.group:
+                    done[(member, s.group)] += 1
+                    pc[member] += 1
+                    if member != r:
+                        ready.append(member)
+                continue
             pc[r] += 1
     for r in range(world):
         if pc[r] < len(schedule.steps[r]):
             s = schedule.steps[r][pc[r]]
+            if isinstance(s, Collective):
+                raise ScheduleError(f"deadlock: rank {r} step {pc[r]} waits forever in "
+                                    f"{s.op} of group {s.group}")
             raise ScheduleError(
                 f"deadlock: rank {r} step {pc[r]} waits forever for a message from rank "
                 f"{s.src} tag {s.tag}"
@@ -413,6 +429,10 @@ def _check_deadlock(schedule: Schedule) -> None:
 
 def validate(schedule: Schedule) -> None:
     """Raise :class:`ScheduleError` naming the rank and step of the first problem found."""
+    if schedule.output_layout not in OUTPUT_LAYOUTS:
+        raise ScheduleError(f"unknown output layout {schedule.output_layout!r} "
+                            f"(known: {', '.join(OUTPUT_LAYOUTS)})")
     _match_messages(schedule)
+    _check_groups(schedule)
     _check_merges(schedule)
     _check_deadlock(schedule)

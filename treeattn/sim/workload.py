@@ -32,15 +32,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from treeattn.sim.schedule import (
+from treeattn.sim.payloads import (
     PAYLOAD_LAYOUTS,
-    Compute,
     ComputeLabel,
     Payload,
     SimError,
     payload_numel,
     shard_sizes,
 )
+from treeattn.sim.schedule import Compute
 
 FP32 = 4
 
@@ -144,8 +144,14 @@ class DecodeWorkload:
     batch: int = 1
     shard_lengths: tuple[int, ...] | None = None
     include_model: bool = False
+    # Where the merged output must land: "replicated" (the rest of the layer runs replicated,
+    # treeattn's own model) or "head_sharded" (a tensor-parallel output projection follows).
+    layout: str = "replicated"
 
     def __post_init__(self) -> None:
+        if self.layout not in ("replicated", "head_sharded"):
+            raise SimError(f"output layout must be 'replicated' or 'head_sharded', "
+                           f"got {self.layout!r}")
         if not isinstance(self.model, ModelConfig):
             object.__setattr__(self, "model", ModelConfig.from_name(self.model))
         if int(self.seq_len) <= 0:

@@ -1,9 +1,9 @@
 """The sweep grid: topologies × node counts × context lengths, each point predicted.
 
 A *point* is one (topology spec, model, seq_len). Predicting it runs the planner once with
-``simulate_each=True`` and turns the result into one row per algorithm: ``tree`` (the best
-tree-style plan: a tree shape, butterfly or all-gather), each named algorithm on its own, and
-``ring``, the baseline every speedup is measured against.
+``simulate_each=True`` and turns the result into one row per algorithm (see
+:mod:`treeattn.sweep.rows`) plus the planner's ``pick``, each with its speedup over the
+strongest baseline at that point and over Ring Attention's pass-KV ring.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, ModelConfig, SimError, plan
-from treeattn.sweep.rows import algorithm_rows
+from treeattn.sweep.rows import PICK, algorithm_rows
 from treeattn.topo import Topology
 
 
@@ -85,7 +85,7 @@ def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHM_NAMES
     workload = DecodeWorkload(model or point.model, point.seq_len)
     chosen = plan(topology, workload, simulate_each=True)
     rows = [r.to_json() for r in algorithm_rows(chosen, point.topology)
-            if r.algorithm in algorithms]
+            if r.algorithm in algorithms or r.algorithm == PICK]
     for row in rows:
         row.update(topology=_short_name(point.topology), spec=point.topology,
                    hosts=len(topology.hosts),

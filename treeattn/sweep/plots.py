@@ -21,7 +21,12 @@ ALGO_STYLE = {
     "butterfly": ("#17becf", "v", "--"),
     "allgather": ("#bcbd22", "^", "--"),
     "allreduce3": ("#9467bd", "s", "-."),
+    "allreduce2": ("#8c564b", "s", ":"),
+    "oneshot": ("#ff7f0e", "P", "-."),
+    "helix": ("#1f77b4", "X", "-."),
+    "dcp": ("#e377c2", "*", ":"),
     "ring": ("#d62728", "D", "-"),
+    "pick": ("#000000", "o", "-"),
 }
 
 
@@ -86,9 +91,9 @@ def latency_vs_seq_len(rows: list[dict], path: Path) -> Path:
 
 
 def speedup_vs_gpus(rows: list[dict], path: Path, topology: str | None = None) -> Path:
-    """Speedup of the best tree plan over Ring Attention vs the number of GPUs, a line per
-    context length (the paper's style of figure)."""
-    tree_rows = [r for r in rows if r["algorithm"] == "tree"
+    """Speedup of the planner's pick over the strongest baseline at each point, vs the number
+    of GPUs, a line per context length. At 1× a baseline is the pick (the dotted line)."""
+    tree_rows = [r for r in rows if r["algorithm"] == "pick"
                  and (topology is None or r["topology"] == topology)]
     model = tree_rows[0]["model"] if tree_rows else ""
     tree_rows = [r for r in tree_rows if r["model"] == model]
@@ -96,15 +101,16 @@ def speedup_vs_gpus(rows: list[dict], path: Path, topology: str | None = None) -
     lengths = sorted({r["seq_len"] for r in tree_rows})
     cmap = matplotlib.colormaps["viridis"]
     for i, seq_len in enumerate(lengths):
-        pts = sorted((r["gpus"], r["speedup_vs_ring"]) for r in tree_rows
+        pts = sorted((r["gpus"], r["speedup_vs_best_baseline"]) for r in tree_rows
                      if r["seq_len"] == seq_len)
         color = cmap(i / max(1, len(lengths) - 1))
         xs, ys = zip(*pts)
         ax.plot(xs, ys, marker="o", color=color, label=f"{_tokens(seq_len)} tokens")
     ax.axhline(1.0, color="grey", lw=1, ls=":")
     title = topology or ", ".join(sorted({r["topology"] for r in tree_rows}))
-    return _finish(fig, ax, path, "number of GPUs", "predicted speedup of tree over ring (×)",
-                   f"Tree vs Ring Attention: {title}, {model}", xbase=2,
+    return _finish(fig, ax, path, "number of GPUs",
+                   "predicted speedup over the best baseline (×)",
+                   f"Planner's pick vs strongest baseline: {title}, {model}", xbase=2,
                    legend_title="context")
 
 

@@ -7,10 +7,16 @@
 ``butterfly``  no parameters
 ``allreduce3`` ``inner`` ("tree" or "ring"), and for the tree ``shape``, ``root``, ``k``
 ``allgather``  no parameters
-``ring``       no parameters
+``ring``       no parameters (Ring Attention's pass-KV; ``ring-passkv`` is its label)
+``allreduce2`` no parameters
+``oneshot``    no parameters
+``helix``      no parameters
+``dcp``        ``query_gather`` (price vLLM's Q all-gather too)
 =============  ==========================================================================
 
-Every algorithm leaves the merged partial on every rank.
+Each schedule says where its output lands (``Schedule.output_layout``); the head-scatter
+algorithms append the gather of head shards when the workload wants a replicated output.
+:data:`SOURCES` names the system each algorithm comes from, for every report.
 """
 
 from __future__ import annotations
@@ -18,11 +24,13 @@ from __future__ import annotations
 import inspect
 
 from treeattn.sim.algorithms.allgather import build_allgather
-from treeattn.sim.algorithms.allreduce3 import build_allreduce3
+from treeattn.sim.algorithms.allreduce3 import build_allreduce2, build_allreduce3
 from treeattn.sim.algorithms.butterfly import build_butterfly
 from treeattn.sim.algorithms.ring import build_ring
+from treeattn.sim.algorithms.serving import build_dcp, build_helix, build_oneshot
 from treeattn.sim.algorithms.tree import build_tree
-from treeattn.sim.schedule import Schedule, SimError
+from treeattn.sim.payloads import SimError
+from treeattn.sim.schedule import Schedule
 from treeattn.sim.workload import DecodeWorkload
 
 # THE algorithm registry, in the order reports list them: every algorithm list in the code
@@ -32,9 +40,30 @@ REGISTRY = {
     "butterfly": build_butterfly,
     "allgather": build_allgather,
     "allreduce3": build_allreduce3,
+    "allreduce2": build_allreduce2,
+    "oneshot": build_oneshot,
+    "helix": build_helix,
+    "dcp": build_dcp,
     "ring": build_ring,
 }
 ALGORITHM_NAMES: tuple[str, ...] = tuple(REGISTRY)
+# Other spellings accepted on input: Ring Attention's pass-KV ring under its explicit name.
+ALIASES = {"ring-passkv": "ring"}
+# Who runs each algorithm today: the label every report prints next to its name.
+SOURCES = {
+    "tree": "treeattn: topology-aware tree",
+    "butterfly": "treeattn: recursive doubling",
+    "allgather": "treeattn: p2p all-to-all gather",
+    "allreduce3": "Tree Attention paper: 3 all-reduces",
+    "allreduce2": "2 all-reduces (max, packed sums)",
+    "oneshot": "Star Attention / one-shot all-gather",
+    "helix": "Helix / vLLM+SGLang DCP a2a",
+    "dcp": "vLLM/SGLang DCP (AG+RS)",
+    "ring": "Ring Attention pass-KV",
+}
+# treeattn's own algorithms; every other one is a baseline a practitioner runs today.
+OWN = ("tree", "butterfly", "allgather")
+BASELINES = tuple(a for a in ALGORITHM_NAMES if a not in OWN)
 TREE_PARAMS = {"shape", "root", "k", "inner", "outer", "tree", "backend"}
 
 
@@ -49,6 +78,7 @@ def build_schedule(algorithm: str, topology, workload: DecodeWorkload, **params)
     >>> s.world, s.params["parent"]
     (4, [-1, 0, 1, 2])
     """
+    algorithm = ALIASES.get(algorithm, algorithm)
     if algorithm not in REGISTRY:
         raise SimError(f"unknown algorithm {algorithm!r} (known: {', '.join(REGISTRY)})")
     if not isinstance(workload, DecodeWorkload):

@@ -7,7 +7,8 @@ first target), then receives from ``r−1, r−2, …`` and merges each. One rou
 
 from __future__ import annotations
 
-from treeattn.sim.schedule import Merge, MergeOp, Recv, Schedule, Send
+from treeattn.sim.payloads import MergeOp
+from treeattn.sim.schedule import Merge, Recv, Schedule, Send
 from treeattn.sim.workload import DecodeWorkload
 
 

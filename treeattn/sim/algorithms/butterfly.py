@@ -28,7 +28,8 @@ where bit ``j`` is set carry two partials.
 
 from __future__ import annotations
 
-from treeattn.sim.schedule import Merge, MergeOp, Payload, Recv, Schedule, Send, Step, Tags
+from treeattn.sim.payloads import MergeOp, Payload
+from treeattn.sim.schedule import Merge, Recv, Schedule, Send, Step, Tags
 from treeattn.sim.workload import DecodeWorkload
 
 

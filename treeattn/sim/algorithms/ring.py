@@ -19,7 +19,8 @@ a block of ``n`` tokens being ``2·B·n·Hkv·D·dtype_bytes`` bytes (K and V). 
 
 from __future__ import annotations
 
-from treeattn.sim.schedule import ComputeLabel, Merge, MergeOp, Payload, Recv, Schedule, Send
+from treeattn.sim.payloads import ComputeLabel, MergeOp, Payload
+from treeattn.sim.schedule import Merge, Recv, Schedule, Send
 from treeattn.sim.workload import DecodeWorkload
 
 

@@ -22,17 +22,8 @@ from treeattn.sim.algorithms.trees import (
     searched_tree,
     simple_shape,
 )
-from treeattn.sim.schedule import (
-    Merge,
-    MergeOp,
-    Payload,
-    Recv,
-    Schedule,
-    Send,
-    SimError,
-    Step,
-    Tags,
-)
+from treeattn.sim.payloads import MergeOp, Payload, SimError
+from treeattn.sim.schedule import Merge, Recv, Schedule, Send, Step, Tags
 from treeattn.sim.workload import DecodeWorkload
 
 

@@ -52,7 +52,7 @@ import numpy as np
 
 from treeattn.sim.devices import BackendModel
 from treeattn.sim.network import resolve_backend, resolve_hardware
-from treeattn.sim.schedule import SimError
+from treeattn.sim.payloads import SimError
 from treeattn.sim.workload import FP32
 
 SHAPES = ("chain", "flat", "binary", "kary", "binomial", "double_binary", "hierarchical",

@@ -1,0 +1,95 @@
+"""What serving systems run today: one-shot gathers and the head-scatter merges.
+
+Every generator here is built from library collectives (see the ``Collective`` step in
+:mod:`treeattn.sim.schedule`) over all ranks, in the order the systems issue them:
+
+``oneshot``  Star Attention's decode phase and the symmetric-memory one-shot kernels
+             (arXiv 2411.17116, NVIDIA/Star-Attention): all-gather every rank's
+             ``(o, lse)`` and merge them locally. Output replicated.
+
+``helix``    NVIDIA's Helix parallelism (arXiv 2507.07120) and the ``a2a`` backend of vLLM
+             and SGLang's decode context parallelism: with Q replicated, one all-to-all
+             along the query heads sends head chunk ``j`` of every partial to rank ``j``,
+             which merges the ``p`` pieces. Output head-sharded.
+
+``dcp``      vLLM's and SGLang's decode context parallelism, default backend
+             (``cp_lse_ag_out_rs``): all-gather the LSEs, rescale the local output by
+             ``exp(lse_local − lse_global)``, then reduce-scatter the outputs along the
+             heads. Output head-sharded. vLLM first all-gathers the queries when the TP
+             ranks hold different heads; treeattn's ranks hold the whole query (replicated
+             non-attention layers), so that gather is priced only with ``query_gather=True``.
+
+When the workload asks for a replicated output (``DecodeWorkload.layout``, the default,
+because treeattn runs the rest of the layer replicated), a head-sharded schedule ends with
+the all-gather of the head shards that a practitioner would add; with ``layout=
+"head_sharded"`` (a tensor-parallel output projection follows) it stops at the scatter.
+"""
+
+from __future__ import annotations
+
+from treeattn.sim.payloads import CollectiveOp, ComputeLabel, MergeOp, Payload
+from treeattn.sim.schedule import Collective, Compute, Merge, Schedule, Tags
+from treeattn.sim.workload import DecodeWorkload
+
+
+def _start(topology, workload: DecodeWorkload) -> tuple[tuple[int, ...], list[list]]:
+    world = topology.num_gpus
+    shards = workload.shards(world)
+    return tuple(range(world)), [[workload.attention_step(shards[r])] for r in range(world)]
+
+
+def finish_layout(steps, workload: DecodeWorkload, group: tuple[int, ...], algorithm: str,
+                  params: dict) -> Schedule:
+    """Wrap a head-sharded schedule, appending the gather of head shards when the workload
+    wants the output replicated."""
+    if workload.layout == "replicated":
+        for rank_steps in steps:
+            rank_steps.append(Collective(CollectiveOp.ALL_GATHER, group, workload.partial_bytes,
+                                         Payload.PARTIAL, sharded=True))
+        return Schedule(algorithm, steps, {**params, "gathered_heads": True}, "replicated")
+    return Schedule(algorithm, steps, params, "head_sharded")
+
+
+def build_oneshot(topology, workload: DecodeWorkload) -> Schedule:
+    """All-gather every partial, then merge the ``p − 1`` others locally."""
+    group, steps = _start(topology, workload)
+    tags, pb = Tags(), workload.partial_bytes
+    tag = tags.collective()
+    for rank_steps in steps:
+        rank_steps.append(Collective(CollectiveOp.ALL_GATHER, group, len(group) * pb,
+                                     Payload.PARTIAL, tag=tag))
+        rank_steps.append(Merge(3 * pb * (len(group) - 1), MergeOp.PARTIAL, tag))
+    return Schedule("oneshot", steps, {})
+
+
+def build_helix(topology, workload: DecodeWorkload) -> Schedule:
+    """One all-to-all of ``(o, lse)`` along the heads, then a local merge of the pieces."""
+    group, steps = _start(topology, workload)
+    tags, pb = Tags(), workload.partial_bytes
+    tag = tags.collective()
+    for rank_steps in steps:
+        rank_steps.append(Collective(CollectiveOp.ALL_TO_ALL, group, pb, Payload.PARTIAL,
+                                     tag=tag))
+        rank_steps.append(Merge(3 * pb, MergeOp.PARTIAL, tag))
+    return finish_layout(steps, workload, group, "helix", {})
+
+
+def build_dcp(topology, workload: DecodeWorkload, query_gather: bool = False) -> Schedule:
+    """All-gather the LSEs, rescale locally, reduce-scatter the outputs along the heads."""
+    group, steps = _start(topology, workload)
+    tags, pb, mx = Tags(), workload.partial_bytes, workload.max_bytes
+    p = len(group)
+    tag = tags.collective()
+    for rank_steps in steps:
+        if query_gather:  # vLLM's Q all-gather (priced; the query is already everywhere)
+            rank_steps.insert(0, Collective(CollectiveOp.ALL_GATHER, group,
+                                            workload.query_bytes(), Payload.QUERY, sharded=True))
+        rank_steps += [
+            Compute(ComputeLabel.INIT_MAX, pb + mx),  # max ← the local lse
+            Collective(CollectiveOp.ALL_GATHER, group, p * mx, Payload.MAX, tag=tag),
+            Merge(3 * mx * (p - 1), MergeOp.LSE, tag),  # max ← the global lse
+            Compute(ComputeLabel.RESCALE, pb + 3 * mx + workload.num_bytes),
+            Collective(CollectiveOp.REDUCE_SCATTER, group, workload.num_bytes, Payload.NUM),
+            Compute(ComputeLabel.FINALIZE_GLOBAL, workload.num_bytes + mx + pb),
+        ]
+    return finish_layout(steps, workload, group, "dcp", {"query_gather": query_gather})

@@ -1,0 +1,169 @@
+"""The names and shapes of the schedule IR: payload buffers, compute labels, merge and
+collective ops, the one table of payload layouts, and the one sharding rule.
+
+Split from :mod:`treeattn.sim.schedule` (which defines the steps and their semantics) so
+that every executor, the memory model and the wire format read one table without pulling in
+the validator. Plain data: no simpy, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from math import prod
+
+
+class SimError(ValueError):
+    """Bad simulator input: an unknown model, an impossible plan, a bad parameter."""
+
+
+class ScheduleError(SimError):
+    """A schedule that cannot run: an unmatched send, a deadlock. Names the rank and step."""
+
+
+class _Name(str, Enum):
+    """A name that *is* its string: ``Payload.PARTIAL == "partial"``, prints as ``partial``
+    and hashes like the string, so old spellings and dict keys keep working."""
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Payload(_Name):
+    """The named per-rank buffers a Send/Recv moves (see the module docstring)."""
+
+    PARTIAL = "partial"
+    KV = "kv"
+    MAX = "max"
+    NUM = "num"
+    DEN = "den"
+    RESIDUE = "residue"
+    NUMDEN = "numden"
+    QUERY = "query"
+
+
+class ComputeLabel(_Name):
+    """What a :class:`Compute` step does."""
+
+    ATTENTION = "attention"
+    ATTENTION_BLOCK = "attention_block"
+    RESCALE = "rescale"
+    RESCALE_PACKED = "rescale_packed"
+    FINALIZE_PACKED = "finalize_packed"
+    FINALIZE_GLOBAL = "finalize_global"
+    FINALIZE = "finalize"
+    INIT_MAX = "init_max"
+
+
+class MergeOp(_Name):
+    """How a :class:`Merge` folds a message in."""
+
+    PARTIAL = "partial"
+    MAX = "max"
+    SUM = "sum"
+    RESIDUE = "residue"
+    LSE = "lse"
+
+
+class CollectiveOp(_Name):
+    """Which collective a :class:`~treeattn.sim.schedule.Collective` step runs."""
+
+    ALL_REDUCE_SUM = "all_reduce_sum"
+    ALL_REDUCE_MAX = "all_reduce_max"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    BROADCAST = "broadcast"
+
+    @property
+    def library_op(self) -> str:
+        """The op as NCCL and nccl-tests name it (what the cost model prices)."""
+        return "all_reduce" if self.value.startswith("all_reduce") else self.value
+
+
+PAYLOADS = tuple(Payload)
+COMPUTE_LABELS = tuple(ComputeLabel)
+MERGE_OPS = tuple(MergeOp)
+COLLECTIVE_OPS = tuple(CollectiveOp)
+
+
+@dataclass(frozen=True)
+class PayloadLayout:
+    """How one payload buffer is laid out: the arrays packed one after the other into one
+    flat buffer, each a shape over the symbols ``B`` (batch), ``Hq``/``Hkv`` (query / KV
+    heads), ``D`` (head dim) and ``T`` (a KV block's tokens); the element type (``fp32`` or
+    the KV ``cache`` dtype); and ``chunk_axis``: ``"Hq"`` when a chunk is a range of query
+    heads of every array (the partial), ``None`` when it is a slice of the flat buffer."""
+
+    arrays: tuple[tuple[str, ...], ...]
+    dtype: str = "fp32"
+    chunk_axis: str | None = None
+
+
+_PARTIAL_LAYOUT = PayloadLayout((("B", "Hq", "D"), ("B", "Hq")), chunk_axis="Hq")  # o, lse
+# THE table of payload shapes: the memory model, the simulator's message sizes, the numpy
+# reference executor and the runtime's wire format all read it.
+PAYLOAD_LAYOUTS: dict[Payload, PayloadLayout] = {
+    Payload.PARTIAL: _PARTIAL_LAYOUT,
+    Payload.RESIDUE: _PARTIAL_LAYOUT,
+    Payload.NUMDEN: _PARTIAL_LAYOUT,  # num (B, Hq, D) then den (B, Hq), packed (allreduce2)
+    Payload.QUERY: PayloadLayout((("B", "Hq", "D"),), dtype="cache", chunk_axis="Hq"),
+    Payload.MAX: PayloadLayout((("B", "Hq"),)),
+    Payload.NUM: PayloadLayout((("B", "Hq", "D"),)),
+    Payload.DEN: PayloadLayout((("B", "Hq"),)),
+    Payload.KV: PayloadLayout((("2", "B", "Hkv", "T", "D"),), dtype="cache"),  # K then V
+}
+# Which buffers each Compute label sets (the memory model counts them from then on).
+COMPUTE_SETS: dict[ComputeLabel, tuple[Payload, ...]] = {
+    ComputeLabel.ATTENTION: (Payload.PARTIAL,),
+    ComputeLabel.ATTENTION_BLOCK: (),
+    ComputeLabel.INIT_MAX: (Payload.MAX,),
+    ComputeLabel.RESCALE_PACKED: (Payload.NUMDEN,),
+    ComputeLabel.FINALIZE_PACKED: (Payload.PARTIAL,),
+    ComputeLabel.FINALIZE_GLOBAL: (Payload.PARTIAL,),
+    ComputeLabel.RESCALE: (Payload.NUM, Payload.DEN),
+    ComputeLabel.FINALIZE: (Payload.PARTIAL,),
+}
+
+
+def payload_numel(payload: str, dims: dict[str, int]) -> int:
+    """Elements of ``payload``'s flat buffer for the symbol values ``dims``.
+
+    >>> payload_numel("partial", {"B": 1, "Hq": 4, "D": 16})
+    68
+    >>> payload_numel("kv", {"B": 1, "Hkv": 2, "T": 3, "D": 16})
+    192
+    """
+    layout = PAYLOAD_LAYOUTS[Payload(payload)]
+    return sum(prod(int(s) if s.isdigit() else dims[s] for s in shape)
+               for shape in layout.arrays)
+
+
+def shard_sizes(total: int, count: int) -> list[int]:
+    """THE sharding rule: ``numpy.array_split`` sizes of ``total`` items in ``count``
+    contiguous parts, the first ``total % count`` one larger (a part may be empty).
+
+    Sequence shards, chunks of a payload and the heads of a partial all follow it.
+
+    >>> shard_sizes(10, 4)
+    [3, 3, 2, 2]
+    """
+    base, extra = divmod(total, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+def shard_bounds(total: int, count: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of each part of :func:`shard_sizes`.
+
+    >>> shard_bounds(10, 3)
+    [(0, 4), (4, 7), (7, 10)]
+    """
+    out, lo = [], 0
+    for size in shard_sizes(total, count):
+        out.append((lo, lo + size))
+        lo += size
+    return out
+
+
