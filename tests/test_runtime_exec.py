@@ -22,6 +22,12 @@ CASES = (
     Case("allreduce3", {"inner": "ring"}),
     Case("allreduce3", {"inner": "tree"}),
     Case("allreduce3", {"inner": "tree"}, native=True),
+    Case("allreduce3"),  # three library all-reduces
+    Case("allreduce2"),
+    Case("oneshot"),
+    Case("helix"),  # all-to-all of head chunks (uneven at world 3: 4 heads), then a gather
+    Case("dcp"),  # all-gather of LSEs, reduce-scatter of heads, then a gather
+    Case("dcp", {"query_gather": True}),
     Case("allgather"),
     Case("ring"),
 )

@@ -22,8 +22,10 @@ from treeattn.kernels import reference
 from treeattn.kernels.checks import check_pair, check_partial_inputs, check_partials
 from treeattn.kernels.dispatch import choose_backend, triton_module
 from treeattn.kernels.errors import KernelError
+from treeattn.kernels.sums import finalize_sums, rescale_to_max
 
-__all__ = ["KernelError", "merge", "merge_partials", "partial_attention", "reference"]
+__all__ = ["KernelError", "finalize_sums", "merge", "merge_partials", "partial_attention",
+           "reference", "rescale_to_max"]
 
 
 def partial_attention(

@@ -10,7 +10,10 @@ The semantics are those of ``treeattn/sim/schedule.py``, step for step:
   receive is posted as soon as the previous one completed, so at most one is in flight ahead.
   For ring this puts the next KV block on the wire while the current one is attended to.
   Every send and receive goes through ``batch_isend_irecv`` (NCCL groups it; gloo posts it);
-- ``Merge``: the log-sum-exp merge (``treeattn.kernels.merge``), a max or a sum.
+- ``Merge``: the log-sum-exp merge (``treeattn.kernels.merge``), a max, a sum or a
+  log-sum-exp, of a received message or of what a collective kept;
+- ``Collective``: one library collective on a subgroup made once per run setup
+  (:mod:`treeattn.runtime.collectives`).
 
 Each run records a per-step timeline (same step indices and names as the simulator's), the
 bytes this rank sent, and the peak tensor bytes it held (CPU: storages the runtime holds,
@@ -26,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from treeattn.kernels import merge, partial_attention
+from treeattn.kernels import finalize_sums, merge, partial_attention, rescale_to_max
+from treeattn.runtime.collectives import Groups, fold_kept, run_collective
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.wire import (
@@ -41,7 +45,17 @@ from treeattn.runtime.wire import (
     unpack_heads,
     unpack_partial,
 )
-from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send, Step, step_name
+from treeattn.sim.schedule import (
+    Collective,
+    Compute,
+    Merge,
+    Recv,
+    Schedule,
+    Send,
+    Step,
+    sent_bytes,
+    step_name,
+)
 
 
 @dataclass
@@ -125,6 +139,7 @@ class Executor:
         self.recv_order = [i for i, s in enumerate(self.steps) if isinstance(s, Recv)]
         largest = max((n for (r, _), n in self.kv_lengths.items() if r == ctx.rank), default=0)
         self.kv_pool = _KVPool(dims.kv_dtype, ctx.device, dims.numel("kv", largest))
+        self.groups = Groups(ctx, schedule)  # every rank makes every subgroup, in one order
 
     # -- public ----------------------------------------------------------------------------
     def run(
@@ -167,7 +182,9 @@ class _RunState:
             "num": None,
             "den": None,
             "residue": None,  # a second running partial (butterfly, p not a power of two)
+            "numden": None,  # num and den packed like a partial (allreduce2)
         }
+        self.kept: dict[int, tuple[str, tuple]] = {}  # collective tag -> (payload, kept)
         self.block: torch.Tensor | None = None  # packed block partial of attention_block
         self.pending: dict[int, list[tuple[Recv, torch.Tensor]]] = {}  # tag -> received
         self.posted: dict[int, tuple[object, torch.Tensor]] = {}  # step index -> (work, buf)
@@ -275,8 +292,25 @@ class _RunState:
             self.recv(index, step)
         elif isinstance(step, Merge):
             self.merge_step(step)
+        elif isinstance(step, Collective):
+            self.collective(step)
         else:
             raise RuntimeFailure(f"unknown step {step!r}")
+
+    def collective(self, step: Collective) -> None:
+        ex = self.ex
+        if step.payload == "query":
+            flat = self.q.reshape(-1)
+        else:
+            flat = self._payload_flat(step.payload)
+        how, value = run_collective(ex.ctx, ex.groups, step, flat, ex.dims)
+        self.stats.bytes_sent += sent_bytes(step)
+        if how == "keep":
+            self.kept[step.tag] = (step.payload, value)
+        elif step.payload == "query":
+            self.q = value.view_as(self.q)
+        else:
+            self.bufs[step.payload] = value
 
     def _attend(self, kv: torch.Tensor) -> torch.Tensor:
         if kv.shape[3] == 0:
@@ -294,12 +328,22 @@ class _RunState:
             bufs["max"] = unpack_partial(bufs["partial"], self.ex.dims)[1].reshape(-1).clone()
         elif step.label == "rescale":
             o, lse = unpack_partial(bufs["partial"], self.ex.dims)
-            m = bufs["max"].view_as(lse)  # (B, Hq)
-            den = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - m))
-            bufs["den"] = den.reshape(-1)
-            bufs["num"] = (o * den[..., None]).reshape(-1)  # (B*Hq*D,)
+            num, den = rescale_to_max(o, lse, bufs["max"].view_as(lse))
+            bufs["num"], bufs["den"] = num.reshape(-1), den.reshape(-1)
         elif step.label == "finalize":
             self._finalize()
+        elif step.label == "rescale_packed":
+            o, lse = unpack_partial(bufs["partial"], self.ex.dims)
+            num, den = rescale_to_max(o, lse, bufs["max"].view_as(lse))
+            bufs["numden"] = pack_partial(num, den)  # num then den, packed
+        elif step.label == "finalize_packed":
+            num, den = unpack_partial(bufs["numden"], self.ex.dims)
+            bufs["num"], bufs["den"] = num.reshape(-1), den.reshape(-1)
+            self._finalize()
+        elif step.label == "finalize_global":  # o = the reduced num, lse = the global lse
+            d = self.ex.dims
+            bufs["partial"] = pack_partial(bufs["num"].view(d.batch, d.n_heads, d.head_dim),
+                                           bufs["max"].view(d.batch, d.n_heads))
         else:
             raise RuntimeFailure(f"unknown compute label {step.label!r}")
 
@@ -308,12 +352,15 @@ class _RunState:
         den = self.bufs["den"].view(d.batch, d.n_heads)  # (B, Hq)
         num = self.bufs["num"].view(d.batch, d.n_heads, d.head_dim)  # (B, Hq, D)
         m = self.bufs["max"].view(d.batch, d.n_heads)  # (B, Hq)
-        empty = den <= 0
-        o = torch.where(empty[..., None], 0.0, num / torch.where(empty, 1.0, den)[..., None])
-        lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, 1.0, den)))
-        self.bufs["partial"] = pack_partial(o, lse)
+        self.bufs["partial"] = pack_partial(*finalize_sums(num, den, m))
 
     def merge_step(self, step: Merge) -> None:
+        if step.tag in self.kept:  # what a collective kept: fold every piece in
+            payload, kept = self.kept.pop(step.tag)
+            target = "partial" if step.op == "partial" else payload
+            self.bufs[target] = fold_kept(self._payload_flat(target), payload, step.op, kept,
+                                          self.ex.dims)
+            return
         if step.op == "residue":  # residue <- partial (+) the message, or a copy of partial
             self._set_residue(step.tag)
             return
@@ -373,6 +420,7 @@ class _RunState:
     def sample_memory(self) -> None:
         live = [t for t in self.bufs.values() if t is not None]
         live += [m for queue in self.pending.values() for _, m in queue]
+        live += [t for _, kept in self.kept.values() for t in kept[-1]]
         live += [buf for _, buf in self.posted.values()]
         live += [t for work, t, _ in self.sends if not work.is_completed()]
         if self.block is not None:

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from treeattn.kernels import partial_attention
+from treeattn.kernels import finalize_sums, partial_attention, rescale_to_max
 from treeattn.runtime.executor import RunStats, TensorMemory
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.wire import AttnDims
@@ -63,8 +63,7 @@ def run_allreduce3_native(
     m = _all_reduce(ctx, m, dist.ReduceOp.MAX, stats)
     mark("all_reduce:max", start)
     start = time.perf_counter() - t0
-    den = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - m))  # (B, Hq)
-    num = o * den[..., None]  # (B, Hq, D)
+    num, den = rescale_to_max(o, lse, m)  # (B, Hq, D), (B, Hq)
     live += [den, num]
     mark("rescale", start)
     start = time.perf_counter() - t0
@@ -74,9 +73,7 @@ def run_allreduce3_native(
     den = _all_reduce(ctx, den, dist.ReduceOp.SUM, stats)
     mark("all_reduce:den", start)
     start = time.perf_counter() - t0
-    empty = den <= 0
-    o = torch.where(empty[..., None], 0.0, num / torch.where(empty, 1.0, den)[..., None])
-    lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, 1.0, den)))
+    o, lse = finalize_sums(num, den, m)
     mark("finalize", start)
     stats.peak_bytes = memory.peak
     if ctx.device.type == "cuda":

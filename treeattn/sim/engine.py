@@ -49,7 +49,17 @@ import simpy
 
 from treeattn.sim.network import CostModel, LinkCalendar
 from treeattn.sim.payloads import COMPUTE_SETS, ComputeLabel, MergeOp, Payload, ScheduleError
-from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send, step_name
+from treeattn.sim.schedule import (
+    Collective,
+    Compute,
+    Merge,
+    Recv,
+    Schedule,
+    Send,
+    bus_factor,
+    sent_bytes,
+    step_name,
+)
 from treeattn.sim.workload import DecodeWorkload
 
 
@@ -171,7 +181,7 @@ class _Run:
     def _book_collective(self, step: Collective, start: float, end: float) -> None:
         """Hold each ring link of the group (member i -> member i+1) while the data moves."""
         group, net = step.group, self.c.net
-        moved = step.nbytes * _bus_factor(step.op, len(group))  # what each member sends
+        moved = step.nbytes * bus_factor(step.op, len(group))  # what each member sends
         for a, b in zip(group, group[1:] + group[:1]):
             for edge, bw, _lat in net.hops(a, b):
                 self.link_bytes[edge] = self.link_bytes.get(edge, 0) + int(moved)
@@ -230,23 +240,6 @@ def simulate(schedule: Schedule, topology, workload: DecodeWorkload, hardware=No
         steps_timeline=run.timeline if timeline else [], bytes_per_link=run.link_bytes,
         critical_path=critical_path(schedule.steps, run.start, run.end, run.cause),
     )
-
-
-def sent_bytes(step) -> int:
-    """Bytes a rank puts on the wire for one step: a Send's size, a collective's share."""
-    if isinstance(step, Send):
-        return step.nbytes
-    if isinstance(step, Collective):
-        return int(step.nbytes * _bus_factor(step.op, len(step.group)))
-    return 0
-
-
-def _bus_factor(op, p: int) -> float:
-    """Bytes each member sends per byte of a collective's nccl-tests size (busbw factor)."""
-    if p < 2:
-        return 0.0
-    return 2 * (p - 1) / p if str(op).startswith("all_reduce") else (
-        1.0 if str(op) == "broadcast" else (p - 1) / p)
 
 
 # -- results -----------------------------------------------------------------------------

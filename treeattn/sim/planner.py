@@ -43,10 +43,10 @@ from treeattn.sim.algorithms import BASELINES, SOURCES, build_schedule
 from treeattn.sim.algorithms.tree import make_trees
 from treeattn.sim.algorithms.trees import Tree
 from treeattn.sim.closed_form import closed_form, collective_schedule
-from treeattn.sim.engine import SimResult, peak_memory, sent_bytes, simulate
+from treeattn.sim.engine import SimResult, peak_memory, simulate
 from treeattn.sim.network import CostModel
 from treeattn.sim.payloads import SimError
-from treeattn.sim.schedule import Schedule
+from treeattn.sim.schedule import Schedule, sent_bytes
 from treeattn.sim.workload import DecodeWorkload
 
 MAX_CHUNK_MESSAGES = 100_000

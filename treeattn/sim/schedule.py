@@ -251,6 +251,24 @@ def step_name(step: Step) -> str:
     return f"merge:{step.op}"
 
 
+def sent_bytes(step) -> int:
+    """Bytes a rank puts on the wire for one step: a Send's size, a collective's share."""
+    if isinstance(step, Send):
+        return step.nbytes
+    if isinstance(step, Collective):
+        return int(step.nbytes * bus_factor(step.op, len(step.group)))
+    return 0
+
+
+def bus_factor(op, p: int) -> float:
+    """Bytes each member sends per byte of a collective's nccl-tests size (nccl-tests' busbw
+    factor: 2(p−1)/p for all-reduce, 1 for broadcast, (p−1)/p for the rest)."""
+    if p < 2:
+        return 0.0
+    return 2 * (p - 1) / p if str(op).startswith("all_reduce") else (
+        1.0 if str(op) == "broadcast" else (p - 1) / p)
+
+
 # -- validation --------------------------------------------------------------------------
 # ``validate(schedule)``: every send has one matching receive, and nothing can deadlock.
 #

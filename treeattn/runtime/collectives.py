@@ -1,0 +1,169 @@
+"""Run the schedule's ``Collective`` steps with torch.distributed (gloo on CPU, NCCL on GPU).
+
+Semantics are those of :mod:`treeattn.sim.schedule`. This module owns three things:
+
+* **Subgroups, created once.** ``dist.new_group`` is itself a collective over the whole
+  world, so every rank creates every group of the schedule, in the same order (the order
+  the groups first appear, rank by rank), whether or not it is a member. A group of all
+  ranks is the default group.
+* **Head chunks of any payload.** A collective's chunk ``(i, p)`` is a range of query heads
+  of every array in the payload (``o`` and ``lse`` of a partial, the single array of
+  ``max`` or ``num``), so :func:`take_heads` and :func:`put_heads` pack and unpack them.
+* **Equal-size messages.** ``all_gather`` and ``all_to_all_single`` want equal pieces; when
+  the heads do not divide by the group size the pieces are zero-padded to the largest and
+  trimmed on arrival. gloo in torch 2.13 has every op used here (``reduce_scatter_tensor``
+  included), so nothing is emulated.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from treeattn.kernels import merge
+from treeattn.runtime.errors import RuntimeFailure
+from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.wire import AttnDims
+from treeattn.sim.payloads import PAYLOAD_LAYOUTS, CollectiveOp, MergeOp, Payload, shard_bounds
+from treeattn.sim.schedule import Collective, Schedule
+
+_DIST_OPS = {CollectiveOp.ALL_REDUCE_SUM: dist.ReduceOp.SUM,
+             CollectiveOp.ALL_REDUCE_MAX: dist.ReduceOp.MAX}
+
+
+class Groups:
+    """The process groups a schedule's collectives run on, created once per run setup."""
+
+    def __init__(self, ctx: RankContext, schedule: Schedule) -> None:
+        self.ctx = ctx
+        self.handles: dict[tuple[int, ...], object] = {}
+        everyone = tuple(range(schedule.world))
+        for steps in schedule.steps:
+            for step in steps:
+                if isinstance(step, Collective) and step.group not in self.handles:
+                    self.handles[step.group] = (None if step.group == everyone else
+                                                dist.new_group(list(step.group),
+                                                               timeout=ctx.timeout))
+
+    def __getitem__(self, group: tuple[int, ...]):
+        return self.handles[group]
+
+
+def head_arrays(flat: torch.Tensor, payload: str, dims: AttnDims) -> list[torch.Tensor]:
+    """Views of a payload's flat buffer as its arrays, each (B, Hq, ...)."""
+    b, hq, d = dims.batch, dims.n_heads, dims.head_dim
+    out, at = [], 0
+    for shape in PAYLOAD_LAYOUTS[Payload(payload)].arrays:
+        tail = (d,) if shape[-1] == "D" else ()
+        size = b * hq * (d if tail else 1)
+        out.append(flat[at:at + size].view(b, hq, *tail))
+        at += size
+    return out
+
+
+def take_heads(flat: torch.Tensor, payload: str, dims: AttnDims, index: int,
+               count: int) -> torch.Tensor:
+    """Heads chunk ``(index, count)`` of every array of the payload, packed flat."""
+    h0, h1 = shard_bounds(dims.n_heads, count)[index]
+    return torch.cat([a[:, h0:h1].reshape(-1) for a in head_arrays(flat, payload, dims)])
+
+
+def put_heads(flat: torch.Tensor, payload: str, dims: AttnDims, index: int, count: int,
+              part: torch.Tensor) -> torch.Tensor:
+    """A copy of ``flat`` whose heads chunk ``(index, count)`` is replaced by ``part``."""
+    out = flat.clone()
+    h0, h1 = shard_bounds(dims.n_heads, count)[index]
+    at = 0
+    for array in head_arrays(out, payload, dims):
+        piece = array[:, h0:h1]
+        array[:, h0:h1] = part[at:at + piece.numel()].view_as(piece)
+        at += piece.numel()
+    return out
+
+
+def _padded(piece: torch.Tensor, numel: int) -> torch.Tensor:
+    out = torch.zeros(numel, dtype=piece.dtype, device=piece.device)
+    out[:piece.numel()] = piece
+    return out
+
+
+def run_collective(ctx: RankContext, groups: Groups, step: Collective, flat: torch.Tensor,
+                   dims: AttnDims):
+    """Run ``step`` on this rank's payload buffer ``flat``.
+
+    Returns ``("replace", new_flat)`` or ``("keep", kept)`` where ``kept`` is what a later
+    ``Merge(tag)`` folds in: ``("all", [buffers])`` or ``("heads", i, p, [chunks])``.
+    """
+    group, handle, p = step.group, groups[step.group], len(step.group)
+    me = group.index(ctx.rank)
+    what = f"{step.op} of {step.payload!r} over ranks {list(group)}"
+    if step.op in _DIST_OPS:
+        out = flat.clone()
+        wait_work(dist.all_reduce(out, _DIST_OPS[step.op], group=handle, async_op=True),
+                  ctx, None, what)
+        return "replace", out
+    if step.op == CollectiveOp.BROADCAST:
+        out = flat.clone()
+        wait_work(dist.broadcast(out, src=step.root, group=handle, async_op=True),
+                  ctx, None, what)
+        return "replace", out
+    sizes = [take_heads(flat, step.payload, dims, j, p).numel() for j in range(p)]
+    if step.op == CollectiveOp.ALL_GATHER:
+        if not step.sharded:
+            pieces = [torch.empty_like(flat) for _ in range(p)]
+            wait_work(dist.all_gather(pieces, flat, group=handle, async_op=True), ctx, None, what)
+            return "keep", ("all", [pieces[j] for j in range(p) if j != me])
+        mine = _padded(take_heads(flat, step.payload, dims, me, p), max(sizes))
+        pieces = [torch.empty_like(mine) for _ in range(p)]
+        wait_work(dist.all_gather(pieces, mine, group=handle, async_op=True), ctx, None, what)
+        out = flat
+        for j in range(p):
+            out = put_heads(out, step.payload, dims, j, p, pieces[j][:sizes[j]])
+        return "replace", out
+    chunks = torch.cat([_padded(take_heads(flat, step.payload, dims, j, p), max(sizes))
+                        for j in range(p)])  # (p * largest,)
+    if step.op == CollectiveOp.REDUCE_SCATTER:
+        own = torch.empty(max(sizes), dtype=flat.dtype, device=flat.device)
+        wait_work(dist.reduce_scatter_tensor(own, chunks, group=handle, async_op=True),
+                  ctx, None, what)
+        return "replace", put_heads(flat, step.payload, dims, me, p, own[:sizes[me]])
+    if step.op == CollectiveOp.ALL_TO_ALL:
+        arrived = torch.empty_like(chunks)
+        wait_work(dist.all_to_all_single(arrived, chunks, group=handle, async_op=True),
+                  ctx, None, what)
+        pieces = arrived.view(p, max(sizes))[:, :sizes[me]]
+        return "keep", ("heads", me, p, [pieces[j] for j in range(p) if j != me])
+    raise RuntimeFailure(f"unknown collective {step.op!r}")
+
+
+def fold_kept(flat: torch.Tensor, payload: str, op: str, kept, dims: AttnDims) -> torch.Tensor:
+    """``Merge(op, tag)`` of what a collective kept: fold every piece into ``flat`` (a copy)."""
+    if kept[0] == "all":
+        out = flat
+        for piece in kept[1]:
+            out = _combine(out, piece, payload, op, dims, dims.n_heads)
+        return out
+    _, index, count, pieces = kept
+    h0, h1 = shard_bounds(dims.n_heads, count)[index]
+    mine = take_heads(flat, payload, dims, index, count)
+    for piece in pieces:
+        mine = _combine(mine, piece, payload, op, dims, h1 - h0)
+    return put_heads(flat, payload, dims, index, count, mine)
+
+
+def _combine(a: torch.Tensor, b: torch.Tensor, payload: str, op: str, dims: AttnDims,
+             heads: int) -> torch.Tensor:
+    """Fold ``b`` into ``a``; both hold ``heads`` query heads of the payload, packed flat."""
+    if op == MergeOp.PARTIAL:
+        narrow = AttnDims(dims.batch, heads, dims.n_kv_heads, dims.head_dim)
+        left = head_arrays(a, Payload.PARTIAL, narrow)
+        right = head_arrays(b, Payload.PARTIAL, narrow)
+        o, lse = merge((left[0], left[1]), (right[0], right[1]))
+        return torch.cat([o.reshape(-1), lse.reshape(-1)])
+    if op == MergeOp.MAX:
+        return torch.maximum(a, b)
+    if op == MergeOp.LSE:
+        return torch.logaddexp(a, b)
+    if op == MergeOp.SUM:
+        return a + b
+    raise RuntimeFailure(f"merge op {op!r} cannot fold collective results")
