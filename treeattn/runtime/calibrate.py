@@ -7,6 +7,10 @@ Three measurements, run inside an existing process group (every rank calls
   by least squares to ``t = α + n/β`` (weighted by ``1/t``, so small and large sizes count
   alike).
 - **allreduce**: ``all_reduce`` of small and medium tensors on all ranks.
+- **collectives**: every collective the schedules use (all-reduce, all-gather,
+  reduce-scatter, all-to-all, broadcast) at a few sizes on all ranks, each fitted to
+  ``t = α + n·s`` (``n`` in nccl-tests' convention, see :mod:`treeattn.sim.collectives`), so
+  the simulator can price collective-based schedules on this machine at this world size.
 - **exchange**: every rank sends to ``r+1`` and receives from ``r−1`` at once (the ring's
   pattern). Recorded for the simulator: on loopback, concurrent messages share the host's
   copy throughput, which ping-pong alone cannot show.
@@ -24,6 +28,8 @@ The profile::
     {"version": 1, "backend": "gloo", "world": N, "cores": C,
      "p2p": {"latency_s": α, "bandwidth_Bps": β, "sizes": [...], "times_s": [...]},
      "allreduce": {"latency_s": ..., "sizes": [...], "times_s": [...]},
+     "collectives": {"world": N, "all_reduce": {"alpha_s": ..., "seconds_per_byte": ...,
+                     "sizes": [...], "times_s": [...]}, "all_gather": {...}, ...},
      "exchange": {"latency_s": ..., "bandwidth_Bps": ..., "aggregate_Bps": ..., "ranks": N,
                   "sizes": [...], "times_s": [...]},
      "attention": {"bandwidth_Bps": ..., "launch_s": ..., "threads_per_rank": 1, ...},
@@ -53,6 +59,7 @@ from treeattn.runtime.wire import AttnDims
 PROFILE_VERSION = 1
 P2P_SIZES = (4, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
 ALLREDUCE_SIZES = (4, 256, 4096, 65536)
+COLLECTIVE_SIZES = (256, 4096, 65536, 1 << 20)  # bytes, nccl-tests' size convention
 EXCHANGE_SIZES = (4096, 1 << 20, 1 << 24, 1 << 26)
 ATTENTION_TOKENS = (16, 16384, 65536)  # the first measures the fixed per-call cost
 TARGET_S = 0.15  # time budget per measured point
@@ -172,6 +179,43 @@ def measure_allreduce(ctx: RankContext, sizes=ALLREDUCE_SIZES) -> list[float]:
     return times
 
 
+def _collective_call(ctx: RankContext, op: str, nbytes: int):
+    """A zero-argument closure running ``op`` on ``nbytes`` (whole buffer) on every rank."""
+    p = ctx.world
+    numel = max(p, -(-nbytes // 4) // p * p)  # a multiple of the world size, fp32
+    full = torch.zeros(numel, device=ctx.device)
+    part = torch.zeros(numel // p, device=ctx.device)
+    pieces = [torch.zeros(numel // p, device=ctx.device) for _ in range(p)]
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(full, async_op=True),
+        "broadcast": lambda: dist.broadcast(full, src=0, async_op=True),
+        "all_gather": lambda: dist.all_gather(pieces, part, async_op=True),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full, async_op=True),
+        "all_to_all": lambda: dist.all_to_all_single(full.clone(), full, async_op=True),
+    }
+
+    def run() -> None:
+        wait_work(calls[op](), ctx, None, op)
+
+    return run
+
+
+def measure_collectives(ctx: RankContext, sizes=COLLECTIVE_SIZES) -> dict:
+    """Median seconds of each collective per size (max over ranks), and its α + n·s fit."""
+    out: dict = {"world": ctx.world}
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
+        times = [_group_median(ctx, _collective_call(ctx, op, n), reps=15, warmup=3)
+                 for n in sizes]
+        try:
+            alpha, per_byte = fit_latency_bandwidth(list(sizes), times)
+            per_byte = 1.0 / per_byte
+        except RuntimeFailure:  # flat over these sizes: all latency, no bandwidth term
+            alpha, per_byte = min(times), 0.0
+        out[op] = {"alpha_s": alpha, "seconds_per_byte": per_byte,
+                   "sizes": list(sizes), "times_s": times}
+    return out
+
+
 def _group_median(ctx: RankContext, operation, reps: int, warmup: int) -> float:
     """Median seconds of ``operation()`` run by every rank at once (a barrier before each
     repetition, the first ``warmup`` discarded), the max of the medians over ranks."""
@@ -266,6 +310,7 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims) -> dict | None:
         raise RuntimeFailure("calibration needs at least 2 ranks (ping-pong)")
     p2p_times = measure_p2p(ctx)
     ar_times = measure_allreduce(ctx)
+    collectives = measure_collectives(ctx)
     ex_times = measure_exchange(ctx)
     attention = measure_attention(ctx, dims)
     if ctx.rank != 0:
@@ -296,6 +341,7 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims) -> dict | None:
             "sizes": list(EXCHANGE_SIZES),
             "times_s": ex_times,
         },
+        "collectives": collectives,
         "attention": attention,
         "machine": machine_info(),
     }
