@@ -11,9 +11,12 @@ so K and V are never repeated per query head. It is *two-pass* rather than an on
 over small chunks: one matmul writes the scores of a whole segment of T into a reused
 ``(B, Hkv, G, t)`` fp32 buffer (G·t floats, small beside the t·D of K), the exact max and
 logsumexp are taken over it, ``exp`` is applied in place, and one matmul with V gives the
-output. K and V are each read once, by large BLAS calls, with no per-chunk rescaling or
-allocation (the old online-softmax loop reached ~20-30% of the single-thread read bandwidth,
-this ~60-100%; ``benchmarks/kernels.py``). T is only cut into several segments, merged with
+output. K and V are each read once, by two large BLAS calls, with no per-chunk rescaling or
+allocation; in fp32 it measured as fast as torch's fused CPU FlashAttention kernel
+(``_scaled_dot_product_flash_attention_for_cpu``, T=128k, Hq/Hkv 9/3 D=64 and 8/8 D=128, one
+thread). What limits it is MKL's throughput for matmuls with only G rows (G = Hq/Hkv) and, for
+16-bit inputs, the upcast (``benchmarks/results/kernels-cpu-1thread.md`` has the ratios to the
+read bandwidth of ``sum()``). T is only cut into several segments, merged with
 the usual ``(max, sum, acc)`` rescaling, when the score buffer would exceed
 ``_SCORE_CAP_ELEMS`` floats (4·B·Hq·t bytes; the default cap allows 32M tokens for one head).
 16-bit K and V are upcast block by block into one reused fp32 buffer sized to stay in the L2
