@@ -32,8 +32,9 @@ def _torch_backend(monkeypatch):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Make the reference walk T in 4-token chunks so chunk boundaries are exercised."""
-    monkeypatch.setattr(reference, "_CHUNK_ELEMS_FP32", 1)
+    """Make the reference cut T into 4-token segments (and 16-bit upcast blocks) so that the
+    segment merging and block boundaries are exercised."""
+    monkeypatch.setattr(reference, "_SCORE_CAP_ELEMS", 1)
     monkeypatch.setattr(reference, "_CHUNK_ELEMS_16BIT", 1)
     monkeypatch.setattr(reference, "_MIN_CHUNK_T", 4)
 
@@ -58,10 +59,95 @@ def test_reference_matches_naive(dtype, hq, hkv, d, t, small_chunks):
 
 
 def test_default_chunking_matches_naive_across_chunks():
-    # B*Hkv*D = 8 -> 2**20 / 8 = 131072 token chunks for 16-bit; use a long enough T.
-    q, k, v = make_qkv(1, 2, 1, 131072 + 300, 8, torch.bfloat16, seed=1)
+    # B*Hkv*D = 8 -> 2**18 / 8 = 32768-token upcast blocks for 16-bit; one score segment.
+    q, k, v = make_qkv(1, 2, 1, 2 * 32768 + 300, 8, torch.bfloat16, seed=1)
     got = partial_attention(q, k, v, scale=0.5)
     assert_partial_close(got, reference.naive_attention(q, k, v, scale=0.5), torch.bfloat16)
+
+
+# (score cap in floats, 16-bit block in elements, minimum tokens): how the reference walks T.
+# "two-pass": one segment, the 16-bit upcast in 3-token blocks; "segmented": the score buffer
+# capped so T is cut into 5-token segments merged online, with 2-token blocks inside them.
+WALKS = {
+    "two-pass": (1 << 25, 1, 3),
+    "segmented": (1, 1, 5),
+}
+
+
+def _walk(monkeypatch, name: str) -> None:
+    cap, blk, min_t = WALKS[name]
+    monkeypatch.setattr(reference, "_SCORE_CAP_ELEMS", cap)
+    monkeypatch.setattr(reference, "_CHUNK_ELEMS_16BIT", blk)
+    monkeypatch.setattr(reference, "_MIN_CHUNK_T", min_t)
+
+
+@pytest.mark.parametrize("walk", list(WALKS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,d", [(8, 8, 128), (9, 3, 64), (4, 1, 16)])
+def test_two_pass_and_segmented_walks_match_naive(walk, dtype, hq, hkv, d, monkeypatch):
+    _walk(monkeypatch, walk)
+    q, k, v = make_qkv(3, hq, hkv, 23, d, dtype, seed=hq + d)
+    for lens in (None, torch.tensor([23, 0, 11]), torch.tensor([5, 17, 1])):
+        got = partial_attention(q, k, v, kv_len=lens)
+        assert_partial_close(got, reference.naive_attention(q, k, v, kv_len=lens), dtype)
+
+
+def test_segment_and_block_lengths_follow_the_caps(monkeypatch):
+    monkeypatch.setattr(reference, "_SCORE_CAP_ELEMS", 1000)
+    monkeypatch.setattr(reference, "_CHUNK_ELEMS_16BIT", 640)
+    monkeypatch.setattr(reference, "_MIN_CHUNK_T", 2)
+    assert reference._segment_len(2, 5) == 100  # 1000 floats / (B*Hq)
+    assert reference._block_len(2, 5, 8) == 8  # 640 elements / (B*Hkv*D)
+    assert reference._segment_len(1000, 1000) == 2 and reference._block_len(99, 9, 9) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    hkv=st.integers(1, 3),
+    g=st.integers(1, 4),
+    d=st.sampled_from([8, 16, 64]),
+    t=st.integers(0, 48),
+    dtype=st.sampled_from(DTYPES),
+    seg=st.integers(1, 60),
+    blk=st.integers(1, 20),
+    lens=st.lists(st.integers(-2, 52), min_size=3, max_size=3),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_any_walk_matches_naive(b, hkv, g, d, t, dtype, seg, blk, lens, masked, seed):
+    # Segments of `seg` tokens and upcast blocks of `blk` tokens, with or without kv_len
+    # (out-of-range values are clamped), against the float64 oracle.
+    q, k, v = make_qkv(b, hkv * g, hkv, t, d, dtype, seed=seed)
+    kv_len = torch.tensor(lens[:b]) if masked else None
+    saved = (reference._SCORE_CAP_ELEMS, reference._CHUNK_ELEMS_16BIT, reference._MIN_CHUNK_T)
+    try:
+        reference._SCORE_CAP_ELEMS = seg * b * hkv * g
+        reference._CHUNK_ELEMS_16BIT = blk * b * hkv * d
+        reference._MIN_CHUNK_T = 1
+        got = partial_attention(q, k, v, kv_len=kv_len)
+    finally:
+        reference._SCORE_CAP_ELEMS, reference._CHUNK_ELEMS_16BIT, reference._MIN_CHUNK_T = saved
+    clamped = None if kv_len is None else kv_len.clamp(0, t)
+    want = reference.naive_attention(q, k, v, kv_len=clamped)
+    empty = torch.zeros(b, dtype=torch.bool) if clamped is None else clamped == 0
+    if t == 0:
+        empty[:] = True
+    assert torch.equal(got[0][empty], torch.zeros_like(got[0][empty]))
+    assert torch.isneginf(got[1][empty]).all()
+    assert_partial_close((got[0][~empty], got[1][~empty]), (want[0][~empty], want[1][~empty]),
+                         dtype)  # fmt: skip
+
+
+def test_segmented_walk_is_deterministic_and_close_to_one_segment(monkeypatch):
+    q, k, v = make_qkv(2, 6, 2, 300, 32, torch.float32, seed=11)
+    kv_len = torch.tensor([300, 123])
+    whole = partial_attention(q, k, v, kv_len=kv_len)
+    _walk(monkeypatch, "segmented")
+    first = partial_attention(q, k, v, kv_len=kv_len)
+    second = partial_attention(q, k, v, kv_len=kv_len)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert_partial_close(first, whole, torch.float32)
 
 
 def test_scale_is_applied():

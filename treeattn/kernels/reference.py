@@ -5,12 +5,24 @@ The math (DESIGN.md): for a query ``q`` and a shard ``(K, V)``,
 ``lse = logaddexp(lse_a, lse_b)``, ``o = o_a·exp(lse_a − lse) + o_b·exp(lse_b − lse)``. The
 identity is the empty shard ``(o = 0, lse = −inf)``; merging identities gives the identity.
 
-``partial_attention`` is written to be fast on a CPU for long T: the GQA group is a matmul of
-``(B, Hkv, G, D)`` against ``(B, Hkv, T, D)``, so K and V are never repeated per query head,
-and T is walked in chunks with an online softmax so memory stays bounded. 16-bit K and V are
-upcast chunk by chunk into one reused fp32 buffer (allocating a fresh buffer per chunk costs
-page faults and was 7x slower on the benchmark machine). Everything accumulates in fp32 and the
-chunking depends only on shapes, so the result is deterministic.
+``partial_attention`` is written to be fast on a CPU for long T, where decoding is bound by
+reading K and V once. The GQA group is a matmul of ``(B, Hkv, G, D)`` against ``(B, Hkv, T, D)``,
+so K and V are never repeated per query head. It is *two-pass* rather than an online softmax
+over small chunks: one matmul writes the scores of a whole segment of T into a reused
+``(B, Hkv, G, t)`` fp32 buffer (G·t floats, small beside the t·D of K), the exact max and
+logsumexp are taken over it, ``exp`` is applied in place, and one matmul with V gives the
+output. K and V are each read once, by two large BLAS calls, with no per-chunk rescaling or
+allocation; in fp32 it measured as fast as torch's fused CPU FlashAttention kernel
+(``_scaled_dot_product_flash_attention_for_cpu``, T=128k, Hq/Hkv 9/3 D=64 and 8/8 D=128, one
+thread). What limits it is MKL's throughput for matmuls with only G rows (G = Hq/Hkv) and, for
+16-bit inputs, the upcast (``benchmarks/results/kernels-cpu-1thread.md`` has the ratios to the
+read bandwidth of ``sum()``). T is only cut into several segments, merged with
+the usual ``(max, sum, acc)`` rescaling, when the score buffer would exceed
+``_SCORE_CAP_ELEMS`` floats (4·B·Hq·t bytes; the default cap allows 32M tokens for one head).
+16-bit K and V are upcast block by block into one reused fp32 buffer sized to stay in the L2
+cache (allocating a fresh buffer per block costs page faults and was 7x slower). Everything
+accumulates in fp32 and the segments and blocks depend only on the shapes, so the result is
+deterministic.
 
 ``naive_attention`` is the textbook oracle: repeat K and V per query head, float64 softmax.
 """
@@ -21,10 +33,11 @@ import torch
 
 from treeattn.kernels.checks import check_pair, check_partial_inputs, check_partials
 
-# Elements of K per chunk (B*Hkv*t*D). fp32 chunks are views, so they can be large; 16-bit
-# chunks are copied into an fp32 buffer that should stay in cache (≈4 MiB measured best).
-_CHUNK_ELEMS_FP32 = 1 << 24
-_CHUNK_ELEMS_16BIT = 1 << 20
+# Scores kept at once, in floats (B*Hq*t): T longer than cap/(B*Hq) tokens is cut into segments.
+_SCORE_CAP_ELEMS = 1 << 25
+# Elements per fp32 block that 16-bit K or V is upcast into (B*Hkv*t*D): 1 MiB, so that the K
+# and V blocks stay in a 2 MiB L2 (1 MiB measured best of 256 KiB..4 MiB, single thread).
+_CHUNK_ELEMS_16BIT = 1 << 18
 _MIN_CHUNK_T = 256
 
 
@@ -37,9 +50,14 @@ def identity_partial(
     return o, lse
 
 
-def _chunk_len(b: int, hkv: int, d: int, dtype: torch.dtype) -> int:
-    budget = _CHUNK_ELEMS_FP32 if dtype == torch.float32 else _CHUNK_ELEMS_16BIT
-    return max(_MIN_CHUNK_T, budget // max(1, b * hkv * d))
+def _segment_len(b: int, hq: int) -> int:
+    """Tokens per two-pass segment: the score buffer holds at most ``_SCORE_CAP_ELEMS`` floats."""
+    return max(_MIN_CHUNK_T, _SCORE_CAP_ELEMS // max(1, b * hq))
+
+
+def _block_len(b: int, hkv: int, d: int) -> int:
+    """Tokens per fp32 upcast block of 16-bit K or V."""
+    return max(_MIN_CHUNK_T, _CHUNK_ELEMS_16BIT // max(1, b * hkv * d))
 
 
 def _safe_max(m: torch.Tensor) -> torch.Tensor:
@@ -97,38 +115,94 @@ def partial_attention(
     b, hq, d = q.shape
     hkv, t_total = k.shape[1], k.shape[2]
     g = hq // hkv
-    qg = q.reshape(b, hkv, g, d).to(torch.float32) * scale  # (B, Hkv, G, D)
-    m = torch.full((b, hkv, g, 1), float("-inf"), device=q.device)  # (B, Hkv, G, 1)
-    l_sum = torch.zeros(b, hkv, g, 1, device=q.device)  # (B, Hkv, G, 1)
-    acc = torch.zeros(b, hkv, g, d, device=q.device)  # (B, Hkv, G, D)
     t_end = t_total
     if kv_len is not None:
         kv_len = kv_len.to(torch.int64).clamp(0, t_total)  # (B,)
         t_end = int(kv_len.max().item()) if b > 0 else 0
-    chunk = _chunk_len(b, hkv, d, k.dtype)
-    bufs = None
-    if k.dtype != torch.float32 and t_end > 0:
-        shape = (b, hkv, min(chunk, t_end), d)
-        bufs = (torch.empty(shape, device=q.device), torch.empty(shape, device=q.device))
-    for c0 in range(0, t_end, chunk):
-        c1 = min(c0 + chunk, t_end)
-        kc, vc = k[:, :, c0:c1], v[:, :, c0:c1]  # (B, Hkv, t, D)
-        if bufs is not None:
-            kc = bufs[0][:, :, : c1 - c0].copy_(kc)
-            vc = bufs[1][:, :, : c1 - c0].copy_(vc)
-        s = torch.matmul(qg, kc.transpose(-1, -2))  # (B, Hkv, G, t)
-        if kv_len is not None:
-            pos = torch.arange(c0, c1, device=q.device)  # (t,)
-            s.masked_fill_((pos[None, :] >= kv_len[:, None])[:, None, None, :], float("-inf"))
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # (B, Hkv, G, 1)
-        m_safe = _safe_max(m_new)
-        p = s.sub_(m_safe).exp_()  # (B, Hkv, G, t)
-        alpha = torch.exp(m - m_safe)  # (B, Hkv, G, 1); 0 while m was -inf
-        l_sum = l_sum * alpha + p.sum(-1, keepdim=True)
-        acc = acc * alpha + torch.matmul(p, vc)  # (B, Hkv, G, D)
-        m = m_new
-    o, lse = _finish(m, l_sum, acc)
+    if t_end == 0:
+        return identity_partial(b, hq, d, q.device)
+    qg = q.reshape(b, hkv, g, d).to(torch.float32) * scale  # (B, Hkv, G, D)
+    seg = min(_segment_len(b, hq), t_end)
+    blk = min(_block_len(b, hkv, d), seg) if k.dtype != torch.float32 else 0
+    work = _Workspace(b, hkv, g, d, seg, blk, q.device)
+    state = None
+    for s0 in range(0, t_end, seg):
+        part = _two_pass(qg, k, v, s0, min(s0 + seg, t_end), kv_len, work)
+        state = part if state is None else _combine(state, part)
+    o, lse = _finish(*state)
     return o.reshape(b, hq, d), lse.reshape(b, hq)
+
+
+class _Workspace:
+    """Buffers reused across segments: flat, so that any shorter view is still contiguous."""
+
+    def __init__(
+        self, b: int, hkv: int, g: int, d: int, seg: int, blk: int, device: torch.device
+    ) -> None:
+        self.scores = torch.empty(b * hkv * g * seg, device=device)  # (B*Hkv*G*seg,)
+        self.kbuf = torch.empty(b * hkv * blk * d, device=device)  # (B*Hkv*blk*D,)
+        self.vbuf = torch.empty(b * hkv * blk * d, device=device)  # (B*Hkv*blk*D,)
+        self.tile = torch.empty(b * hkv * g * blk, device=device)  # (B*Hkv*G*blk,)
+        self.blk = blk
+
+    @staticmethod
+    def view(flat: torch.Tensor, *shape: int) -> torch.Tensor:
+        n = 1
+        for s in shape:
+            n *= s
+        return flat[:n].view(shape)
+
+
+def _two_pass(
+    qg: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    s0: int,
+    s1: int,
+    kv_len: torch.Tensor | None,
+    work: _Workspace,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Online-softmax state ``(max, sum, acc)`` of tokens ``[s0, s1)``: scores of the whole
+    segment in one buffer, exact max, ``exp`` in place, then one pass over V."""
+    b, hkv, g, d = qg.shape
+    n = s1 - s0
+    s = work.view(work.scores, b, hkv, g, n)  # (B, Hkv, G, n)
+    if work.blk == 0:  # fp32: K and V slices are read in place
+        torch.matmul(qg, k[:, :, s0:s1].transpose(-1, -2), out=s)
+    else:
+        for c0 in range(0, n, work.blk):
+            c1 = min(c0 + work.blk, n)
+            kc = work.view(work.kbuf, b, hkv, c1 - c0, d).copy_(k[:, :, s0 + c0 : s0 + c1])
+            tile = work.view(work.tile, b, hkv, g, c1 - c0)  # (B, Hkv, G, c)
+            s[..., c0:c1] = torch.matmul(qg, kc.transpose(-1, -2), out=tile)
+    if kv_len is not None and int(kv_len.min().item()) < s1:
+        pos = torch.arange(s0, s1, device=qg.device)  # (n,)
+        s.masked_fill_((pos[None, :] >= kv_len[:, None])[:, None, None, :], float("-inf"))
+    m = s.amax(-1, keepdim=True)  # (B, Hkv, G, 1)
+    p = s.sub_(_safe_max(m)).exp_()  # (B, Hkv, G, n)
+    l_sum = p.sum(-1, keepdim=True)  # (B, Hkv, G, 1)
+    if work.blk == 0:
+        acc = torch.matmul(p, v[:, :, s0:s1])  # (B, Hkv, G, D)
+    else:
+        acc = torch.zeros(b * hkv, g, d, device=qg.device)  # (B*Hkv, G, D)
+        p3 = p.view(b * hkv, g, n)
+        for c0 in range(0, n, work.blk):
+            c1 = min(c0 + work.blk, n)
+            vc = work.view(work.vbuf, b, hkv, c1 - c0, d).copy_(v[:, :, s0 + c0 : s0 + c1])
+            acc.baddbmm_(p3[..., c0:c1], vc.view(b * hkv, c1 - c0, d))
+        acc = acc.view(b, hkv, g, d)
+    return m, l_sum, acc
+
+
+def _combine(
+    a: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    c: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge two online-softmax states ``(max, sum, acc)``; a -inf max has zero weight."""
+    m = torch.maximum(a[0], c[0])
+    m_safe = _safe_max(m)
+    wa, wc = torch.exp(a[0] - m_safe), torch.exp(c[0] - m_safe)  # 0 where a max is -inf
+    return m, a[1] * wa + c[1] * wc, a[2] * wa + c[2] * wc
 
 
 def _merge_stacked(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
