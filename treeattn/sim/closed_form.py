@@ -217,33 +217,41 @@ def collective_schedule(cm: CostModel, schedule) -> float:
 
     Each rank's clock advances by its compute steps; a collective starts when its last
     member arrives and lasts :meth:`CostModel.collective_time`. The engine does the same,
-    so for these schedules the bound is the prediction.
+    so for these schedules the bound is the prediction. Linear in the number of steps: a
+    collective is resolved once, when its last member reaches it.
     """
     from treeattn.sim.schedule import Collective, Compute, Merge
 
-    clock = [0.0] * schedule.world
-    pc = [0] * schedule.world
-    progress = True
-    while progress:
-        progress = False
-        for r, steps in enumerate(schedule.steps):
-            while pc[r] < len(steps):
-                step = steps[pc[r]]
-                if isinstance(step, Compute | Merge):
-                    flops = step.flops if isinstance(step, Compute) else 0
-                    clock[r] += cm.compute(r, step.nbytes, flops)
-                elif isinstance(step, Collective):
-                    if any(schedule.steps[m][pc[m]] != step if pc[m] < len(schedule.steps[m])
-                           else True for m in step.group):
-                        break
-                    end = max(clock[m] for m in step.group) + cm.collective_time(
-                        step.op, step.group, step.nbytes)
-                    for m in step.group:
-                        clock[m] = end
-                        if m != r:
-                            pc[m] += 1
-                else:
-                    raise ValueError("collective_schedule: point-to-point steps present")
-                pc[r] += 1
-                progress = True
+    world = schedule.world
+    clock, pc = [0.0] * world, [0] * world
+    calls: dict[tuple, list[int]] = {}  # (group, k-th call) -> members waiting at it
+    seen: dict[tuple, int] = {}  # (rank, group) -> collectives of the group reached
+    ready = list(range(world))
+    while ready:
+        r = ready.pop()
+        steps = schedule.steps[r]
+        while pc[r] < len(steps):
+            step = steps[pc[r]]
+            if isinstance(step, Compute | Merge):
+                flops = step.flops if isinstance(step, Compute) else 0
+                clock[r] += cm.compute(r, step.nbytes, flops)
+            elif isinstance(step, Collective):
+                k = seen.get((r, step.group), 0)
+                seen[(r, step.group)] = k + 1
+                waiting = calls.setdefault((step.group, k), [])
+                waiting.append(r)
+                if len(waiting) < len(step.group):
+                    break  # the last member to arrive resolves it for everyone
+                end = max(clock[m] for m in waiting) + cm.collective_time(
+                    step.op, step.group, step.nbytes)
+                for m in waiting:
+                    clock[m] = end
+                    pc[m] += 1
+                    if m != r:
+                        ready.append(m)
+                del calls[(step.group, k)]
+                continue
+            else:
+                raise ValueError("collective_schedule: point-to-point steps present")
+            pc[r] += 1
     return max(clock)

@@ -69,6 +69,7 @@ class Candidate:
     trees: list[Tree] = field(default_factory=list)
     bound_s: float = float("inf")
     result: SimResult | None = None
+    built: Schedule | None = field(default=None, repr=False)  # kept when scoring built it
 
     @property
     def latency_s(self) -> float:
@@ -253,7 +254,8 @@ def score(cands: list[Candidate], topology, cm: CostModel) -> None:
     """Attach trees and the closed-form bound to each candidate."""
     for c in cands:
         if _is_collective(c):
-            c.bound_s = float(collective_schedule(cm, schedule_for(c, topology, cm.workload)))
+            c.built = schedule_for(c, topology, cm.workload)
+            c.bound_s = float(collective_schedule(cm, c.built))
             continue
         if c.algorithm == "tree" or c.params.get("inner") == "tree":
             kw = {k: v for k, v in c.params.items() if k != "inner" or c.algorithm == "tree"}
@@ -263,7 +265,9 @@ def score(cands: list[Candidate], topology, cm: CostModel) -> None:
 
 
 def schedule_for(c: Candidate, topology, workload: DecodeWorkload) -> Schedule:
-    """The candidate's schedule; a searched tree is reused, not searched again."""
+    """The candidate's schedule; one built while scoring, or a searched tree, is reused."""
+    if c.built is not None:
+        return c.built
     if c.algorithm == "tree" and c.params.get("shape") == "searched":
         schedule = build_schedule("tree", topology, workload, tree=c.trees[0])
         schedule.params.update(shape="searched")

@@ -205,10 +205,17 @@ class DecodeWorkload:
         return self.buffer_bytes(Payload.NUM)
 
     def buffer_bytes(self, payload: str) -> int:
-        """Size of a non-KV (fp32) payload buffer (``partial``, ``max``, ``num``, ...)."""
-        if payload not in PAYLOAD_LAYOUTS or PAYLOAD_LAYOUTS[Payload(payload)].dtype != "fp32":
-            raise SimError(f"no fixed size for payload {payload!r}")
-        return FP32 * payload_numel(payload, self.dims())
+        """Size of a non-KV (fp32) payload buffer (``partial``, ``max``, ``num``, ...).
+
+        Memoised per workload: generators ask for the same few sizes once per rank.
+        """
+        cache = self.__dict__.setdefault("_buffer_bytes", {})
+        if payload not in cache:
+            layout = PAYLOAD_LAYOUTS.get(payload)
+            if layout is None or layout.dtype != "fp32":
+                raise SimError(f"no fixed size for payload {payload!r}")
+            cache[payload] = FP32 * payload_numel(payload, self.dims())
+        return cache[payload]
 
     def chunk_bytes(self, payload: str, count: int) -> list[int]:
         """Bytes of each of ``count`` chunks of a payload buffer (schedule.py's chunks).

@@ -56,10 +56,10 @@ _REDUCE = {MergeOp.MAX: CollectiveOp.ALL_REDUCE_MAX, MergeOp.SUM: CollectiveOp.A
 
 def all_reduce_everywhere(steps, workload: DecodeWorkload, payload: str, op: str) -> None:
     """Append one all-reduce collective of ``payload`` over every rank."""
-    group = tuple(range(len(steps)))
+    call = Collective(_REDUCE[MergeOp(op)], tuple(range(len(steps))),
+                      workload.buffer_bytes(payload), payload)
     for rank_steps in steps:
-        rank_steps.append(Collective(_REDUCE[MergeOp(op)], group,
-                                     workload.buffer_bytes(payload), payload))
+        rank_steps.append(call)
 
 
 def build_allreduce3(topology, workload: DecodeWorkload, inner: str = "collective",

@@ -43,9 +43,10 @@ def finish_layout(steps, workload: DecodeWorkload, group: tuple[int, ...], algor
     """Wrap a head-sharded schedule, appending the gather of head shards when the workload
     wants the output replicated."""
     if workload.layout == "replicated":
+        gather = Collective(CollectiveOp.ALL_GATHER, group, workload.partial_bytes,
+                            Payload.PARTIAL, sharded=True)
         for rank_steps in steps:
-            rank_steps.append(Collective(CollectiveOp.ALL_GATHER, group, workload.partial_bytes,
-                                         Payload.PARTIAL, sharded=True))
+            rank_steps.append(gather)
         return Schedule(algorithm, steps, {**params, "gathered_heads": True}, "replicated")
     return Schedule(algorithm, steps, params, "head_sharded")
 
@@ -55,10 +56,10 @@ def build_oneshot(topology, workload: DecodeWorkload) -> Schedule:
     group, steps = _start(topology, workload)
     tags, pb = Tags(), workload.partial_bytes
     tag = tags.collective()
+    gather = Collective(CollectiveOp.ALL_GATHER, group, len(group) * pb, Payload.PARTIAL, tag=tag)
+    fold = Merge(3 * pb * (len(group) - 1), MergeOp.PARTIAL, tag)
     for rank_steps in steps:
-        rank_steps.append(Collective(CollectiveOp.ALL_GATHER, group, len(group) * pb,
-                                     Payload.PARTIAL, tag=tag))
-        rank_steps.append(Merge(3 * pb * (len(group) - 1), MergeOp.PARTIAL, tag))
+        rank_steps += [gather, fold]
     return Schedule("oneshot", steps, {})
 
 
@@ -67,10 +68,10 @@ def build_helix(topology, workload: DecodeWorkload) -> Schedule:
     group, steps = _start(topology, workload)
     tags, pb = Tags(), workload.partial_bytes
     tag = tags.collective()
+    exchange = Collective(CollectiveOp.ALL_TO_ALL, group, pb, Payload.PARTIAL, tag=tag)
+    fold = Merge(3 * pb, MergeOp.PARTIAL, tag)
     for rank_steps in steps:
-        rank_steps.append(Collective(CollectiveOp.ALL_TO_ALL, group, pb, Payload.PARTIAL,
-                                     tag=tag))
-        rank_steps.append(Merge(3 * pb, MergeOp.PARTIAL, tag))
+        rank_steps += [exchange, fold]
     return finish_layout(steps, workload, group, "helix", {})
 
 
@@ -80,16 +81,19 @@ def build_dcp(topology, workload: DecodeWorkload, query_gather: bool = False) ->
     tags, pb, mx = Tags(), workload.partial_bytes, workload.max_bytes
     p = len(group)
     tag = tags.collective()
+    num = workload.num_bytes
+    tail = [
+        Compute(ComputeLabel.INIT_MAX, pb + mx),  # max ← the local lse
+        Collective(CollectiveOp.ALL_GATHER, group, p * mx, Payload.MAX, tag=tag),
+        Merge(3 * mx * (p - 1), MergeOp.LSE, tag),  # max ← the global lse
+        Compute(ComputeLabel.RESCALE, pb + 3 * mx + num),
+        Collective(CollectiveOp.REDUCE_SCATTER, group, num, Payload.NUM),
+        Compute(ComputeLabel.FINALIZE_GLOBAL, num + mx + pb),
+    ]
+    query = Collective(CollectiveOp.ALL_GATHER, group, workload.query_bytes(), Payload.QUERY,
+                       sharded=True)
     for rank_steps in steps:
         if query_gather:  # vLLM's Q all-gather (priced; the query is already everywhere)
-            rank_steps.insert(0, Collective(CollectiveOp.ALL_GATHER, group,
-                                            workload.query_bytes(), Payload.QUERY, sharded=True))
-        rank_steps += [
-            Compute(ComputeLabel.INIT_MAX, pb + mx),  # max ← the local lse
-            Collective(CollectiveOp.ALL_GATHER, group, p * mx, Payload.MAX, tag=tag),
-            Merge(3 * mx * (p - 1), MergeOp.LSE, tag),  # max ← the global lse
-            Compute(ComputeLabel.RESCALE, pb + 3 * mx + workload.num_bytes),
-            Collective(CollectiveOp.REDUCE_SCATTER, group, workload.num_bytes, Payload.NUM),
-            Compute(ComputeLabel.FINALIZE_GLOBAL, workload.num_bytes + mx + pb),
-        ]
+            rank_steps.insert(0, query)
+        rank_steps += tail
     return finish_layout(steps, workload, group, "dcp", {"query_gather": query_gather})
