@@ -17,10 +17,15 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from treeattn.commands._args import parse_tokens
+from treeattn.commands.run import guarded
 from treeattn.errors import UserError
 
 ALGORITHMS = ("auto", "tree", "ring", "butterfly", "allreduce3", "allgather")
 DEMO_PROMPT = "What is the capital of France?"
+# Per wait on a peer. Longer than run's 30 s: the first wait also covers the ranks loading
+# the model at different speeds. A hung rank is still named within it (the launcher's
+# heartbeat watchdog), and a dead one at once.
+DEFAULT_TIMEOUT_S = 60.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--context-tokens", type=parse_tokens, default=0, metavar="L",
                         help="first fill the cache with L tokens of a repeated document")
-    parser.set_defaults(func=handle)
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds any rank waits on a peer before giving up; a lost or "
+                             f"hung rank is named within about this long "
+                             f"(default {DEFAULT_TIMEOUT_S:g})")
+    parser.set_defaults(func=guarded(handle))
 
 
 @dataclass
@@ -65,17 +74,34 @@ class Outcome:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    from treeattn.runtime.launch import check_world
+    from treeattn.runtime.launch import check_timeout, check_world
 
     check_world(args.nproc)
+    check_timeout(args.timeout)
     if not args.prompt or not args.prompt.strip():
         raise UserError("the prompt is empty")
+    check_utf8(args.prompt)
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.context_tokens < 0:
         raise UserError(f"--context-tokens must not be negative, got {args.context_tokens}")
     if args.context_tokens and args.context_tokens < args.nproc:
         raise UserError(f"--context-tokens {args.context_tokens} is below --nproc {args.nproc}")
+
+
+def check_utf8(prompt: str) -> None:
+    """Raise UserError for a prompt that is not valid UTF-8 text.
+
+    Bytes that are not UTF-8 reach Python as lone surrogates (argv's surrogateescape); the
+    tokenizer cannot encode them.
+    """
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = prompt[exc.start]
+        shown = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else repr(bad)
+        raise UserError(f"the prompt is not valid UTF-8 text ({shown} at character "
+                        f"{exc.start})") from None
 
 
 def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
@@ -139,7 +165,7 @@ def _distributed(args, loaded, prompt, segment, stream):
                              split_lengths(cached, args.nproc))
     request = GenerateRequest(loaded.source, tuple(prompt), args.max_new_tokens, schedule, eos_id,
                               args.context_tokens, tuple(segment or ()), stream)
-    result = generate_distributed(request, args.nproc, loaded=loaded)
+    result = generate_distributed(request, args.nproc, timeout_s=args.timeout, loaded=loaded)
     shape = schedule.params.get("shape")
     name = f"{schedule.algorithm}({shape})" if shape else schedule.algorithm
     return result["generation"], name
@@ -202,7 +228,7 @@ def demo_section(console: Console) -> int:
     console.rule("[bold]Real generation: SmolLM2-135M-Instruct, KV cache on 2 ranks")
     args = argparse.Namespace(nproc=2, prompt=DEMO_PROMPT, chat=True, max_new_tokens=24,
                               algorithm="tree", model=None, verify=True, json=False,
-                              context_tokens=0)
+                              context_tokens=0, timeout=DEFAULT_TIMEOUT_S)
     console.print(f"prompt: {DEMO_PROMPT!r} (chat template), greedy, tree merge of every layer")
     out = run_generation(args, stream=True)
     for line in summary_lines(out):

@@ -32,7 +32,8 @@ def _add_group_options(parser: argparse.ArgumentParser) -> None:
                         help="local ranks to spawn (default 2; under torchrun: its world)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--timeout", type=float, default=30.0,
-                        help="seconds any rank waits on a peer before giving up")
+                        help="seconds any rank waits on a peer before giving up; a lost or "
+                             "hung rank is named within about this long (default 30)")
     parser.add_argument("--port", type=int, default=None, help="rendezvous port (default: free)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--batch", type=int, default=1)
@@ -66,21 +67,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--no-reference", action="store_true",
                      help="skip the single-process reference (max_abs_diff)")
     run.add_argument("--json", action="store_true", help="print a JSON list, one per point")
-    run.set_defaults(func=_guarded(handle_run))
+    run.set_defaults(func=guarded(handle_run))
 
     cal = subparsers.add_parser("calibrate", help="measure the local backend (microbenchmarks)")
     _add_group_options(cal)
     cal.add_argument("-o", "--output", default=None, help="write the profile here (JSON)")
-    cal.set_defaults(func=_guarded(handle_calibrate))
+    cal.set_defaults(func=guarded(handle_calibrate))
 
 
 def _options(args: argparse.Namespace):
-    from treeattn.runtime.launch import LaunchOptions
+    from treeattn.runtime.launch import LaunchOptions, check_timeout
 
     if args.threads < 1:
         raise RuntimeFailure(f"--threads must be at least 1, got {args.threads}")
-    if args.timeout <= 0:
-        raise RuntimeFailure("--timeout must be positive")
+    check_timeout(args.timeout)
     if args.device == "cuda":
         import torch
 
@@ -112,14 +112,16 @@ def _execute(job, args: argparse.Namespace, world: int):
         raise _RunFailed(str(exc).strip().splitlines()[0]) from exc
 
 
-def _guarded(handler):
-    """Turn a dead rank or a timeout into ``error: ...`` and exit status 1."""
+def guarded(handler):
+    """Turn a dead or hung rank (RankLost, RankTimeout) into one ``error: ...`` line and exit
+    status 1: the input was fine, the run failed. ``generate`` uses it too."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except _RunFailed as exc:
-            sys.stderr.write(f"error: {exc}\n")
+        except (_RunFailed, RankLost, RankTimeout) as exc:
+            text = str(exc).strip().splitlines()
+            sys.stderr.write(f"error: {text[0] if text else type(exc).__name__}\n")
             return EXIT_RUN_FAILED
 
     run.__doc__ = handler.__doc__
