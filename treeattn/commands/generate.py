@@ -9,7 +9,6 @@ token) follow on stderr, or everything comes as one JSON object with ``--json``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from treeattn.commands._args import parse_tokens
-from treeattn.commands.run import guarded
+from treeattn.commands.run import dumps, guarded
 from treeattn.errors import UserError
 
 ALGORITHMS = ("auto", "tree", "ring", "butterfly", "allreduce3", "allgather")
@@ -113,8 +112,9 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
     spec = resolve_model(args.model)
     loaded = load_model(spec)
     tok, model = loaded.tokenizer, loaded.model
-    text = tok.render_chat(args.prompt) if args.chat else args.prompt
-    prompt = tok.encode(text)
+    prompt = tok.encode_chat(args.prompt) if args.chat else tok.encode(args.prompt)
+    if not prompt:
+        raise UserError(f"the prompt {args.prompt[:40]!r} tokenizes to no tokens")
     check_request(model, prompt, args.max_new_tokens, args.context_tokens)
     segment = _segment(tok, args.context_tokens, model)
     printer = _printer(tok) if stream else None
@@ -132,10 +132,11 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
     if args.verify:
         ref = gen if args.nproc == 1 else generate_local(
             model, prompt, args.max_new_tokens, tok.eos_id, None, args.context_tokens, segment)
-        out.identical = ref.tokens == gen.tokens
         steps = min(len(ref.logits), len(gen.logits))
-        out.max_logit_diff = max(
-            float((ref.logits[i] - gen.logits[i]).abs().max()) for i in range(steps))
+        diff = max(float((ref.logits[i] - gen.logits[i]).abs().max()) for i in range(steps))
+        # a NaN difference compares as "not larger" everywhere: never call that identical
+        out.identical = ref.tokens == gen.tokens and math.isfinite(diff)
+        out.max_logit_diff = diff if math.isfinite(diff) else None
     return out
 
 
@@ -208,15 +209,16 @@ def summary_lines(out: Outcome) -> list[str]:
     ]
     if out.identical is not None:
         verdict = "identical to" if out.identical else "DIFFERENT from"
-        lines.append(f"greedy tokens {verdict} single-process decoding "
-                     f"(max |logit diff| {out.max_logit_diff:.2e})")
+        diff = (f"{out.max_logit_diff:.2e}" if out.max_logit_diff is not None
+                else "not finite: the logits hold NaN or infinity")
+        lines.append(f"greedy tokens {verdict} single-process decoding (max |logit diff| {diff})")
     return lines
 
 
 def handle(args: argparse.Namespace) -> int:
     out = run_generation(args, stream=not args.json)
     if args.json:
-        print(json.dumps(to_json(out), indent=2))
+        print(dumps(to_json(out)))
     else:
         for line in summary_lines(out):
             sys.stderr.write(line + "\n")

@@ -128,6 +128,26 @@ def guarded(handler):
     return run
 
 
+def json_safe(obj):
+    """``obj`` with every NaN or infinite float replaced by None, for strict JSON.
+
+    Python's json writes NaN and Infinity by default, which no JSON parser has to accept;
+    every dump here also passes ``allow_nan=False`` so a missed value fails loudly.
+    """
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def dumps(obj) -> str:
+    """Strict JSON (no NaN/Infinity) of ``obj``, indented."""
+    return json.dumps(json_safe(obj), indent=2, allow_nan=False)
+
+
 def _world(args: argparse.Namespace) -> int:
     from treeattn.runtime.group import in_torchrun_env
     from treeattn.runtime.launch import check_world
@@ -173,7 +193,7 @@ def handle_run(args: argparse.Namespace) -> int:
     if not is_root:
         return 0
     if args.json:
-        sys.stdout.write(json.dumps(points, indent=2) + "\n")
+        sys.stdout.write(dumps(points) + "\n")
     else:
         print_points(Console(), points)
     error = geo_mean_error(points)
@@ -247,7 +267,7 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         write_profile(profile, args.output)
         Console(stderr=True).print(f"wrote {args.output}")
     else:
-        sys.stdout.write(json.dumps(profile, indent=2) + "\n")
+        sys.stdout.write(dumps(profile) + "\n")
     return 0
 
 
