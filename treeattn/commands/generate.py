@@ -116,6 +116,7 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
     if not prompt:
         raise UserError(f"the prompt {args.prompt[:40]!r} tokenizes to no tokens")
     check_request(model, prompt, args.max_new_tokens, args.context_tokens)
+    check_memory(args, model, len(prompt))
     segment = _segment(tok, args.context_tokens, model)
     printer = _printer(tok) if stream else None
     if args.nproc == 1:
@@ -138,6 +139,33 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
         out.identical = ref.tokens == gen.tokens and math.isfinite(diff)
         out.max_logit_diff = diff if math.isfinite(diff) else None
     return out
+
+
+def check_memory(args: argparse.Namespace, model, prompt_tokens: int) -> None:
+    """Refuse, before any rank starts, a generation whose KV caches cannot fit in memory.
+
+    Each rank holds the weights, the whole cache while it prefills (long-context mode builds
+    it once more before storing it) and its shard; this process holds the weights, plus a
+    whole local decode with ``--verify`` or one rank. On CUDA the ranks' part is per GPU.
+    """
+    from treeattn.runtime.plans import check_fits, uses_cuda
+
+    cfg = model.config
+    element = next(model.parameters()).element_size()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    tokens = args.context_tokens + prompt_tokens + args.max_new_tokens
+    cache = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * tokens * element
+    here = weights + (2 * cache if args.verify or args.nproc == 1 else 0)
+    what = f"generating {tokens} tokens ({args.context_tokens} context) on {args.nproc} rank(s)"
+    if args.nproc == 1:
+        check_fits(here, what)
+        return
+    rank = weights + 2 * cache + cache // args.nproc
+    if uses_cuda("auto"):
+        check_fits(rank, what, cuda=True)
+        check_fits(here + args.nproc * weights, what)
+    else:
+        check_fits(here + args.nproc * rank, what)
 
 
 def _segment(tok, context_tokens: int, model) -> list[int] | None:

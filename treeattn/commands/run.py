@@ -161,6 +161,17 @@ def _world(args: argparse.Namespace) -> int:
     return world
 
 
+def _local_ranks(args: argparse.Namespace, world: int) -> int:
+    """How many of the ``world`` ranks run on this machine (torchrun: LOCAL_WORLD_SIZE)."""
+    import os
+
+    from treeattn.runtime.group import in_torchrun_env
+
+    if in_torchrun_env() and args.nproc is None:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return world
+
+
 def build_request(args: argparse.Namespace):
     from treeattn.runtime.calibrate import read_profile
     from treeattn.runtime.check import RunRequest
@@ -182,7 +193,7 @@ def handle_run(args: argparse.Namespace) -> int:
 
     world = _world(args)
     req = build_request(args)
-    validate(req, world)
+    validate(req, world, args.device, _local_ranks(args, world))
     chosen = args.algorithm or ["auto"]
     if args.native and "allreduce3" not in chosen and "auto" not in chosen:
         raise RuntimeFailure("--native runs allreduce3 on the backend's all_reduce: "
