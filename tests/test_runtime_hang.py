@@ -71,13 +71,19 @@ def _run_until_fault(argv: list[str], env: dict, fault: str) -> tuple[subprocess
     raise AssertionError(f"the fault never fired: {proc.communicate()[1]}")
 
 
-def _finish(proc: subprocess.Popen, fired: float) -> tuple[str, float]:
+def _assert_named(proc: subprocess.Popen, fired: float, prefix: str) -> None:
+    """The command ends with exit 1 and one ``error:`` line starting with ``prefix``, within
+    the timeout + 2 s (+ slack) of the fault."""
     try:
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return err, time.monotonic() - fired
+    took = time.monotonic() - fired
+    assert proc.returncode == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), err
+    assert took < TIMEOUT_S + 2 + SLACK_S, (took, err)
 
 
 def _env(var: str, spec: str) -> dict:
@@ -89,21 +95,13 @@ def _env(var: str, spec: str) -> dict:
 @pytest.mark.parametrize("argv", [RUN, GENERATE], ids=["run", "generate"])
 def test_stopped_rank_is_named_within_the_timeout(argv) -> None:
     proc, fired = _run_until_fault(argv, _env(FAULT_STOP_ENV, "1:2"), "stop")
-    err, took = _finish(proc, fired)
-    assert proc.returncode == 1, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: rank 1 stopped answering"), err
-    assert took < TIMEOUT_S + 2 + SLACK_S, (took, err)
+    _assert_named(proc, fired, "error: rank 1 stopped answering")
 
 
 @pytest.mark.timeout(180)
 def test_generate_dead_rank_is_exit_1_not_bad_input() -> None:
     proc, fired = _run_until_fault(GENERATE, _env(FAULT_ENV, "1:2"), "kill")
-    err, took = _finish(proc, fired)
-    assert proc.returncode == 1, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: rank 1 died"), err
-    assert took < TIMEOUT_S + 2 + SLACK_S, (took, err)
+    _assert_named(proc, fired, "error: rank 1 died")
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "1e-9", "0", "-3"])

@@ -71,7 +71,7 @@ class _Cursor:
     def take(self, fmt: str):
         size = struct.calcsize(fmt)
         if self.pos + size > len(self.buf):
-            raise ModelError(f"{self.path} is truncated in its GGUF header")
+            raise ModelError(f"{self.path} is not a valid GGUF file: its header is truncated")
         value = struct.unpack_from(self.order + fmt, self.buf, self.pos)[0]
         self.pos += size
         return value
@@ -79,8 +79,8 @@ class _Cursor:
     def need(self, count: int, each: int, what: str) -> None:
         """Refuse ``count`` items of at least ``each`` bytes that the rest cannot hold."""
         if count * each > len(self.buf) - self.pos:
-            raise ModelError(f"{self.path} claims {count} {what}, more than its "
-                             f"{len(self.buf)} bytes can hold")
+            raise ModelError(f"{self.path} is not a valid GGUF file: it claims {count} {what}, "
+                             f"more than its {len(self.buf)} bytes can hold")
 
     def skip(self, count: int, each: int, what: str) -> None:
         self.need(count, each, what)

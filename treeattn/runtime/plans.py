@@ -54,7 +54,7 @@ def attn_model(dims: AttnDims) -> ModelConfig:
 
 def uses_cuda(device: str) -> bool:
     """Whether ranks started with ``--device device`` run on CUDA."""
-    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return device in ("cuda", "auto") and torch.cuda.is_available()
 
 
 def available_memory_bytes(cuda: bool = False) -> tuple[int, str]:
