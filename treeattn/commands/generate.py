@@ -9,7 +9,6 @@ token) follow on stderr, or everything comes as one JSON object with ``--json``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -17,11 +16,15 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from treeattn.commands._args import parse_tokens
+from treeattn.commands.run import dumps, guarded
 from treeattn.errors import UserError
-from treeattn.sim import ALGORITHM_NAMES
 
-ALGORITHMS = ("auto", *ALGORITHM_NAMES)
+ALGORITHMS = CLI_CHOICES
 DEMO_PROMPT = "What is the capital of France?"
+# Per wait on a peer. Longer than run's 30 s: the first wait also covers the ranks loading
+# the model at different speeds. A hung rank is still named within it (the launcher's
+# heartbeat watchdog), and a dead one at once.
+DEFAULT_TIMEOUT_S = 60.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--context-tokens", type=parse_tokens, default=0, metavar="L",
                         help="first fill the cache with L tokens of a repeated document")
-    parser.set_defaults(func=handle)
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds any rank waits on a peer before giving up; a lost or "
+                             f"hung rank is named within about this long "
+                             f"(default {DEFAULT_TIMEOUT_S:g})")
+    parser.set_defaults(func=guarded(handle))
 
 
 @dataclass
@@ -66,17 +73,34 @@ class Outcome:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    from treeattn.runtime.launch import check_world
+    from treeattn.runtime.launch import check_timeout, check_world
 
     check_world(args.nproc)
+    check_timeout(args.timeout)
     if not args.prompt or not args.prompt.strip():
         raise UserError("the prompt is empty")
+    check_utf8(args.prompt)
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.context_tokens < 0:
         raise UserError(f"--context-tokens must not be negative, got {args.context_tokens}")
     if args.context_tokens and args.context_tokens < args.nproc:
         raise UserError(f"--context-tokens {args.context_tokens} is below --nproc {args.nproc}")
+
+
+def check_utf8(prompt: str) -> None:
+    """Raise UserError for a prompt that is not valid UTF-8 text.
+
+    Bytes that are not UTF-8 reach Python as lone surrogates (argv's surrogateescape); the
+    tokenizer cannot encode them.
+    """
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = prompt[exc.start]
+        shown = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else repr(bad)
+        raise UserError(f"the prompt is not valid UTF-8 text ({shown} at character "
+                        f"{exc.start})") from None
 
 
 def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
@@ -88,9 +112,11 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
     spec = resolve_model(args.model)
     loaded = load_model(spec)
     tok, model = loaded.tokenizer, loaded.model
-    text = tok.render_chat(args.prompt) if args.chat else args.prompt
-    prompt = tok.encode(text)
+    prompt = tok.encode_chat(args.prompt) if args.chat else tok.encode(args.prompt)
+    if not prompt:
+        raise UserError(f"the prompt {args.prompt[:40]!r} tokenizes to no tokens")
     check_request(model, prompt, args.max_new_tokens, args.context_tokens)
+    check_memory(args, model, len(prompt))
     segment = _segment(tok, args.context_tokens, model)
     printer = _printer(tok) if stream else None
     if args.nproc == 1:
@@ -107,11 +133,39 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
     if args.verify:
         ref = gen if args.nproc == 1 else generate_local(
             model, prompt, args.max_new_tokens, tok.eos_id, None, args.context_tokens, segment)
-        out.identical = ref.tokens == gen.tokens
         steps = min(len(ref.logits), len(gen.logits))
-        out.max_logit_diff = max(
-            float((ref.logits[i] - gen.logits[i]).abs().max()) for i in range(steps))
+        diff = max(float((ref.logits[i] - gen.logits[i]).abs().max()) for i in range(steps))
+        # a NaN difference compares as "not larger" everywhere: never call that identical
+        out.identical = ref.tokens == gen.tokens and math.isfinite(diff)
+        out.max_logit_diff = diff if math.isfinite(diff) else None
     return out
+
+
+def check_memory(args: argparse.Namespace, model, prompt_tokens: int) -> None:
+    """Refuse, before any rank starts, a generation whose KV caches cannot fit in memory.
+
+    Each rank holds the weights, the whole cache while it prefills (long-context mode builds
+    it once more before storing it) and its shard; this process holds the weights, plus a
+    whole local decode with ``--verify`` or one rank. On CUDA the ranks' part is per GPU.
+    """
+    from treeattn.runtime.plans import check_fits, uses_cuda
+
+    cfg = model.config
+    element = next(model.parameters()).element_size()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    tokens = args.context_tokens + prompt_tokens + args.max_new_tokens
+    cache = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * tokens * element
+    here = weights + (2 * cache if args.verify or args.nproc == 1 else 0)
+    what = f"generating {tokens} tokens ({args.context_tokens} context) on {args.nproc} rank(s)"
+    if args.nproc == 1:
+        check_fits(here, what)
+        return
+    rank = weights + 2 * cache + cache // args.nproc
+    if uses_cuda("auto"):
+        check_fits(rank, what, cuda=True)
+        check_fits(here + args.nproc * weights, what)
+    else:
+        check_fits(here + args.nproc * rank, what)
 
 
 def _segment(tok, context_tokens: int, model) -> list[int] | None:
@@ -140,7 +194,7 @@ def _distributed(args, loaded, prompt, segment, stream):
                              split_lengths(cached, args.nproc))
     request = GenerateRequest(loaded.source, tuple(prompt), args.max_new_tokens, schedule, eos_id,
                               args.context_tokens, tuple(segment or ()), stream)
-    result = generate_distributed(request, args.nproc, loaded=loaded)
+    result = generate_distributed(request, args.nproc, timeout_s=args.timeout, loaded=loaded)
     shape = schedule.params.get("shape")
     name = f"{schedule.algorithm}({shape})" if shape else schedule.algorithm
     return result["generation"], name
@@ -183,15 +237,16 @@ def summary_lines(out: Outcome) -> list[str]:
     ]
     if out.identical is not None:
         verdict = "identical to" if out.identical else "DIFFERENT from"
-        lines.append(f"greedy tokens {verdict} single-process decoding "
-                     f"(max |logit diff| {out.max_logit_diff:.2e})")
+        diff = (f"{out.max_logit_diff:.2e}" if out.max_logit_diff is not None
+                else "not finite: the logits hold NaN or infinity")
+        lines.append(f"greedy tokens {verdict} single-process decoding (max |logit diff| {diff})")
     return lines
 
 
 def handle(args: argparse.Namespace) -> int:
     out = run_generation(args, stream=not args.json)
     if args.json:
-        print(json.dumps(to_json(out), indent=2))
+        print(dumps(to_json(out)))
     else:
         for line in summary_lines(out):
             sys.stderr.write(line + "\n")
@@ -203,7 +258,7 @@ def demo_section(console: Console) -> int:
     console.rule("[bold]Real generation: SmolLM2-135M-Instruct, KV cache on 2 ranks")
     args = argparse.Namespace(nproc=2, prompt=DEMO_PROMPT, chat=True, max_new_tokens=24,
                               algorithm="tree", model=None, verify=True, json=False,
-                              context_tokens=0)
+                              context_tokens=0, timeout=DEFAULT_TIMEOUT_S)
     console.print(f"prompt: {DEMO_PROMPT!r} (chat template), greedy, tree merge of every layer")
     out = run_generation(args, stream=True)
     for line in summary_lines(out):

@@ -18,13 +18,13 @@ from rich.table import Table
 from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
-from treeattn.sim.algorithms import ALGORITHM_NAMES
+from treeattn.sim.algorithms import CLI_CHOICES
 from treeattn.sim.workload import DTYPE_BYTES
 
 DEMO_SEQ_LENS = (16384, 65536, 262144)
 # The parser's choices come from the torch-free registries, so that `treeattn --help` does not
 # import torch (the runtime modules are imported where they run).
-ALGORITHMS = ("auto", *ALGORITHM_NAMES)
+ALGORITHMS = CLI_CHOICES
 DTYPES = tuple(DTYPE_BYTES)
 
 def _add_group_options(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +32,8 @@ def _add_group_options(parser: argparse.ArgumentParser) -> None:
                         help="local ranks to spawn (default 2; under torchrun: its world)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--timeout", type=float, default=30.0,
-                        help="seconds any rank waits on a peer before giving up")
+                        help="seconds any rank waits on a peer before giving up; a lost or "
+                             "hung rank is named within about this long (default 30)")
     parser.add_argument("--port", type=int, default=None, help="rendezvous port (default: free)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--batch", type=int, default=1)
@@ -66,21 +67,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--no-reference", action="store_true",
                      help="skip the single-process reference (max_abs_diff)")
     run.add_argument("--json", action="store_true", help="print a JSON list, one per point")
-    run.set_defaults(func=_guarded(handle_run))
+    run.set_defaults(func=guarded(handle_run))
 
     cal = subparsers.add_parser("calibrate", help="measure the local backend (microbenchmarks)")
     _add_group_options(cal)
     cal.add_argument("-o", "--output", default=None, help="write the profile here (JSON)")
-    cal.set_defaults(func=_guarded(handle_calibrate))
+    cal.set_defaults(func=guarded(handle_calibrate))
 
 
 def _options(args: argparse.Namespace):
-    from treeattn.runtime.launch import LaunchOptions
+    from treeattn.runtime.launch import LaunchOptions, check_timeout
 
     if args.threads < 1:
         raise RuntimeFailure(f"--threads must be at least 1, got {args.threads}")
-    if args.timeout <= 0:
-        raise RuntimeFailure("--timeout must be positive")
+    check_timeout(args.timeout)
     if args.device == "cuda":
         import torch
 
@@ -112,18 +112,40 @@ def _execute(job, args: argparse.Namespace, world: int):
         raise _RunFailed(str(exc).strip().splitlines()[0]) from exc
 
 
-def _guarded(handler):
-    """Turn a dead rank or a timeout into ``error: ...`` and exit status 1."""
+def guarded(handler):
+    """Turn a dead or hung rank (RankLost, RankTimeout) into one ``error: ...`` line and exit
+    status 1: the input was fine, the run failed. ``generate`` uses it too."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except _RunFailed as exc:
-            sys.stderr.write(f"error: {exc}\n")
+        except (_RunFailed, RankLost, RankTimeout) as exc:
+            text = str(exc).strip().splitlines()
+            sys.stderr.write(f"error: {text[0] if text else type(exc).__name__}\n")
             return EXIT_RUN_FAILED
 
     run.__doc__ = handler.__doc__
     return run
+
+
+def json_safe(obj):
+    """``obj`` with every NaN or infinite float replaced by None, for strict JSON.
+
+    Python's json writes NaN and Infinity by default, which no JSON parser has to accept;
+    every dump here also passes ``allow_nan=False`` so a missed value fails loudly.
+    """
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def dumps(obj) -> str:
+    """Strict JSON (no NaN/Infinity) of ``obj``, indented."""
+    return json.dumps(json_safe(obj), indent=2, allow_nan=False)
 
 
 def _world(args: argparse.Namespace) -> int:
@@ -136,6 +158,17 @@ def _world(args: argparse.Namespace) -> int:
         return int(os.environ["WORLD_SIZE"])
     world = 2 if args.nproc is None else args.nproc
     check_world(world)
+    return world
+
+
+def _local_ranks(args: argparse.Namespace, world: int) -> int:
+    """How many of the ``world`` ranks run on this machine (torchrun: LOCAL_WORLD_SIZE)."""
+    import os
+
+    from treeattn.runtime.group import in_torchrun_env
+
+    if in_torchrun_env() and args.nproc is None:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     return world
 
 
@@ -160,7 +193,7 @@ def handle_run(args: argparse.Namespace) -> int:
 
     world = _world(args)
     req = build_request(args)
-    validate(req, world)
+    validate(req, world, args.device, _local_ranks(args, world))
     chosen = args.algorithm or ["auto"]
     if args.native and "allreduce3" not in chosen and "auto" not in chosen:
         raise RuntimeFailure("--native runs allreduce3 on the backend's all_reduce: "
@@ -171,7 +204,7 @@ def handle_run(args: argparse.Namespace) -> int:
     if not is_root:
         return 0
     if args.json:
-        sys.stdout.write(json.dumps(points, indent=2) + "\n")
+        sys.stdout.write(dumps(points) + "\n")
     else:
         print_points(Console(), points)
     error = geo_mean_error(points)
@@ -245,7 +278,7 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         write_profile(profile, args.output)
         Console(stderr=True).print(f"wrote {args.output}")
     else:
-        sys.stdout.write(json.dumps(profile, indent=2) + "\n")
+        sys.stdout.write(dumps(profile) + "\n")
     return 0
 
 

@@ -43,7 +43,7 @@ from treeattn.runtime.plans import build, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.schedule import Schedule
 
-GENERATE_TIMEOUT_S = 180.0  # per wait on a peer: ranks load the model at different speeds
+GENERATE_TIMEOUT_S = 60.0  # per wait on a peer: ranks load the model at different speeds
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ rendered in jinja2's immutable *sandboxed* environment.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 from treeattn.llm.errors import ModelError
@@ -47,12 +48,46 @@ class Tokenizer:
         self.chat_template = chat_template
         self.add_bos = add_bos
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; BOS first when the model wants it and the text lacks it."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, specials: bool = False) -> list[int]:
+        """Token ids of ``text``; BOS first when the model wants it and the text lacks it.
+
+        User text is text: ``<|im_end|>`` typed in a prompt is encoded as its characters,
+        not as the control token (``specials=False``). Only the chat template's own text is
+        encoded with ``specials=True`` (:meth:`encode_chat`).
+        """
+        self.backend.encode_special_tokens = not specials  # True: specials read as text
+        try:
+            ids = self.backend.encode(text, add_special_tokens=False).ids
+        finally:
+            self.backend.encode_special_tokens = False
         if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
             ids = [self.bos_id, *ids]
         return ids
+
+    def encode_chat(self, prompt: str) -> list[int]:
+        """Token ids of the chat-formatted ``prompt``: the template's text may hold control
+        tokens, the user's text never does.
+
+        The template is rendered with a marker in place of the prompt; the parts around it
+        are encoded with control tokens, the prompt itself as plain text.
+        """
+        marker = f"\ue000treeattn-prompt-{uuid.uuid4().hex}\ue000"
+        rendered = self.render_chat(marker)
+        if rendered.count(marker) == 1:
+            before, after = rendered.split(marker)
+            ids = self.encode(before, specials=True)
+            bos, self.add_bos = self.add_bos, False
+            try:
+                return ids + self.encode(prompt) + self.encode(after, specials=True)
+            finally:
+                self.add_bos = bos
+        rendered = self.render_chat(prompt)  # the template transformed the content
+        if self.encode(rendered, specials=True) != self.encode(rendered):
+            specials = self.encode(prompt, specials=True) != self.encode(prompt)
+            if specials:
+                raise ModelError("the prompt contains control-token text (such as "
+                                 "<|im_end|>) that this chat template cannot keep apart")
+        return self.encode(rendered, specials=True)
 
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=True)
@@ -61,24 +96,16 @@ class Tokenizer:
         """The chat-formatted text of a single user turn, ready for the assistant's answer."""
         if not self.chat_template:
             raise ModelError("this model has no chat template; drop --chat")
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from treeattn.llm.chat_template import render_chat_template
 
-        def raise_exception(message):
-            raise TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
         token = self.backend.id_to_token
-        try:
-            return env.from_string(self.chat_template).render(
-                messages=[{"role": "user", "content": prompt}],
-                add_generation_prompt=True,
-                bos_token=token(self.bos_id) if self.bos_id is not None else "",
-                eos_token=token(self.eos_id) if self.eos_id is not None else "",
-            )
-        except TemplateError as exc:
-            raise ModelError(f"the model's chat template failed: {exc}") from None
+        return render_chat_template(
+            self.chat_template,
+            messages=[{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            bos_token=token(self.bos_id) if self.bos_id is not None else "",
+            eos_token=token(self.eos_id) if self.eos_id is not None else "",
+        )
 
 
 def _pre_tokenizer(pre: str):
@@ -108,7 +135,12 @@ def tokenizer_from_gguf(meta: dict) -> Tokenizer:
         raise ModelError(
             f"unsupported tokenizer model {meta.get('model')!r} (supported: gpt2 byte-level BPE)"
         )
-    tokens, merges = meta["tokens"], meta["merges"] or []
+    tokens, merges = meta["tokens"] or [], meta["merges"] or []
+    for key in ("bos_token_id", "eos_token_id"):
+        value = meta.get(key)
+        if value is not None and not 0 <= int(value) < len(tokens):
+            raise ModelError(f"tokenizer.ggml.{key} {value} is outside the vocabulary of "
+                             f"{len(tokens)} tokens")
     vocab = {token: i for i, token in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     backend = HFTokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))

@@ -57,7 +57,11 @@ def load_gguf(path: Path) -> LoadedModel:
 
     reader = open_gguf(path)
     config = config_from_gguf(reader, path)
-    tokenizer = tokenizer_from_gguf(tokenizer_metadata(reader))
+    meta = tokenizer_metadata(reader)
+    if len(meta["tokens"] or ()) > config.vocab_size:
+        raise ModelError(f"{path}: the tokenizer has {len(meta['tokens'])} tokens but the "
+                         f"embedding only {config.vocab_size} rows")
+    tokenizer = tokenizer_from_gguf(meta)
     model = assemble(config, state_dict_from_gguf(reader, config), str(path))
     return LoadedModel(model, tokenizer, str(path))
 
@@ -156,6 +160,8 @@ def resolve_model(spec: str | None = None) -> str:
     if not path.exists():
         raise ModelError(f"model not found: {spec} (give a .gguf file, a Hugging Face "
                          f"directory, or one of: {DEFAULT_ALIASES[0]}, debug)")
+    if not path.is_dir() and not path.is_file():  # stat only: opening a FIFO would block
+        raise ModelError(f"{spec} is not a regular file (a FIFO, device or socket?)")
     return str(path)
 
 

@@ -29,10 +29,12 @@ from treeattn.runtime.plans import (
     ALGORITHMS,
     DTYPES,
     build,
+    check_fits,
     local_schedule,
     local_topology,
     shard_lengths,
     step_runner,
+    uses_cuda,
     workload_for,
 )
 from treeattn.runtime.timing import time_steps
@@ -72,8 +74,28 @@ class RunRequest:
         return run_points(ctx, self)
 
 
-def validate(req: RunRequest, world: int) -> None:
-    """Raise :class:`RuntimeFailure` for a request that cannot run on ``world`` ranks."""
+def bytes_needed(req: RunRequest, world: int, local_ranks: int | None = None) -> int:
+    """Memory the ranks on this machine need at the largest ``seq_len``, with headroom.
+
+    Each rank holds its KV shard and, in the worst schedule (ring), two more blocks of that
+    size in flight; rank 0 also rebuilds the global KV for the reference when it is asked
+    for and small enough. With CUDA each rank has its own GPU, so count one rank.
+    """
+    element = torch.empty((), dtype=DTYPES[req.dtype]).element_size()
+    per_token = 2 * req.batch * req.n_kv_heads * req.head_dim * element
+    seq = max(req.seq_lens)
+    shard = per_token * -(-seq // world)
+    total = (local_ranks or world) * 3 * shard
+    if req.reference and per_token * seq <= req.ref_limit_bytes:
+        total += 2 * per_token * seq
+    return total
+
+
+def validate(req: RunRequest, world: int, device: str = "cpu",
+             local_ranks: int | None = None) -> None:
+    """Raise :class:`RuntimeFailure` for a request that cannot run on ``world`` ranks,
+    including one whose KV cache cannot fit in this machine's memory (``device``: the
+    ``--device`` choice; ``local_ranks``: how many of the ranks run here, default all)."""
     for name in req.algorithms:
         if name not in ALGORITHMS:
             raise RuntimeFailure(f"unknown algorithm {name!r} (known: {', '.join(ALGORITHMS)})")
@@ -86,6 +108,9 @@ def validate(req: RunRequest, world: int) -> None:
         raise RuntimeFailure("batch, heads and head dim must be positive")
     if req.n_heads % req.n_kv_heads:
         raise RuntimeFailure(f"--heads {req.n_heads} is not a multiple of --kv-heads")
+    if req.dtype in DTYPES:
+        check_fits(bytes_needed(req, world, local_ranks), "this run",
+                   uses_cuda(device))
     if req.check and world < 2:
         raise RuntimeFailure("--check needs at least 2 ranks (there is nothing to predict)")
     if req.steps < 1 or req.warmup < 0:

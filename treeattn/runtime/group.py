@@ -109,6 +109,11 @@ def destroy_group() -> None:
         dist.destroy_process_group()
 
 
+def heartbeat_key(rank: int) -> str:
+    """The store key of ``rank``'s heartbeat counter (the launcher watches it too)."""
+    return f"treeattn/heartbeat/{rank}"
+
+
 class _Heartbeat:
     """Each rank bumps a counter in the rendezvous store; a counter that stops names the dead.
 
@@ -129,7 +134,7 @@ class _Heartbeat:
         self.thread.start()
 
     def _key(self, rank: int) -> str:
-        return f"treeattn/heartbeat/{rank}"
+        return heartbeat_key(rank)
 
     def _beat(self) -> None:
         while not self.halt.wait(HEARTBEAT_S):

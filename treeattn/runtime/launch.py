@@ -11,6 +11,7 @@ and what a torchrun-started ``treeattn run`` calls directly.
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -36,11 +37,15 @@ from treeattn.runtime.group import (
     STORE_HOSTED_ENV,
     RankContext,
     destroy_group,
+    heartbeat_key,
     init_group,
 )
 
 MAX_LOCAL_WORLD = 64
 FAULT_ENV = "TREEATTN_FAULT_KILL"  # "RANK:SECONDS": that rank SIGKILLs itself (tests only)
+FAULT_STOP_ENV = "TREEATTN_FAULT_STOP"  # "RANK:SECONDS": that rank SIGSTOPs itself (tests only)
+MIN_TIMEOUT_S = 1.0  # below this a busy machine's scheduling jitter reads as a lost peer
+WATCH_POLL_S = 0.25  # how often the launcher looks at its ranks and their heartbeats
 
 
 @dataclass(frozen=True)
@@ -67,22 +72,30 @@ def check_world(world: int) -> None:
         raise RuntimeFailure(f"--nproc must be between 1 and {MAX_LOCAL_WORLD}, got {world}")
 
 
+def check_timeout(timeout_s: float) -> float:
+    """Return ``timeout_s`` if it is a sane per-wait timeout, else raise RuntimeFailure.
+
+    NaN, infinity and tiny values would either never fire or fire on every wait.
+    """
+    if not math.isfinite(timeout_s) or timeout_s < MIN_TIMEOUT_S:
+        raise RuntimeFailure(
+            f"--timeout must be a finite number of seconds >= {MIN_TIMEOUT_S:g}, got {timeout_s}")
+    return float(timeout_s)
+
+
 def _arm_fault(rank: int) -> None:
-    """Test hook: if ``TREEATTN_FAULT_KILL=RANK:SECONDS`` names this rank, die by SIGKILL."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    victim, _, delay = spec.partition(":")
-    if int(victim) != rank:
-        return
-    import threading
-
-    def die() -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    timer = threading.Timer(float(delay or 0), die)
-    timer.daemon = True
-    timer.start()
+    """Test hooks: ``TREEATTN_FAULT_KILL=RANK:SECONDS`` makes that rank die by SIGKILL, and
+    ``TREEATTN_FAULT_STOP=RANK:SECONDS`` freezes it by SIGSTOP (a hung rank), after a delay."""
+    for env, sig in ((FAULT_ENV, signal.SIGKILL), (FAULT_STOP_ENV, signal.SIGSTOP)):
+        spec = os.environ.get(env)
+        if not spec:
+            continue
+        victim, _, delay = spec.partition(":")
+        if int(victim) != rank:
+            continue
+        timer = threading.Timer(float(delay or 0), os.kill, args=(os.getpid(), sig))
+        timer.daemon = True
+        timer.start()
 
 
 def run_in_group(
@@ -186,7 +199,7 @@ def launch(job: Callable[[RankContext], Any], world: int, options: LaunchOptions
         listener.detach()  # the store owns (and closes) the descriptor now
         try:
             with _stop_on_signals():
-                return _launch_once(job, world, options, port)
+                return _launch_once(job, world, options, port, store)
         finally:
             del store
 
@@ -230,7 +243,7 @@ def _stop_on_signals():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _launch_once(job, world: int, options: LaunchOptions, port: int):
+def _launch_once(job, world: int, options: LaunchOptions, port: int, store=None):
     spawn = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="treeattn-launch-") as out:
         procs = [
@@ -240,7 +253,7 @@ def _launch_once(job, world: int, options: LaunchOptions, port: int):
         try:
             for proc in procs:
                 proc.start()
-            _watch(procs, options.deadline_s, out)
+            _watch(procs, options.deadline_s, out, _Watchdog(store, world, options.timeout_s))
         finally:
             _kill_all(procs)
         result_file = Path(out, "result.pkl")
@@ -249,8 +262,40 @@ def _launch_once(job, world: int, options: LaunchOptions, port: int):
         return pickle.loads(result_file.read_bytes())
 
 
-def _watch(procs: list, deadline_s: float, out: str) -> None:
-    """Wait for every rank; on the first failure or at the deadline raise naming the rank."""
+class _Watchdog:
+    """The launcher's view of the ranks' heartbeats in the store it hosts.
+
+    A rank whose counter has moved once and then stood still for ``timeout_s`` is hung (or
+    stopped): its peers would only notice after their own wait times out, plus the time to
+    check who fell silent, so the launcher names it itself, within ``timeout_s`` + a poll.
+    Counters are compared on the launcher's own clock, so no clocks need to agree.
+    """
+
+    def __init__(self, store, world: int, timeout_s: float) -> None:
+        self.store, self.world, self.timeout_s = store, world, timeout_s
+        self.seen: dict[int, tuple[int, float]] = {}  # rank -> (count, when it last moved)
+
+    def hung_rank(self, alive: set[int]) -> int | None:
+        if self.store is None:
+            return None
+        now = time.monotonic()
+        for rank in sorted(alive):
+            try:
+                count = int(self.store.add(heartbeat_key(rank), 0))
+            except Exception:  # the store is ours; if it fails, the ranks report it
+                return None
+            if count == 0:  # not beating yet: the rendezvous timeout covers start-up
+                continue
+            last = self.seen.get(rank)
+            if last is None or last[0] != count:
+                self.seen[rank] = (count, now)
+            elif now - last[1] > self.timeout_s:
+                return rank
+        return None
+
+
+def _watch(procs: list, deadline_s: float, out: str, watchdog: _Watchdog | None = None) -> None:
+    """Wait for every rank; on the first failure, hang or the deadline raise naming the rank."""
     end = time.monotonic() + deadline_s
     alive = {proc.sentinel: rank for rank, proc in enumerate(procs)}
     while alive:
@@ -259,12 +304,17 @@ def _watch(procs: list, deadline_s: float, out: str) -> None:
             ranks = ", ".join(str(r) for r in sorted(alive.values()))
             message = f"deadline of {deadline_s:g}s passed; rank(s) {ranks} still running"
             raise RuntimeFailure(message)
-        for sentinel in wait_sentinels(list(alive), timeout=min(left, 1.0)):
+        for sentinel in wait_sentinels(list(alive), timeout=min(left, WATCH_POLL_S)):
             rank = alive.pop(sentinel)
             procs[rank].join()
             if procs[rank].exitcode != 0:
                 time.sleep(0.2)  # let peers that noticed first write their reports
                 raise _failure(procs, rank, out)
+        hung = watchdog.hung_rank(set(alive.values())) if watchdog else None
+        if hung is not None:
+            raise RankTimeout(
+                f"rank {hung} stopped answering for {watchdog.timeout_s:g}s (hung or stopped); "
+                "the group was stopped")
 
 
 def _failure(procs: list, first: int, out: str) -> Exception:
@@ -288,6 +338,8 @@ def _kill_all(procs: list) -> None:
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
+            with contextlib.suppress(OSError):  # a stopped rank acts on SIGTERM once resumed
+                os.kill(proc.pid, signal.SIGCONT)
     end = time.monotonic() + 5.0
     for proc in procs:
         proc.join(timeout=max(0.0, end - time.monotonic()))

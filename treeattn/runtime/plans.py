@@ -20,11 +20,12 @@ from treeattn.runtime.executor import Executor, RunStats
 from treeattn.runtime.group import RankContext
 from treeattn.runtime.native import run_allreduce3_native
 from treeattn.runtime.wire import AttnDims
-from treeattn.sim.algorithms import ALGORITHM_NAMES
+from treeattn.sim.algorithms import CLI_CHOICES
 from treeattn.sim.schedule import Compute, Schedule
 from treeattn.sim.workload import DecodeWorkload, ModelConfig
 
-ALGORITHMS = ("auto", *ALGORITHM_NAMES)
+ALGORITHMS = CLI_CHOICES
+MEMORY_HEADROOM = 0.9  # use at most this share of what the system reports as available
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -49,6 +50,52 @@ def attn_model(dims: AttnDims) -> ModelConfig:
         vocab_size=1,
         dtype=dtype_name(dims.kv_dtype),
     )
+
+
+def uses_cuda(device: str) -> bool:
+    """Whether ranks started with ``--device device`` run on CUDA."""
+    return device in ("cuda", "auto") and torch.cuda.is_available()
+
+
+def available_memory_bytes(cuda: bool = False) -> tuple[int, str]:
+    """``(bytes free for new allocations, what they are)``: one GPU's free memory, or RAM.
+
+    RAM is ``MemAvailable`` from ``/proc/meminfo`` (free plus reclaimable cache) on Linux,
+    else the physical memory size (psutil is not a dependency).
+    """
+    if cuda:
+        return int(torch.cuda.mem_get_info()[0]), "GPU memory"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "RAM"
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "physical RAM"
+
+
+def format_bytes(n: float) -> str:
+    """``1.5 GiB``-style sizes for messages."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def check_fits(needed: int, what: str, cuda: bool = False) -> None:
+    """Raise RuntimeFailure, before any rank starts, if ``needed`` bytes cannot fit.
+
+    A rank that runs out of memory while allocating dies with a traceback (or the OOM killer's
+    SIGKILL); checking the sizes up front gives one line saying how much and how much there is.
+    """
+    free, where = available_memory_bytes(cuda)
+    if needed > free * MEMORY_HEADROOM:
+        raise RuntimeFailure(f"{what} needs about {format_bytes(needed)}, but only "
+                             f"{format_bytes(free)} of {where} is available")
 
 
 def shard_lengths(seq_len: int, world: int) -> list[int]:

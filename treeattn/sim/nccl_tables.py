@@ -33,7 +33,7 @@ Units: latencies in µs and bandwidths in GB/s (1e9 B/s), as in the sources; the
 from __future__ import annotations
 
 PROTOCOLS = ("LL", "LL128", "Simple")
-ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree", "pat")
+NCCL_ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree", "pat")
 HW_CLASSES = ("nvlink", "pci", "net")
 
 # --- NVIDIA (NCCL 2.30.7) -----------------------------------------------------------------

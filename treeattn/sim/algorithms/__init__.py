@@ -49,6 +49,8 @@ REGISTRY = {
 ALGORITHM_NAMES: tuple[str, ...] = tuple(REGISTRY)
 # Other spellings accepted on input: Ring Attention's pass-KV ring under its explicit name.
 ALIASES = {"ring-passkv": "ring"}
+# What a command line accepts: the planner's own choice, every algorithm, every alias.
+CLI_CHOICES: tuple[str, ...] = ("auto", *ALGORITHM_NAMES, *ALIASES)
 # Who runs each algorithm today: the label every report prints next to its name.
 SOURCES = {
     "tree": "treeattn: topology-aware tree",
