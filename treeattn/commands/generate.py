@@ -18,6 +18,7 @@ from rich.console import Console
 from treeattn.commands._args import parse_tokens
 from treeattn.commands.run import dumps, guarded
 from treeattn.errors import UserError
+from treeattn.sim.algorithms import CLI_CHOICES
 
 ALGORITHMS = CLI_CHOICES
 DEMO_PROMPT = "What is the capital of France?"
