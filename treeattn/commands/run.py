@@ -72,6 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal = subparsers.add_parser("calibrate", help="measure the local backend (microbenchmarks)")
     _add_group_options(cal)
     cal.add_argument("-o", "--output", default=None, help="write the profile here (JSON)")
+    cal.add_argument("--nccl-tests", nargs="+", metavar="FILE", default=None,
+                     help="calibrate a GPU cluster from nccl-tests/rccl-tests outputs instead")
+    cal.add_argument("--topology", default=None,
+                     help="with --nccl-tests: the cluster (spec or file) they were run on")
     cal.set_defaults(func=guarded(handle_calibrate))
 
 
@@ -260,6 +264,10 @@ class CalibrateJob:
 
 
 def handle_calibrate(args: argparse.Namespace) -> int:
+    if args.nccl_tests:  # a GPU cluster, from its nccl-tests tables: no ranks, no torch
+        from treeattn.commands import nccl_calibrate
+
+        return nccl_calibrate.handle(args)
     from treeattn.runtime.calibrate import write_profile
     from treeattn.runtime.check import RunRequest, validate
 

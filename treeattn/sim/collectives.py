@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from treeattn.sim import nccl_tables as T
 from treeattn.sim.payloads import SimError
@@ -72,6 +72,19 @@ class GroupShape:
     inter_speed: float  # GB/s per channel across nodes (0 on one node)
     p2p_intra_GBps: float  # one GPU's bandwidth to a peer of its node
     p2p_inter_GBps: float  # one GPU's network bandwidth
+    # Calibration (``treeattn calibrate --nccl-tests``): multipliers on the model's latency
+    # inside a node (base and hop latencies) and on its network hop latency. 1 = as sourced.
+    lat_scale: float = 1.0
+    net_lat_scale: float = 1.0
+
+    def scaled(self, lat: float = 1.0, net_lat: float = 1.0, bw: float = 1.0,
+               net_bw: float = 1.0) -> GroupShape:
+        """This shape with calibrated multipliers on latencies and on bandwidths."""
+        return replace(self, lat_scale=self.lat_scale * lat,
+                       net_lat_scale=self.net_lat_scale * net_lat,
+                       intra_speed=self.intra_speed * bw, inter_speed=self.inter_speed * net_bw,
+                       p2p_intra_GBps=self.p2p_intra_GBps * bw,
+                       p2p_inter_GBps=self.p2p_inter_GBps * net_bw)
 
     @classmethod
     def of(cls, topology, ranks: Iterable[int]) -> GroupShape:
@@ -189,10 +202,10 @@ def _arch_row(table: dict, arch: str) -> tuple:
 
 
 def _nvidia_latency_us(op: str, algo: str, p: int, s: GroupShape) -> float:
-    base = T.NCCL_BASE_LAT[algo][p]
-    intra = T.NCCL_HW_LAT[s.intra][algo][p]
+    base = T.NCCL_BASE_LAT[algo][p] * s.lat_scale
+    intra = T.NCCL_HW_LAT[s.intra][algo][p] * s.lat_scale
     inter_algo = "tree" if s.ppn == 1 and algo in ("tree", "ring") else algo
-    inter = T.NCCL_HW_LAT["net"][inter_algo][p]
+    inter = T.NCCL_HW_LAT["net"][inter_algo][p] * s.net_lat_scale
     log_nodes = int(math.log2(s.nnodes))
     if algo == "ring":
         if s.nnodes > 1:  # the proxy's network overhead hides the NVLink hop
@@ -309,9 +322,9 @@ def _amd_costs(op: str, nbytes: int, s: GroupShape) -> list[CollectiveCost]:
         for p in (0, 2):  # RCCL leaves LL128 off on MI300X unless forced
             if algo == "tree" and p == 2 and s.nnodes == 1:
                 continue  # RCCL skips tree Simple on one gfx942 node
-            base = T.RCCL_BASE_LAT[algo][p]
-            intra = T.RCCL_HW_LAT[s.intra][algo][p]
-            inter = T.RCCL_HW_LAT["net"][algo][p]
+            base = T.RCCL_BASE_LAT[algo][p] * s.lat_scale
+            intra = T.RCCL_HW_LAT[s.intra][algo][p] * s.lat_scale
+            inter = T.RCCL_HW_LAT["net"][algo][p] * s.net_lat_scale
             if algo == "ring":
                 steps = 2 * (s.nranks - 1) if op == "all_reduce" else s.nranks - 1
                 if op == "broadcast":
@@ -357,10 +370,13 @@ def p2p_cost(nbytes: int, s: GroupShape, *, across_nodes: bool | None = None,
     hw = "net" if net else s.intra
     bw = s.p2p_inter_GBps if net else s.p2p_intra_GBps
     p = 0 if nbytes <= T.NCCL_P2P_LL_THRESHOLD * T.NCCL_P2P_CHANNELS else 2
+    hop_scale = s.net_lat_scale if hw == "net" else s.lat_scale
     if s.family == "amd":
-        latency = T.RCCL_BASE_LAT["ring"][p] + T.RCCL_HW_LAT[hw]["ring"][p]
+        latency = (T.RCCL_BASE_LAT["ring"][p] * s.lat_scale
+                   + T.RCCL_HW_LAT[hw]["ring"][p] * hop_scale)
     else:
-        latency = T.NCCL_BASE_LAT["ring"][p] + T.NCCL_HW_LAT[hw]["ring"][p]
+        latency = (T.NCCL_BASE_LAT["ring"][p] * s.lat_scale
+                   + T.NCCL_HW_LAT[hw]["ring"][p] * hop_scale)
     return _priced(op, nbytes, "p2p", p, latency, bw * (0.5 if p == 0 else 1.0))
 
 

@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from treeattn.sim.payloads import SimError
@@ -150,6 +150,8 @@ class BackendModel:
     recv_s: float
     # Measured collectives (calibration): ((op, world, alpha_s, seconds_per_byte), ...).
     collectives: tuple[tuple[str, int, float, float], ...] = ()
+    # A GPU cluster's calibration from nccl-tests (treeattn.sim.nccl_fit), if any.
+    calibration: object = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.send_s < 0 or self.recv_s < 0:
@@ -226,6 +228,9 @@ def load_profile(source: str | Path | dict) -> dict:
             raise SimError(f"cannot read calibration profile {source}: {exc}") from None
     if not isinstance(profile, dict) or profile.get("version") != VERSION:
         raise SimError(f"calibration profile must be a JSON object with version {VERSION}")
+    if profile.get("kind") == NCCL_TESTS_KIND:
+        _nccl_calibration(profile)  # raises on a malformed section
+        return profile
     for key in ("world", "cores"):
         if not isinstance(profile.get(key), int) or profile[key] < 1:
             raise SimError(f"calibration profile: {key} must be a positive integer")
@@ -236,9 +241,31 @@ def load_profile(source: str | Path | dict) -> dict:
     return profile
 
 
+# A profile of a GPU cluster, calibrated from nccl-tests output (``calibrate --nccl-tests``):
+#   {"version": 1, "kind": "nccl-tests", "backend": "nccl"|"rccl", "topology": NAME,
+#    "world": N, "nccl_tests": {"world", "scales", "tables", "residuals", "sources"}}
+NCCL_TESTS_KIND = "nccl-tests"
+
+
+def _nccl_calibration(profile: dict):
+    from treeattn.sim.nccl_fit import CollectiveCalibration
+
+    section = profile.get("nccl_tests")
+    if not isinstance(section, dict):
+        raise SimError("calibration profile: kind nccl-tests needs an nccl_tests object")
+    return CollectiveCalibration.from_json(section)
+
+
+def is_gpu_profile(profile: dict) -> bool:
+    """Whether ``profile`` calibrates a GPU cluster's collectives (not this CPU's ranks)."""
+    return load_profile(profile).get("kind") == NCCL_TESTS_KIND
+
+
 def hardware_from_profile(profile: dict) -> HardwareModel:
     """The ``cpu`` model: memory bandwidth and launch from the attention calibration."""
     profile = load_profile(profile)
+    if profile.get("kind") == NCCL_TESTS_KIND:
+        raise SimError("an nccl-tests profile calibrates collectives, not the CPU ranks")
     attention = profile["attention"]
     bandwidth = float(attention["bandwidth_Bps"])
     flops = float(attention.get("flops_per_s", bandwidth * FLOPS_PER_BYTE_UNBOUND))
@@ -250,6 +277,12 @@ def hardware_from_profile(profile: dict) -> HardwareModel:
 def backend_from_profile(profile: dict) -> BackendModel:
     """gloo with the measured α split evenly between sender and receiver."""
     profile = load_profile(profile)
+    if profile.get("kind") == NCCL_TESTS_KIND:
+        calibration = _nccl_calibration(profile)
+        base = BACKENDS.get(str(profile.get("backend", "nccl")), BACKENDS["nccl"])
+        lat = calibration.scales["lat"]  # p2p shares the collectives' base latency
+        return replace(base, send_s=base.send_s * lat, recv_s=base.recv_s * lat,
+                       calibration=calibration)
     alpha = float(profile["p2p"]["latency_s"])
     return BackendModel(str(profile.get("backend", "gloo")), alpha / 2, alpha / 2,
                         collectives=_collective_fits(profile))

@@ -1,0 +1,85 @@
+"""``treeattn calibrate --nccl-tests FILE... --topology SPEC|FILE``: calibrate a GPU cluster.
+
+Reads nccl-tests/rccl-tests outputs (``all_reduce_perf``, ``all_gather_perf``,
+``reduce_scatter_perf``, ``alltoall_perf``, ``sendrecv_perf``, ``broadcast_perf``; the op
+comes from the text, the file name, or an ``OP:FILE`` prefix), fits the collective cost model
+to them (:mod:`treeattn.sim.nccl_fit`) and writes a profile that ``predict``, ``plan``,
+``comm`` and ``run --check --topology`` accept with ``--profile``. The fit's residuals are
+printed and kept in the profile. No torch: this runs wherever the planner runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from treeattn import atomic
+from treeattn.atomic import check_output_path
+from treeattn.errors import UserError
+from treeattn.sim.collectives import GroupShape
+from treeattn.sim.devices import NCCL_TESTS_KIND, VERSION, default_backend
+from treeattn.sim.nccl_fit import fit
+from treeattn.sim.nccl_tests import NCCL_TESTS_OPS, read_nccl_tests
+
+
+def _read(spec: str):
+    """``FILE`` or ``OP:FILE`` (when the op cannot be read from the text or the name)."""
+    op, _, path = spec.partition(":")
+    if path and op in NCCL_TESTS_OPS and not Path(spec).exists():
+        return read_nccl_tests(path, op=op)
+    return read_nccl_tests(spec)
+
+
+def calibration_profile(files: list[str], topology_spec: str) -> dict:
+    """The profile for the tables in ``files`` measured on ``topology_spec`` (all its GPUs)."""
+    from treeattn.topo import Topology
+
+    topology = Topology.load(topology_spec)
+    if topology.num_gpus < 2:
+        raise UserError(f"topology {topology_spec!r} has {topology.num_gpus} GPU(s)")
+    tables = [_read(f) for f in files]
+    shape = GroupShape.of(topology, range(topology.num_gpus))
+    calibration = fit(tables, shape)
+    return {"version": VERSION, "kind": NCCL_TESTS_KIND,
+            "backend": default_backend(topology.gpu_model(0)).name,
+            "topology": topology_spec, "world": topology.num_gpus,
+            "nccl_tests": calibration.to_json()}
+
+
+def handle(args: argparse.Namespace) -> int:
+    if not args.topology:
+        raise UserError("--nccl-tests needs --topology (the cluster the tables were measured on)")
+    if args.output:
+        check_output_path(args.output)
+    profile = calibration_profile(args.nccl_tests, args.topology)
+    text = json.dumps(profile, indent=2, allow_nan=False) + "\n"
+    if args.output:
+        atomic.write_text(args.output, text)
+    else:
+        sys.stdout.write(text)
+    _report(profile, Console(stderr=True))
+    if args.output:
+        Console(stderr=True).print(f"wrote {args.output}")
+    return 0
+
+
+def _report(profile: dict, console: Console) -> None:
+    section = profile["nccl_tests"]
+    scales = ", ".join(f"{k} ×{v:.3g}" for k, v in section["scales"].items())
+    errors = [abs(r["error"]) for r in section["residuals"]]
+    geo = math.exp(sum(math.log1p(e) for e in errors) / len(errors)) - 1
+    table = Table(title=f"fit of the collective model ({len(errors)} rows): {scales}")
+    for col in ("op", "bytes", "measured µs", "model µs", "error"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for r in section["residuals"]:
+        table.add_row(r["op"], str(r["bytes"]), f"{r['measured_s'] * 1e6:.2f}",
+                      f"{r['model_s'] * 1e6:.2f}", f"{100 * r['error']:+.0f}%")
+    console.print(table)
+    console.print(f"model residual: geometric mean {100 * geo:.0f}%, worst "
+                  f"{100 * max(errors):.0f}%; measured sizes are predicted from the tables")
