@@ -21,7 +21,9 @@ from the leaf), so all-pairs routing of thousands of GPUs costs a few dict look-
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
+from itertools import count
 
 import networkx as nx
 
@@ -49,6 +51,7 @@ class Router:
         self._up_cost: dict[tuple[str, str], tuple[float, float, str]] = {}
         self._down_cost: dict[str, tuple[float, float]] = {}
         self._rail_nics: dict[tuple[str, str], str] = {}
+        self._adj: dict[str, dict[str, tuple[list, dict]]] = {}
         for n, data in graph.nodes(data=True):
             if data["kind"] == "nic":
                 self._rail_nics.setdefault((data["host"], str(data.get("rail", n))), n)
@@ -115,7 +118,7 @@ class Router:
         if rep != host:
             return _rename(self.nearest_cpu(_rename(x, host, rep)), rep, host)
         if x not in self._nearest_cpu:
-            dist = nx.single_source_dijkstra_path_length(self.g, x, weight=self._weight(x, None))
+            dist = self._fast_search(x, None, host)[0]
             cpus = [n for n in dist if self.g.nodes[n]["kind"] == "cpu"]
             if not cpus:
                 raise TopologyError(f"no route from {x} to host memory: host has no cpu node")
@@ -138,12 +141,68 @@ class Router:
 
     def _search(self, x: str, y: str, host: str) -> list[str]:
         """Avoid other GPUs; only when that is impossible forward through them (NCCL's NVB)."""
-        for through_gpus in (False, True):
-            try:
-                return nx.dijkstra_path(self.g, x, y, weight=self._weight(x, y, through_gpus))
-            except nx.NetworkXNoPath:
+        path = self._fast_search(x, y, host)[1]
+        if path is not None:
+            return path
+        try:
+            return nx.dijkstra_path(self.g, x, y, weight=self._weight(x, y, True))
+        except nx.NetworkXNoPath:
+            raise TopologyError(f"no route from {x} to {y} inside host {host}") from None
+
+    def _host_adj(self, host: str) -> dict[str, tuple[list, dict]]:
+        """Per node of ``host``: its routable non-GPU successors as ``[(v, cost)]`` in graph
+        order, and its GPU successors as ``{v: cost}`` (looked up, never scanned, so a switch
+        with 1024 GPUs costs O(1) per search instead of O(1024))."""
+        adj = self._adj.get(host)
+        if adj is None:
+            nodes, adj = self.g.nodes, {}
+            for u, nbrs in self.g.adj.items():
+                if nodes[u]["host"] != host:
+                    continue
+                others, gpus = [], {}
+                for v, d in nbrs.items():
+                    nv = nodes[v]
+                    if nv["host"] != host or "routed_via" in nv:
+                        continue
+                    cost = d["latency"] + REF_BYTES / d["bandwidth"]
+                    if nv["kind"] == "gpu":
+                        gpus[v] = cost
+                    else:
+                        others.append((v, cost))
+                adj[u] = (others, gpus)
+            self._adj[host] = adj
+        return adj
+
+    def _fast_search(
+        self, x: str, y: str | None, host: str
+    ) -> tuple[dict[str, float], list[str] | None]:
+        """Dijkstra from ``x`` inside ``host`` never through a GPU: distances and the path to
+        ``y``. It is networkx's ``dijkstra_path`` with :meth:`_weight` (same costs, same
+        tie-breaking among non-GPU nodes), without a Python call per scanned edge."""
+        adj = self._host_adj(host)
+        dist: dict[str, float] = {}
+        seen = {x: 0.0}
+        paths = {x: [x]}
+        c = count(1)
+        fringe: list = [(0.0, 0, x)]
+        while fringe:
+            d, _, v = heapq.heappop(fringe)
+            if v in dist:
                 continue
-        raise TopologyError(f"no route from {x} to {y} inside host {host}")
+            dist[v] = d
+            if v == y:
+                return dist, paths[v]
+            if v != x and self.g.nodes[v]["kind"] == "gpu":
+                continue
+            others, gpus = adj[v]
+            relax = others if y is None or y not in gpus else [*others, (y, gpus[y])]
+            for u, cost in relax:
+                vu = d + cost
+                if u not in dist and (u not in seen or vu < seen[u]):
+                    seen[u] = vu
+                    heapq.heappush(fringe, (vu, next(c), u))
+                    paths[u] = paths[v] + [u]
+        return dist, None
 
     def rep(self, host: str) -> str:
         """The first host with the same internal structure as ``host`` (its template)."""
