@@ -147,3 +147,31 @@ def test_json_output_is_strict(capsys):
     code, out, _ = cli(capsys, "topo", "show", "local:ranks=3", "--json")
     assert code == 0 and "Infinity" not in out and "NaN" not in out
     json.loads(out, parse_constant=lambda name: pytest.fail(name))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("source", [
+    "dgx-h100", "mi300x", "pcie-4090:gpus=8", "nvsmi-8xa100-sxm40g-10nic.txt",
+    "nvsmi-4xrtx3090-nv4-pairs-aikitoria-pr18.txt", "nccl-topo-ibmcloud-gx3d-8xh100-vsi.xml",
+    "rccl-topo-8xmi250-gcd.xml", "rocmsmi-4xmi300a-apu-xgmi.txt", "NODE", "SYS", "PXB",
+])
+def test_fast_host_search_equals_networkx(source):
+    """The fan-out-free search returns networkx's own paths (the router's old method)."""
+    import networkx as nx
+    from topo_inputs import FIX
+
+    if source.isupper():  # a generated star: 24 GPUs, each pair `source` (dead-end bridges)
+        t = parse_text(Topology, nvsmi_matrix(24, source, numa="0"), "star.txt")
+    else:
+        t = Topology.load(FIX / source if source.endswith((".txt", ".xml")) else source)
+    router, host = t._router, t.hosts[0]
+    ends = [n for n, d in t.graph.nodes(data=True)
+            if d["host"] == host and d["kind"] in ("gpu", "cpu", "nic")]
+    for x in ends:
+        for y in ends:
+            if x != y:
+                try:
+                    want = nx.dijkstra_path(t.graph, x, y, weight=router._weight(x, y))
+                except nx.NetworkXNoPath:
+                    want = None
+                assert router._fast_search(x, y, host)[1] == want, (x, y)

@@ -21,13 +21,12 @@ from the leaf), so all-pairs routing of thousands of GPUs costs a few dict look-
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
-from itertools import count
 
 import networkx as nx
 
 from treeattn.topo.errors import TopologyError
+from treeattn.topo.hostsearch import host_adjacency, search
 
 Edge = tuple[str, str]
 REF_BYTES = 65536.0  # message size the path cost is tuned for
@@ -149,81 +148,14 @@ class Router:
         except nx.NetworkXNoPath:
             raise TopologyError(f"no route from {x} to {y} inside host {host}") from None
 
-    def _host_adj(self, host: str) -> dict[str, tuple]:
-        """Per node of ``host``: ``(others, live, dead, gpus)``. ``others`` are its routable
-        non-GPU successors ``[(v, cost)]`` in graph order; ``live`` the same without dead
-        ends, with their graph-order index; ``dead`` maps a target to the dead ends (non-GPU
-        successors whose only way on is back) that lead to it or are it; ``gpus`` maps GPU
-        successors to their cost. A targeted search then scans neither the 1024 GPUs nor the
-        1024 single-GPU bridges of a switch or CPU."""
-        adj = self._adj.get(host)
-        if adj is not None:
-            return adj
-        nodes, raw = self.g.nodes, {}
-        for u, nbrs in self.g.adj.items():
-            if nodes[u]["host"] != host:
-                continue
-            others, gpus = [], {}
-            for v, d in nbrs.items():
-                nv = nodes[v]
-                if nv["host"] != host or "routed_via" in nv:
-                    continue
-                cost = d["latency"] + REF_BYTES / d["bandwidth"]
-                if nv["kind"] == "gpu":
-                    gpus[v] = cost
-                else:
-                    others.append((v, cost))
-            raw[u] = (others, gpus)
-        adj = {}
-        for u, (others, gpus) in raw.items():
-            live, dead = [], {}
-            for i, (v, cost) in enumerate(others):
-                if all(w == u for w, _ in raw[v][0]):
-                    for key in (v, *raw[v][1]):
-                        dead.setdefault(key, []).append((i, v, cost))
-                else:
-                    live.append((i, v, cost))
-            adj[u] = (others, live, dead, gpus)
-        self._adj[host] = adj
-        return adj
-
     def _fast_search(
         self, x: str, y: str | None, host: str
     ) -> tuple[dict[str, float], list[str] | None]:
-        """Dijkstra from ``x`` inside ``host`` never through a GPU: distances and the path to
-        ``y``. It is networkx's ``dijkstra_path`` with :meth:`_weight` (same costs, same push
-        order, so the same tie-breaking), minus the pushes that cannot reach ``y``, and
-        without a Python call per scanned edge."""
-        adj = self._host_adj(host)
-        dist: dict[str, float] = {}
-        seen = {x: 0.0}
-        paths = {x: [x]}
-        c = count(1)
-        fringe: list = [(0.0, 0, x)]
-        while fringe:
-            d, _, v = heapq.heappop(fringe)
-            if v in dist:
-                continue
-            dist[v] = d
-            if v == y:
-                return dist, paths[v]
-            if v != x and self.g.nodes[v]["kind"] == "gpu":
-                continue
-            others, live, dead, gpus = adj[v]
-            if y is None:
-                relax = others
-            else:
-                ends = dead.get(y)
-                relax = [(u, cost) for _, u, cost in (sorted(live + ends) if ends else live)]
-                if y in gpus:
-                    relax.append((y, gpus[y]))
-            for u, cost in relax:
-                vu = d + cost
-                if u not in dist and (u not in seen or vu < seen[u]):
-                    seen[u] = vu
-                    heapq.heappush(fringe, (vu, next(c), u))
-                    paths[u] = paths[v] + [u]
-        return dist, None
+        """Host-local Dijkstra never through a GPU (see :mod:`treeattn.topo.hostsearch`)."""
+        adj = self._adj.get(host)
+        if adj is None:
+            adj = self._adj[host] = host_adjacency(self.g, host, REF_BYTES)
+        return search(self.g, adj, x, y)
 
     def rep(self, host: str) -> str:
         """The first host with the same internal structure as ``host`` (its template)."""
