@@ -17,14 +17,18 @@ from itertools import count
 import networkx as nx
 
 
-def host_adjacency(g: nx.DiGraph, host: str, ref_bytes: float) -> dict[str, tuple]:
-    """Per node of ``host``: ``(others, live, dead, gpus)``. ``others`` are its routable
-    non-GPU successors ``[(v, cost)]`` in graph order; ``live`` the same without dead
-    ends, with their graph-order index; ``dead`` maps a target to the dead ends (non-GPU
-    successors whose only way on is back) that lead to it or are it; ``gpus`` maps GPU
-    successors to their cost. A targeted search then scans neither the 1024 GPUs nor the
-    1024 single-GPU bridges of a switch or CPU."""
-    nodes, raw = g.nodes, {}
+def host_adjacency(g: nx.DiGraph, host: str, ref_bytes: float) -> tuple[dict, dict]:
+    """``(adj, into)`` for the nodes of ``host``.
+
+    ``adj[u] = (others, live, dead, gpus)``: ``others`` are u's routable non-GPU successors
+    ``[(v, cost)]`` in graph order; ``live`` the same without dead ends, with their graph-order
+    index; ``dead`` maps each dead end (a non-GPU successor whose only way on is back to u)
+    to ``(index, cost)``; ``gpus`` maps GPU successors to their cost. ``into[y]`` lists the
+    non-GPU nodes that have GPU ``y`` as a successor. A search for ``y`` then looks at a dead
+    end only if it is ``y`` or leads to it, and at no GPU but ``y``: a switch or CPU with
+    1024 GPUs or 1024 single-GPU bridges below it costs O(1) per search, not O(1024).
+    """
+    nodes, raw, into = g.nodes, {}, {}
     for u, nbrs in g.adj.items():
         if nodes[u]["host"] != host:
             continue
@@ -36,6 +40,8 @@ def host_adjacency(g: nx.DiGraph, host: str, ref_bytes: float) -> dict[str, tupl
             cost = d["latency"] + ref_bytes / d["bandwidth"]
             if nv["kind"] == "gpu":
                 gpus[v] = cost
+                if nodes[u]["kind"] != "gpu":
+                    into.setdefault(v, []).append(u)
             else:
                 others.append((v, cost))
         raw[u] = (others, gpus)
@@ -44,21 +50,22 @@ def host_adjacency(g: nx.DiGraph, host: str, ref_bytes: float) -> dict[str, tupl
         live, dead = [], {}
         for i, (v, cost) in enumerate(others):
             if all(w == u for w, _ in raw[v][0]):
-                for key in (v, *raw[v][1]):
-                    dead.setdefault(key, []).append((i, v, cost))
+                dead[v] = (i, cost)
             else:
                 live.append((i, v, cost))
         adj[u] = (others, live, dead, gpus)
-    return adj
+    return adj, into
 
 
 def search(
-    g: nx.DiGraph, adj: dict[str, tuple], x: str, y: str | None
+    g: nx.DiGraph, tables: tuple[dict, dict], x: str, y: str | None
 ) -> tuple[dict[str, float], list[str] | None]:
-    """Dijkstra from ``x`` over ``adj`` (one host) never through a GPU: the distances, and
+    """Dijkstra from ``x`` over ``tables`` (one host) never through a GPU: the distances, and
     the path to ``y`` (``None`` if there is none). Same costs and push order as networkx's
     ``dijkstra_path`` with the router's weight, so the same tie-breaking, minus the pushes
     that cannot reach ``y`` and the Python call per scanned edge."""
+    adj, into = tables
+    toward = [y] if y is None or y not in into else into[y] + [y]
     dist: dict[str, float] = {}
     seen = {x: 0.0}
     paths = {x: [x]}
@@ -77,7 +84,7 @@ def search(
         if y is None:
             relax = others
         else:
-            ends = dead.get(y)
+            ends = [(dead[w][0], w, dead[w][1]) for w in toward if w in dead]
             relax = [(u, cost) for _, u, cost in (sorted(live + ends) if ends else live)]
             if y in gpus:
                 relax.append((y, gpus[y]))

@@ -19,6 +19,7 @@ A800, NV6 -> V100, NV4 -> RTX3090); ``gpu=`` (``--gpu``) overrides it.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import networkx as nx
@@ -109,22 +110,21 @@ def _header(line: str, lineno: int) -> list[str]:
 
 
 def _relations(names: list[str], rows: dict[str, list[str]]) -> list[list[str]]:
+    """The upper-cased, checked relation matrix (``SOC`` read as ``SYS``)."""
     n = len(names)
-    rel = [[rows[names[i]][j].upper() for j in range(n)] for i in range(n)]
+    rel = [[_canon(rows[names[i]][j]) for j in range(n)] for i in range(n)]
     for i in range(n):
+        row = rel[i]
         for j in range(n):
-            cell = rel[i][j] = "SYS" if rel[i][j] == "SOC" else rel[i][j]
-            if (i == j) != (cell == "X"):
+            cell = row[j]
+            if (i == j) != (cell == "X") or (i != j and _nv_count(cell) is None):
+                what = "bad cell" if (i == j) != (cell == "X") else "unknown relation"
                 raise TopologyError(
-                    f"nvidia-smi: bad cell {cell[:20]!r} at {names[i]}/{names[j]}"
+                    f"nvidia-smi: {what} {cell[:20]!r} at {names[i]}/{names[j]}"
                 )
-            if i != j and cell not in PCIE_RELATIONS and not _NV.match(cell):
-                raise TopologyError(
-                    f"nvidia-smi: unknown relation {cell[:20]!r} at {names[i]}/{names[j]}"
-                )
-            if _NV.match(cell) and not 1 <= _nv_count(cell) <= MAX_NV:
-                raise TopologyError(f"nvidia-smi: {cell} at {names[i]}/{names[j]} is more "
-                                    f"NVLinks than a GPU has (at most {MAX_NV})")
+            if cell[:2] == "NV" and not 1 <= _nv_count(cell) <= MAX_NV:
+                raise TopologyError(f"nvidia-smi: {cell} at {names[i]}/{names[j]} is not "
+                                    f"1 to {MAX_NV} NVLinks (what a GPU can have)")
     for i in range(n):
         for j in range(i):
             if rel[i][j] != rel[j][i]:
@@ -135,9 +135,19 @@ def _relations(names: list[str], rows: dict[str, list[str]]) -> list[list[str]]:
     return rel
 
 
-def _nv_count(cell: str) -> int:
+@functools.lru_cache(maxsize=1024)
+def _canon(cell: str) -> str:
+    cell = cell.upper()
+    return "SYS" if cell == "SOC" else cell
+
+
+@functools.lru_cache(maxsize=1024)
+def _nv_count(cell: str) -> int | None:
+    """NVLinks of a cell: ``NV#`` -> #, a PCIe relation or ``X`` -> 0, anything else None."""
     m = _NV.match(cell)
-    return int(m.group(1)) if m else 0
+    if m:
+        return int(m.group(1))
+    return 0 if cell in PCIE_RELATIONS or cell == "X" else None
 
 
 def _guess_model(rel: list[list[str]], gpus: list[int]) -> str | None:
