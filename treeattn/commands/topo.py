@@ -20,7 +20,7 @@ from rich.table import Table
 from treeattn import atomic
 from treeattn.atomic import check_output_path
 from treeattn.topo import Topology, TopologyError
-from treeattn.topo.importers import FORMATS
+from treeattn.topo.importers import FORMATS, expected_gpus
 from treeattn.topo.summary import span, summary_rows
 
 MAX_JSON_GPUS = 4096  # 4096^2 matrix entries are ~0.3 GB of JSON already
@@ -72,15 +72,21 @@ def show_json(t: Topology) -> dict:
     }
 
 
+def _check_json_size(gpus: int | None) -> None:
+    if gpus is not None and gpus > MAX_JSON_GPUS:
+        raise TopologyError(
+            f"{gpus} GPUs is too many for --json matrices (limit {MAX_JSON_GPUS}); "
+            "use the Python API (Topology.pair_matrices)"
+        )
+
+
 def handle_show(args: argparse.Namespace) -> int:
+    if args.json:  # refuse a huge spec or JSON before building its graph
+        _check_json_size(expected_gpus(args.source, args.format))
     t = _load(args, args.source)
     if args.json:
-        if t.num_gpus > MAX_JSON_GPUS:
-            raise TopologyError(
-                f"{t.num_gpus} GPUs is too many for --json matrices (limit {MAX_JSON_GPUS}); "
-                "use the Python API (Topology.pair_matrices)"
-            )
-        sys.stdout.write(json.dumps(show_json(t)) + "\n")
+        _check_json_size(t.num_gpus)
+        sys.stdout.write(json.dumps(show_json(t), allow_nan=False) + "\n")
         return 0
     table = Table(title=f"topology {t.name}", show_header=False)
     table.add_column("field", style="bold")

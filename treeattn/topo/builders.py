@@ -90,6 +90,25 @@ def build_graph(spec: str):
     return builder(**values), canon
 
 
+def spec_gpus(spec: str) -> int | None:
+    """GPUs a spec would build, from its parameters alone (``None`` if the spec is bad).
+
+    >>> spec_gpus("pcie-4090:gpus=4,nodes=3")
+    12
+    """
+    try:
+        name, params = parse_spec(spec)
+        if name not in BUILDERS or set(params) - set(BUILDERS[name][1]):
+            return None
+        v = {k: _convert(name, k, params.get(k), d) for k, d in BUILDERS[name][1].items()}
+    except TopologyError:
+        return None
+    per_host = {"dgx-h100": 8, "mi300x": 8}.get(name)
+    if per_host:
+        return per_host * int(v["nodes"])
+    return int(v["gpus"]) * int(v["nodes"]) if name == "pcie-4090" else int(v["ranks"])
+
+
 def _convert(name: str, key: str, raw: str | None, default: float | int) -> float | int:
     if raw is None:
         return default

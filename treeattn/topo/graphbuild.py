@@ -14,6 +14,12 @@ from treeattn.topo.errors import TopologyError
 
 NODE_KINDS = ("gpu", "nvswitch", "pcie_switch", "cpu", "nic", "net_switch")
 LINK_KINDS = ("nvlink", "xgmi", "pcie", "upi", "ib", "loopback")
+# Physical sanity ranges of a directed edge, so that no cost turns into inf/0 downstream:
+# 1 kB/s (a denormal bandwidth makes a transfer time overflow) to 1 PB/s (1000x NVLink5), and
+# latency from 0 to 1 s. ``count`` (bonded links) is at most 4096 (a bonded spine uplink).
+MIN_BANDWIDTH, MAX_BANDWIDTH = 1e3, 1e15
+MAX_LATENCY = 1.0
+MAX_COUNT = 4096
 
 
 class GraphBuilder:
@@ -90,18 +96,34 @@ def _check_edge(u: str, v: str, data: dict) -> None:
             f"edge {u} -> {v}: unknown kind {kind!r} (known: {', '.join(LINK_KINDS)})"
         )
     bw = data.get("bandwidth")
-    if not _is_number(bw) or not math.isfinite(bw) or bw <= 0:
-        raise TopologyError(f"edge {u} -> {v}: bandwidth {bw!r} is not a positive number")
+    if not _in_range(bw, MIN_BANDWIDTH, MAX_BANDWIDTH):
+        raise TopologyError(
+            f"edge {u} -> {v}: bandwidth {_show(bw)} B/s is not a number in "
+            f"[{MIN_BANDWIDTH:g}, {MAX_BANDWIDTH:g}]"
+        )
     lat = data.get("latency")
-    if not _is_number(lat) or not math.isfinite(lat) or lat < 0:
-        raise TopologyError(f"edge {u} -> {v}: latency {lat!r} is negative or not finite")
+    if not _in_range(lat, 0.0, MAX_LATENCY):
+        raise TopologyError(
+            f"edge {u} -> {v}: latency {_show(lat)} s is not a number in [0, {MAX_LATENCY:g}]"
+        )
     count = data.get("count", 1)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise TopologyError(f"edge {u} -> {v}: count {count!r} is not a positive integer")
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
+        raise TopologyError(
+            f"edge {u} -> {v}: count {_show(count)} is not an integer in [1, {MAX_COUNT}]"
+        )
 
 
-def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _in_range(x: object, lo: float, hi: float) -> bool:
+    """A finite int/float in ``[lo, hi]``; huge integers compare without float overflow."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    return (not isinstance(x, float) or math.isfinite(x)) and lo <= x <= hi
+
+
+def _show(x: object) -> str:
+    """``repr`` of a value, cut short (a 400-digit integer must not flood the message)."""
+    text = repr(x) if not isinstance(x, int) or abs(x) < 10**30 else f"<{len(str(x))}-digit int>"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _ranked_gpus(g: nx.DiGraph) -> list[str]:

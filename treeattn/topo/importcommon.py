@@ -9,6 +9,7 @@ from treeattn.topo.graphbuild import GraphBuilder
 HOST = "node0"
 UNKNOWN = "unknown"
 MAX_DEVICES = 1024  # an 8-GPU box prints 8; anything huge is garbage, refuse it early
+MAX_CPUS = 64  # NUMA nodes / sockets of one host; their mesh has MAX_CPUS**2 links
 
 
 def resolve_model(override: str | None, detected: str | None) -> str:
@@ -78,14 +79,17 @@ def add_nvswitch(b: GraphBuilder, gpus: list[str], links: int, link_bw: float) -
 
 
 def mesh_cpus(b: GraphBuilder, cpus: list[str], bandwidth: float) -> None:
-    """Join every pair of CPU sockets / NUMA nodes with an inter-socket link."""
+    """Join every pair of CPU sockets / NUMA nodes with an inter-socket link (at most
+    :data:`MAX_CPUS` of them, so the mesh stays small)."""
+    check_count(len(cpus), "CPU / NUMA nodes", MAX_CPUS)
     for i, u in enumerate(cpus):
         for v in cpus[i + 1:]:
             b.link(u, v, "upi", bandwidth, hw.UPI_LATENCY)
 
 
-def check_count(n: int, what: str) -> None:
+def check_count(n: int, what: str, most: int = MAX_DEVICES) -> None:
+    """Refuse no ``what`` at all, or more than ``most`` (a damaged or hostile input)."""
     if n == 0:
         raise TopologyError(f"no {what} found")
-    if n > MAX_DEVICES:
-        raise TopologyError(f"{n} {what} is more than the {MAX_DEVICES} an importer accepts")
+    if n > most:
+        raise TopologyError(f"{n} {what} is more than the {most} an importer accepts")

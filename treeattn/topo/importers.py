@@ -6,6 +6,8 @@ Formats: ``nvidia-smi`` (``nvidia-smi topo -m``), ``rocm-smi`` (``rocm-smi --sho
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from treeattn.topo.errors import TopologyError
@@ -26,24 +28,71 @@ def load(cls, source, fmt: str = "auto", gpu: str | None = None):
     return parse_text(cls, text, path.name, fmt=fmt, gpu=gpu)
 
 
+def expected_gpus(source, fmt: str = "auto") -> int | None:
+    """The GPU count of a spec or JSON topology, read cheaply *before* building any graph.
+
+    Callers with a size limit (``topo show --json``) refuse early with it. ``None`` when the
+    count is not known up front (tool outputs: their importers cap it themselves).
+
+    >>> expected_gpus("dgx-h100:nodes=625"), expected_gpus("local:ranks=3")
+    (5000, 3)
+    """
+    path = Path(source)
+    if not path.exists() and fmt == "auto" and _looks_like_spec(str(source)):
+        from treeattn.topo.builders import spec_gpus
+
+        return spec_gpus(str(source))
+    if fmt == "json" or (fmt == "auto" and path.suffix == ".json"):
+        import json
+
+        try:
+            data = json.loads(read_text(path))
+        except ValueError:
+            return None  # the real load names the problem
+        nodes = data.get("nodes") if isinstance(data, dict) else None
+        if isinstance(nodes, list):
+            return sum(1 for n in nodes if isinstance(n, dict) and n.get("kind") == "gpu")
+    return None
+
+
 def _looks_like_spec(s: str) -> bool:
     return "/" not in s and not s.endswith((".json", ".txt", ".xml", ".log"))
 
 
 def read_text(path: Path) -> str:
-    """The text of ``path``; :class:`TopologyError` if missing, empty, binary or huge."""
-    if not path.exists():
-        raise TopologyError(f"no such file or topology spec: {str(path)!r}")
-    if not path.is_file():
-        raise TopologyError(f"not a file: {str(path)!r}")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise TopologyError(f"{path.name}: file too large for a topology")
+    """The text of ``path``; :class:`TopologyError` if missing, empty, binary or huge.
+
+    The file is ``os.stat``-ed first and must be a regular file, so a FIFO or a device never
+    blocks the open; it is then opened non-blocking and read up to the size cap only.
+    """
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise TopologyError(f"{path.name}: not a UTF-8 text file") from None
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise TopologyError(f"no such file or topology spec: {str(path)!r}") from None
+    except (OSError, ValueError) as exc:
+        raise TopologyError(f"cannot read {str(path)!r}: {exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise TopologyError(f"not a regular file: {str(path)!r}")
+    if st.st_size > MAX_FILE_BYTES:
+        raise TopologyError(f"{path.name}: file too large for a topology "
+                            f"({st.st_size} bytes, limit {MAX_FILE_BYTES})")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped after the stat
+                raise TopologyError(f"not a regular file: {str(path)!r}")
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise TopologyError(f"{path.name}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise TopologyError(f"{path.name}: file too large for a topology")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TopologyError(f"{path.name}: not a UTF-8 text file") from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # as Path.read_text did
+    if "\0" in text:
+        raise TopologyError(f"{path.name}: not a text file (NUL bytes)")
     if not text.strip():
         raise TopologyError(f"{path.name}: file is empty")
     return text

@@ -7,6 +7,7 @@ The reader does its own structural checks so that any malformed document ends in
 from __future__ import annotations
 
 import json
+import math
 
 import networkx as nx
 
@@ -23,7 +24,7 @@ def graph_to_json(graph: nx.DiGraph, name: str) -> str:
     """
     data = nx.node_link_data(graph, edges="links")
     data["graph"] = {**data.get("graph", {}), "name": name, "format": FORMAT}
-    return json.dumps(data, indent=1, sort_keys=False)
+    return json.dumps(data, indent=1, sort_keys=False, allow_nan=False)
 
 
 def graph_from_json(text: str) -> tuple[nx.DiGraph, str]:
@@ -34,9 +35,9 @@ def graph_from_json(text: str) -> tuple[nx.DiGraph, str]:
     ('t', [('a', 'b')])
     """
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise TopologyError(f"not valid JSON: {exc}") from None
+        data = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # ValueError: also over-long integers
+        raise TopologyError(f"not valid JSON: {str(exc).splitlines()[0][:200]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise TopologyError("JSON is not a topology: expected an object with 'nodes' and 'links'")
     links = data.get("links", data.get("edges"))
@@ -56,13 +57,34 @@ def graph_from_json(text: str) -> tuple[nx.DiGraph, str]:
     return g, name
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_values(what: str, attrs: dict) -> None:
+    """Attribute values must be JSON-writable again: finite floats, integers below 2**63."""
+    stack = list(attrs.items())
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TopologyError(f"{what}: {key} is {value!r} (too large or not finite)")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+            raise TopologyError(f"{what}: {key} is an integer of {len(str(value))} digits")
+        if isinstance(value, dict):
+            stack += [(f"{key}.{k}", v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{key}[{j}]", v) for j, v in enumerate(value)]
+
+
 def _add_node(g: nx.DiGraph, i: int, node: object) -> None:
     if not isinstance(node, dict) or not isinstance(node.get("id"), str):
         raise TopologyError(f"JSON node #{i} has no string 'id'")
     name = node["id"]
     if name in g:
         raise TopologyError(f"duplicate node name {name!r}")
-    g.add_node(name, **{k: v for k, v in node.items() if k != "id"})
+    attrs = {k: v for k, v in node.items() if k != "id"}
+    _check_values(f"node {name}", attrs)
+    g.add_node(name, **attrs)
 
 
 def _add_link(g: nx.DiGraph, i: int, link: object) -> None:
@@ -74,4 +96,6 @@ def _add_link(g: nx.DiGraph, i: int, link: object) -> None:
             raise TopologyError(f"JSON link #{i} refers to unknown node {end!r}")
     if g.has_edge(u, v):
         raise TopologyError(f"duplicate link {u} -> {v}")
-    g.add_edge(u, v, **{k: val for k, val in link.items() if k not in ("source", "target")})
+    attrs = {k: val for k, val in link.items() if k not in ("source", "target")}
+    _check_values(f"edge {u} -> {v}", attrs)
+    g.add_edge(u, v, **attrs)

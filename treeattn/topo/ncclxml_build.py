@@ -43,7 +43,7 @@ def link_bandwidth(el: ET.Element) -> float | None:
     """
     speed, width = el.get("link_speed", ""), el.get("link_width", "").strip()
     m = _SPEED.match(speed)
-    if not m or not width.isdigit() or int(width) == 0:
+    if not m or not (width.isascii() and width.isdigit()) or int(width) == 0:
         return None
     gts = float(m.group(1))
     if not 0 < gts <= 256 or int(width) > 64:
@@ -65,7 +65,8 @@ def _int_attr(el: ET.Element, key: str, lo: int, hi: int, default: int | None = 
     raw = el.get(key)
     if raw is None and default is not None:
         return default
-    if raw is None or not raw.strip().lstrip("-").isdigit():
+    digits = "" if raw is None else raw.strip().lstrip("-")
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
         raise TopologyError(f"NCCL XML: <{el.tag}> attribute {key}={raw!r} is not an integer")
     value = int(raw)
     if not lo <= value <= hi:
@@ -81,6 +82,7 @@ class XmlGraph:
         self.b = GraphBuilder()
         self.devices: list[Device] = []
         self.cpus: list[str] = []
+        self.busids: set[str] = set()
 
     def build(self, cpus: list[ET.Element]) -> nx.DiGraph:
         for i, el in enumerate(cpus):
@@ -112,6 +114,9 @@ class XmlGraph:
         busid = el.get("busid", "").strip().lower()
         if not busid:
             raise TopologyError("NCCL XML: <pci> without busid")
+        if busid in self.busids:
+            raise TopologyError(f"NCCL XML: duplicate PCI busid {busid[:40]!r}")
+        self.busids.add(busid)
         cls = el.get("class", "").strip().lower()
         kind = _pci_kind(el, cls)
         if kind is None:

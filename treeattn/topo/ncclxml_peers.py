@@ -16,7 +16,7 @@ from treeattn.topo.graphbuild import GraphBuilder
 
 NVSWITCH_MODELS = ("A100", "H100", "H200", "B200")  # 8-GPU SXM boards always use NVSwitch
 
-MAX_LINKS = 64
+MAX_LINKS = 64  # per link element and per GPU in all (an H100 has 18, an MI300X 7)
 
 
 def add_peer_links(b: GraphBuilder, gpus: list, override: str | None) -> None:
@@ -26,11 +26,19 @@ def add_peer_links(b: GraphBuilder, gpus: list, override: str | None) -> None:
     switch_links: dict[str, dict[str, int]] = {}  # gpu -> {switch busid: count}
     for dev in gpus:
         gpu_el = dev.el.find("gpu")
+        total = 0
         for link in [] if gpu_el is None else list(gpu_el):
             if link.tag not in ("nvlink", "xgmi"):
                 continue
             target = link.get("target", "").strip().lower()
             count = _count(link)
+            total += count
+            if target == dev.busid:
+                raise TopologyError(f"NCCL XML: {link.tag} of {dev.name} targets itself "
+                                    f"({target}): a self-link")
+            if total > MAX_LINKS:
+                raise TopologyError(f"NCCL XML: {dev.name} has more than {MAX_LINKS} "
+                                    f"{link.tag} links in all")
             if target in by_bus and by_bus[target] != dev.name:
                 pair = tuple(sorted((dev.name, by_bus[target])))
                 direct[pair] = (link.tag, max(count, direct.get(pair, ("", 0))[1]))
@@ -53,7 +61,7 @@ def add_peer_links(b: GraphBuilder, gpus: list, override: str | None) -> None:
 
 def _count(link: ET.Element) -> int:
     raw = link.get("count", "1").strip()
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LINKS:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 4 or not 1 <= int(raw) <= MAX_LINKS:
         raise TopologyError(f"NCCL XML: <{link.tag}> count={raw!r} is not in 1..{MAX_LINKS}")
     return int(raw)
 

@@ -19,6 +19,7 @@ A800, NV6 -> V100, NV4 -> RTX3090); ``gpu=`` (``--gpu``) overrides it.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import networkx as nx
@@ -54,25 +55,23 @@ def parse_nvidia_smi(text: str, gpu: str | None = None) -> nx.DiGraph:
     return b.graph
 
 
+TRAILERS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+MAX_NV = max(spec.links for spec in hw.GPU_SPECS.values())  # 18 (H100/H200/B200)
+
+
 def _read_matrix(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """Header device names and each device's row; linear in the size of ``text``."""
     lines = text.splitlines()
     k = next((i for i, line in enumerate(lines)
               if line[:1].isspace() and line.split()[:1] == ["GPU0"]), None)
     if k is None:
         raise TopologyError("nvidia-smi: no header line with GPU0 found")
-    header = [t.strip() for t in re.split(r"\t| {2,}", lines[k].strip()) if t.strip()]
-    names = []
-    for token in header:
-        if not _DEVICE.match(token):
-            break
-        if token in names:
-            raise TopologyError(f"nvidia-smi: duplicate column {token}")
-        names.append(token)
-    ic.check_count(len(names), "device columns in the nvidia-smi header")
+    names = _header(lines[k], k + 1)
+    known = set(names)
     rows: dict[str, list[str]] = {}
     for line in lines[k + 1:]:
         tokens = line.split()
-        if not tokens or tokens[0] not in names:
+        if not tokens or tokens[0] not in known:
             if rows:
                 break
             continue
@@ -85,18 +84,47 @@ def _read_matrix(text: str) -> tuple[list[str], dict[str, list[str]]]:
     return names, rows
 
 
+def _header(line: str, lineno: int) -> list[str]:
+    """Device columns of the header, then only the known trailer columns (else an error)."""
+    names: list[str] = []
+    seen: set[str] = set()
+    tokens = (t.strip() for t in re.split(r"\t| {2,}", line.strip()))
+    for token in tokens:
+        if not token:
+            continue
+        if not _DEVICE.match(token):
+            if token not in TRAILERS:
+                raise TopologyError(f"nvidia-smi: bad header column {token[:40]!r} (line {lineno})")
+            break
+        if token in seen:
+            raise TopologyError(f"nvidia-smi: duplicate column {token}")
+        seen.add(token)
+        names.append(token)
+        if len(names) > ic.MAX_DEVICES:  # refuse before reading the rest of a huge line
+            ic.check_count(len(names), "device columns in the nvidia-smi header")
+    for token in tokens:
+        if token and token not in TRAILERS:
+            raise TopologyError(f"nvidia-smi: bad header column {token[:40]!r} (line {lineno})")
+    ic.check_count(len(names), "device columns in the nvidia-smi header")
+    return names
+
+
 def _relations(names: list[str], rows: dict[str, list[str]]) -> list[list[str]]:
+    """The upper-cased, checked relation matrix (``SOC`` read as ``SYS``)."""
     n = len(names)
-    rel = [[rows[names[i]][j].upper() for j in range(n)] for i in range(n)]
+    rel = [[_canon(rows[names[i]][j]) for j in range(n)] for i in range(n)]
     for i in range(n):
+        row = rel[i]
         for j in range(n):
-            cell = rel[i][j] = "SYS" if rel[i][j] == "SOC" else rel[i][j]
-            if (i == j) != (cell == "X"):
-                raise TopologyError(f"nvidia-smi: bad cell {cell!r} at {names[i]}/{names[j]}")
-            if i != j and cell not in PCIE_RELATIONS and not _NV.match(cell):
+            cell = row[j]
+            if (i == j) != (cell == "X") or (i != j and _nv_count(cell) is None):
+                what = "bad cell" if (i == j) != (cell == "X") else "unknown relation"
                 raise TopologyError(
-                    f"nvidia-smi: unknown relation {cell!r} at {names[i]}/{names[j]}"
+                    f"nvidia-smi: {what} {cell[:20]!r} at {names[i]}/{names[j]}"
                 )
+            if cell[:2] == "NV" and not 1 <= _nv_count(cell) <= MAX_NV:
+                raise TopologyError(f"nvidia-smi: {cell} at {names[i]}/{names[j]} is not "
+                                    f"1 to {MAX_NV} NVLinks (what a GPU can have)")
     for i in range(n):
         for j in range(i):
             if rel[i][j] != rel[j][i]:
@@ -107,9 +135,19 @@ def _relations(names: list[str], rows: dict[str, list[str]]) -> list[list[str]]:
     return rel
 
 
-def _nv_count(cell: str) -> int:
+@functools.lru_cache(maxsize=1024)
+def _canon(cell: str) -> str:
+    cell = cell.upper()
+    return "SYS" if cell == "SOC" else cell
+
+
+@functools.lru_cache(maxsize=1024)
+def _nv_count(cell: str) -> int | None:
+    """NVLinks of a cell: ``NV#`` -> #, a PCIe relation or ``X`` -> 0, anything else None."""
     m = _NV.match(cell)
-    return int(m.group(1)) if m else 0
+    if m:
+        return int(m.group(1))
+    return 0 if cell in PCIE_RELATIONS or cell == "X" else None
 
 
 def _guess_model(rel: list[list[str]], gpus: list[int]) -> str | None:
@@ -118,7 +156,13 @@ def _guess_model(rel: list[list[str]], gpus: list[int]) -> str | None:
 
 
 def _nic_legend(text: str) -> dict[str, str]:
-    return dict(re.findall(r"^\s*(NIC\d+):\s*(\S+)\s*$", text, flags=re.M))
+    """``NIC#: device`` lines; a NIC or a device named twice is damaged output."""
+    legend: dict[str, str] = {}
+    for nic, dev in re.findall(r"^[ \t]*(NIC\d+):[ \t]*(\S+)[ \t]*$", text, flags=re.M):
+        if nic in legend or dev in legend.values():
+            raise TopologyError(f"nvidia-smi: NIC Legend names {nic} or {dev} twice")
+        legend[nic] = dev
+    return legend
 
 
 def _add_devices(b, names, rows, model, legend) -> dict[int, str]:
@@ -155,10 +199,10 @@ def _add_pcie_tree(b, names, rows, rel, nodes, model) -> None:
     cpus = []
     for comp in _groups(list(range(len(names))), rel, PCIE_RELATIONS[:4]):
         label = _numa_label(comp, names, rows, len(cpus))
-        if f"{ic.HOST}/cpu{label}" in b.graph:
-            label = f"{label}x{len(cpus)}"
-        cpu = b.node(f"{ic.HOST}/cpu{label}", "cpu", ic.HOST, numa=label)
-        cpus.append(cpu)
+        cpu = f"{ic.HOST}/cpu{label}"
+        if cpu not in b.graph:  # devices with the same NUMA affinity share its socket
+            ic.check_count(len(cpus) + 1, "NUMA nodes", ic.MAX_CPUS)
+            cpus.append(b.node(cpu, "cpu", ic.HOST, numa=label))
         bridges = _groups(comp, rel, PCIE_RELATIONS[:3])
         for bridge in bridges:
             top = cpu
@@ -206,6 +250,9 @@ def _add_nvlinks(b, rel, gpus, nodes, model) -> None:
         return
     link_bw = ic.need_link_bandwidth(model, "nvlink")
     counts = {k for _, _, k in nv}
+    most = ic.links_of(model).links
+    if model != ic.UNKNOWN and max(counts) > most:
+        raise TopologyError(f"nvidia-smi: NV{max(counts)} but a {model} has {most} NVLinks")
     if len(gpus) >= 3 and len(nv) == len(pairs) and len(counts) == 1:
         ic.add_nvswitch(b, [nodes[i] for i in gpus], counts.pop(), link_bw)
         return

@@ -28,6 +28,7 @@ from treeattn.topo.graphbuild import GraphBuilder
 _TITLE = re.compile(r"^=+\s*(.*?)\s*=+\s*$")
 _NUMA = re.compile(r"^GPU\s*\[?(\d+)\]?\s*:\s*\(Topology\)\s*Numa Node:\s*(-?\d+)", re.M)
 LINK_TYPES = ("XGMI", "PCIE")
+MAX_NUMA = 4095  # Linux's largest NODES_SHIFT (10) allows 1024 nodes; more is damage
 
 
 def parse_rocm_smi(text: str, gpu: str | None = None) -> nx.DiGraph:
@@ -64,7 +65,7 @@ def _optional(sections: dict[str, list[str]], what: str, n: int) -> list[list[st
         raise TopologyError(f"rocm-smi: {what} block has {len(matrix)} GPUs, Link Type has {n}")
     for i, row in enumerate(matrix):
         for j, cell in enumerate(row):
-            if not cell.isdigit() or int(cell) > 10**6:
+            if not (cell.isascii() and cell.isdigit()) or len(cell) > 7 or int(cell) > 10**6:
                 raise TopologyError(f"rocm-smi: {what} cell {cell!r} at GPU{i}/GPU{j}")
     return matrix
 
@@ -85,13 +86,17 @@ def _matrix(lines: list[str], what: str) -> list[list[str]]:
     if not lines:
         raise TopologyError(f"rocm-smi: {what} block is empty")
     header = lines[0].split()
+    ic.check_count(len(header), f"GPUs in the {what} block")
     if not header or any(h != f"GPU{i}" for i, h in enumerate(header)):
         raise TopologyError(f"rocm-smi: bad {what} header {lines[0].strip()!r}")
     ic.check_count(len(header), f"GPUs in the {what} block")
+    known = set(header)
     rows: dict[str, list[str]] = {}
     for line in lines[1:]:
         tokens = line.split()
-        if tokens[0] in header and tokens[0] not in rows:
+        if tokens[0] in rows:
+            raise TopologyError(f"rocm-smi: duplicate {what} row {tokens[0]}")
+        if tokens[0] in known:
             rows[tokens[0]] = tokens[1:]
     out = []
     for name in header:
@@ -126,9 +131,15 @@ def _hop_count(hops: list[list[str]] | None, i: int, j: int) -> int:
 
 def _numa(text: str, n: int) -> list[int]:
     numa = [0] * n
+    seen: set[int] = set()
     for gpu, node in _NUMA.findall(text):
-        if int(gpu) >= n:
-            raise TopologyError(f"rocm-smi: Numa block names GPU{gpu}, but there are {n} GPUs")
+        if len(gpu) > 6 or int(gpu) >= n:
+            raise TopologyError(f"rocm-smi: Numa block names GPU{gpu[:8]}, but there are {n} GPUs")
+        if len(node) > 6 or int(node) > MAX_NUMA:
+            raise TopologyError(f"rocm-smi: GPU{gpu} Numa Node {node[:8]} is not in 0..{MAX_NUMA}")
+        if int(gpu) in seen:
+            raise TopologyError(f"rocm-smi: Numa block names GPU{gpu} twice")
+        seen.add(int(gpu))
         numa[int(gpu)] = max(0, int(node))
     return numa
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import networkx as nx
 
 from treeattn.topo.errors import TopologyError
+from treeattn.topo.hostsearch import host_adjacency, search
 
 Edge = tuple[str, str]
 REF_BYTES = 65536.0  # message size the path cost is tuned for
@@ -49,6 +50,7 @@ class Router:
         self._up_cost: dict[tuple[str, str], tuple[float, float, str]] = {}
         self._down_cost: dict[str, tuple[float, float]] = {}
         self._rail_nics: dict[tuple[str, str], str] = {}
+        self._adj: dict[str, dict[str, tuple[list, dict]]] = {}
         for n, data in graph.nodes(data=True):
             if data["kind"] == "nic":
                 self._rail_nics.setdefault((data["host"], str(data.get("rail", n))), n)
@@ -115,7 +117,7 @@ class Router:
         if rep != host:
             return _rename(self.nearest_cpu(_rename(x, host, rep)), rep, host)
         if x not in self._nearest_cpu:
-            dist = nx.single_source_dijkstra_path_length(self.g, x, weight=self._weight(x, None))
+            dist = self._fast_search(x, None, host)[0]
             cpus = [n for n in dist if self.g.nodes[n]["kind"] == "cpu"]
             if not cpus:
                 raise TopologyError(f"no route from {x} to host memory: host has no cpu node")
@@ -138,12 +140,22 @@ class Router:
 
     def _search(self, x: str, y: str, host: str) -> list[str]:
         """Avoid other GPUs; only when that is impossible forward through them (NCCL's NVB)."""
-        for through_gpus in (False, True):
-            try:
-                return nx.dijkstra_path(self.g, x, y, weight=self._weight(x, y, through_gpus))
-            except nx.NetworkXNoPath:
-                continue
-        raise TopologyError(f"no route from {x} to {y} inside host {host}")
+        path = self._fast_search(x, y, host)[1]
+        if path is not None:
+            return path
+        try:
+            return nx.dijkstra_path(self.g, x, y, weight=self._weight(x, y, True))
+        except nx.NetworkXNoPath:
+            raise TopologyError(f"no route from {x} to {y} inside host {host}") from None
+
+    def _fast_search(
+        self, x: str, y: str | None, host: str
+    ) -> tuple[dict[str, float], list[str] | None]:
+        """Host-local Dijkstra never through a GPU (see :mod:`treeattn.topo.hostsearch`)."""
+        adj = self._adj.get(host)
+        if adj is None:
+            adj = self._adj[host] = host_adjacency(self.g, host, REF_BYTES)
+        return search(self.g, adj, x, y)
 
     def rep(self, host: str) -> str:
         """The first host with the same internal structure as ``host`` (its template)."""
