@@ -46,11 +46,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--op", required=True, choices=OPS, help="collective to price")
     parser.add_argument("--min-bytes", type=parse_bytes, default=8, help="first size (8)")
     parser.add_argument("--max-bytes", type=parse_bytes, default=1 << 30, help="last size (1G)")
+    parser.add_argument("--profile", default=None,
+                        help="a GPU cluster's calibration (calibrate --nccl-tests)")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead")
     parser.set_defaults(func=handle)
 
 
-def comm_rows(topology, op: str, min_bytes: int, max_bytes: int) -> list[dict]:
+def comm_rows(topology, op: str, min_bytes: int, max_bytes: int,
+              calibration=None) -> list[dict]:
     """One row per doubling size, with the keys the issue's JSON contract names."""
     if min_bytes < 1:
         raise UserError(f"--min-bytes must be at least 1, got {min_bytes}")
@@ -63,9 +66,10 @@ def comm_rows(topology, op: str, min_bytes: int, max_bytes: int) -> list[dict]:
     factor = busbw_factor(op, shape.nranks)
     rows, size = [], min_bytes
     while size <= max_bytes:
-        cost = collective_cost(op, size, shape)
-        algbw = size / cost.time_s / 1e9
-        rows.append({"op": op, "bytes": size, "time_us": round(cost.time_s * 1e6, 3),
+        cost = collective_cost(op, size, calibration.shape(shape) if calibration else shape)
+        time_s = calibration.time_s(op, size, shape) if calibration else cost.time_s
+        algbw = size / time_s / 1e9
+        rows.append({"op": op, "bytes": size, "time_us": round(time_s * 1e6, 3),
                      "algbw_gbps": round(algbw, 3), "busbw_gbps": round(algbw * factor, 3),
                      "algorithm": cost.algorithm, "protocol": cost.protocol})
         size *= 2
@@ -76,7 +80,16 @@ def handle(args: argparse.Namespace) -> int:
     from treeattn.topo import Topology
 
     topology = Topology.load(args.topology)
-    rows = comm_rows(topology, args.op, args.min_bytes, args.max_bytes)
+    calibration = None
+    if args.profile:
+        from treeattn.commands.predict import profile_overrides
+
+        backend = profile_overrides(args.profile, topology).get("backend")
+        calibration = getattr(backend, "calibration", None)
+        if calibration is None:
+            raise UserError(f"{args.profile} calibrates CPU ranks, not a GPU cluster's "
+                            "collectives (use calibrate --nccl-tests)")
+    rows = comm_rows(topology, args.op, args.min_bytes, args.max_bytes, calibration)
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2, allow_nan=False) + "\n")
         return 0

@@ -30,7 +30,8 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
                         action="append" if many else None,
                         help="cached tokens" + (" (repeatable)" if many else ""))
     parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
-    parser.add_argument("--profile", help="calibration profile JSON (CPU ranks)")
+    parser.add_argument("--profile", help="calibration profile JSON: CPU ranks (calibrate) or "
+                                          "a GPU cluster (calibrate --nccl-tests)")
     parser.add_argument("--include-model", action="store_true",
                         help="add the replicated non-attention weights read to token latency")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -54,13 +55,28 @@ def _load(args: argparse.Namespace, seq_len: int):
         raise SimError(f"topology {args.topology!r} has one GPU: there is no reduction to plan")
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
                               include_model=args.include_model)
-    overrides = {}
-    if args.profile:
-        from treeattn.sim.devices import backend_from_profile, hardware_from_profile
+    return topo, workload, profile_overrides(args.profile, topo)
 
-        overrides = {"hardware": hardware_from_profile(args.profile),
-                     "backend": backend_from_profile(args.profile)}
-    return topo, workload, overrides
+
+def profile_overrides(path: str | None, topology) -> dict:
+    """``plan()`` overrides from a calibration profile: this CPU's ranks (``calibrate``), or a
+    GPU cluster's collectives (``calibrate --nccl-tests``), which must match the topology."""
+    if not path:
+        return {}
+    from treeattn.sim.devices import (
+        backend_from_profile,
+        hardware_from_profile,
+        is_gpu_profile,
+        load_profile,
+    )
+
+    profile = load_profile(path)
+    if is_gpu_profile(profile):
+        if profile["world"] != topology.num_gpus:
+            raise SimError(f"profile {path} was calibrated on {profile['world']} GPUs, the "
+                           f"topology has {topology.num_gpus}")
+        return {"backend": backend_from_profile(profile)}
+    return {"hardware": hardware_from_profile(profile), "backend": backend_from_profile(profile)}
 
 
 def handle_predict(args: argparse.Namespace) -> int:

@@ -1,0 +1,117 @@
+"""Calibrating a GPU cluster from nccl-tests output: parse, fit, profile, reproduce, refuse.
+
+Fixtures are real published outputs (tests/fixtures/nccl-tests, sources in SOURCES.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from treeattn.cli import main
+from treeattn.sim import SimError
+from treeattn.sim.collectives import GroupShape
+from treeattn.sim.nccl_fit import _loss, _rows, fit
+from treeattn.sim.nccl_tests import parse_nccl_tests, read_nccl_tests
+from treeattn.topo import Topology
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
+H100_2NODE = FIXTURES / "h100-2node-all-reduce-perf-8B-16G-issue309.txt"
+MI300X = FIXTURES / "mi300x-1node-rccl-all-reduce-perf-8B-8G.txt"
+RING = FIXTURES / "h100-2node-all-reduce-perf-ring-issue290.txt"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _run(capsys, *argv):
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_fixture_parses_with_its_world_and_rows():
+    for path in sorted(FIXTURES.glob("*.txt")):
+        table = read_nccl_tests(path)
+        assert table.op == "all_reduce" and table.rows, path.name
+        assert table.world in (8, 16, 32), path.name
+    assert read_nccl_tests(RING).rows[0].in_place_time_us == pytest.approx(405.5)  # 0: prefixes
+    assert read_nccl_tests(MI300X).library == "rccl"
+
+
+@pytest.mark.parametrize("fixture, topology", [(H100_2NODE, "dgx-h100:nodes=2"),
+                                                (MI300X, "mi300x")])
+def test_calibrated_comm_reproduces_the_table_within_10_percent(tmp_path, capsys, fixture,
+                                                               topology):
+    profile = tmp_path / "profile.json"
+    code, _, err = _run(capsys, "calibrate", "--nccl-tests", str(fixture), "--topology",
+                        topology, "-o", str(profile))
+    assert code == 0, err
+    saved = json.loads(profile.read_text())
+    assert saved["kind"] == "nccl-tests" and saved["nccl_tests"]["residuals"]
+    table = read_nccl_tests(fixture)
+    code, out, _ = _run(capsys, "comm", "--topology", topology, "--op", "all_reduce",
+                        "--min-bytes", str(table.rows[0].size), "--max-bytes",
+                        str(table.rows[-1].size), "--profile", str(profile), "--json")
+    rows = {r["bytes"]: r for r in json.loads(out)}
+    for row in table.rows:
+        measured = min(row.time_us, row.in_place_time_us or row.time_us)
+        assert rows[row.size]["time_us"] == pytest.approx(measured, rel=0.10), row.size
+
+
+def test_the_fit_never_makes_the_model_worse():
+    table = read_nccl_tests(H100_2NODE)
+    shape = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+    calibration = fit([table], shape)
+    rows = _rows([table])
+    assert _loss(shape, rows, calibration.scales) <= _loss(shape, rows, {
+        "lat": 1.0, "net_lat": 1.0, "bw": 1.0, "net_bw": 1.0})
+
+
+def test_profile_is_accepted_by_predict_and_plan(tmp_path, capsys):
+    profile = tmp_path / "p.json"
+    assert _run(capsys, "calibrate", "--nccl-tests", str(H100_2NODE), "--topology",
+                "dgx-h100:nodes=2", "-o", str(profile))[0] == 0
+    code, out, err = _run(capsys, "plan", "--topology", "dgx-h100:nodes=2", "--model",
+                          "llama-3.1-8b", "--seq-len", "32k", "--profile", str(profile), "--json")
+    assert code == 0, err
+    assert json.loads(out)["latency_s"] > 0
+    code, _, err = _run(capsys, "plan", "--topology", "dgx-h100", "--model", "llama-3.1-8b",
+                        "--seq-len", "32k", "--profile", str(profile))
+    assert code == 2 and "calibrated on 16 GPUs" in err
+
+
+HEADER = "#  Rank  0 Group  0 Pid 1 on a device  0 [0x18] NVIDIA H100\n" \
+         "#  Rank  1 Group  0 Pid 2 on a device  1 [0x19] NVIDIA H100\n"
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("           8     2  float  sum  -1   12.5  0.00  0.00   3   12.4  0.00  0.00  0\n",
+     "#wrong is 3"),
+    ("# only comments here\n", "no data rows"),
+    ("           8     2  float  sum  -1   12.5  0.00\n", "columns"),
+    ("           8     2  float  sum  -1   nan  0.00  0.00   0\n", "not a number"),
+])
+def test_damaged_tables_are_refused(body, needle):
+    with pytest.raises(SimError, match=needle):
+        parse_nccl_tests(HEADER + body, op="all_reduce")
+
+
+def test_cli_refuses_world_mismatch_and_unknown_op(tmp_path, capsys):
+    code, _, err = _run(capsys, "calibrate", "--nccl-tests", str(H100_2NODE), "--topology",
+                        "dgx-h100")
+    assert code == 2 and "measured on 16 ranks" in err and len(err.strip().splitlines()) == 1
+    anonymous = tmp_path / "run.txt"
+    anonymous.write_text(HEADER + "   8   2  float  sum  -1   12.5  0.00  0.00   0\n")
+    code, _, err = _run(capsys, "calibrate", "--nccl-tests", str(anonymous), "--topology",
+                        "pcie-4090:gpus=2")
+    assert code == 2 and "OP:FILE" in err  # the text and its name do not say which op
+    code, _, err = _run(capsys, "calibrate", "--nccl-tests", f"all_reduce:{anonymous}",
+                        "--topology", "pcie-4090:gpus=2")
+    assert code == 0, err
+    code, _, err = _run(capsys, "calibrate", "--nccl-tests", str(anonymous))
+    assert code == 2 and "--topology" in err
