@@ -25,6 +25,8 @@ from each model's published ``config.json`` on the Hugging Face Hub:
   8 KV heads, head_dim 128, vocab 128256, bfloat16).
 * ``llama-3.1-70b``: meta-llama/Llama-3.1-70B/config.json (8192, 28672, 80 layers, 64 heads,
   8 KV heads, head_dim 128, vocab 128256, bfloat16).
+* ``llama-3.1-405b``: meta-llama/Llama-3.1-405B/config.json (16384, 53248, 126 layers,
+  128 heads, 8 KV heads, head_dim 128, vocab 128256, bfloat16).
 * ``debug``: a tiny fp32 flavour for tests (2 layers, 4 query heads, 2 KV heads, head_dim 16).
 """
 
@@ -119,6 +121,7 @@ MODELS: dict[str, ModelConfig] = {
         ModelConfig("llama-3.2-1b", 16, 32, 8, 64, 2048, 8192, 128256, tie_embeddings=True),
         ModelConfig("llama-3.1-8b", 32, 32, 8, 128, 4096, 14336, 128256),
         ModelConfig("llama-3.1-70b", 80, 64, 8, 128, 8192, 28672, 128256),
+        ModelConfig("llama-3.1-405b", 126, 128, 8, 128, 16384, 53248, 128256),
         ModelConfig("debug", 2, 4, 2, 16, 64, 128, 256, dtype="float32"),
     )
 }
