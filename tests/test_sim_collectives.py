@@ -113,10 +113,13 @@ def test_bad_input_is_a_sim_error(dgx, op, size):
 
 @settings(max_examples=60, deadline=None)
 @given(op=st.sampled_from(OPS), a=st.integers(1, 1 << 34), b=st.integers(1, 1 << 34),
-       spec=st.sampled_from(["dgx-h100", "dgx-h100:nodes=2", "mi300x", "pcie-4090:gpus=8"]))
+       spec=st.sampled_from(["dgx-h100", "dgx-h100:nodes=2", "mi300x", "pcie-4090:gpus=8",
+                             "dgx-h100:nodes=4/rail0"]))
 def test_best_time_is_monotone_in_size(op, a, b, spec):
-    topo = _topology(spec)
-    shape = GroupShape.of(topo, range(topo.num_gpus))
+    topo = _topology(spec.split("/")[0])
+    # ".../rail0": one GPU per node (a context-parallel group under TP8), all on the network
+    ranks = range(0, topo.num_gpus, 8) if spec.endswith("/rail0") else range(topo.num_gpus)
+    shape = GroupShape.of(topo, ranks)
     small, large = sorted((a, b))
     t_small = collective_cost(op, small, shape).time_s
     t_large = collective_cost(op, large, shape).time_s

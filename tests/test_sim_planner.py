@@ -114,3 +114,32 @@ def test_include_model_adds_the_weights_read():
     chosen = plan(topo, w)
     weights = ModelConfig.from_name("llama-3.1-8b").weight_bytes_per_token()
     assert chosen.token_latency_s() == pytest.approx(32 * chosen.latency_s + weights / 5.3e12)
+
+
+def test_tensor_parallel_plans_one_context_parallel_group():
+    from treeattn.sim.parallel import cp_group, group_workload
+
+    cluster = Topology.from_spec("dgx-h100:nodes=4")
+    chosen = plan(cluster, DecodeWorkload("llama-3.1-8b", 65536, tp=8))
+    assert chosen.tp == 8 and chosen.cluster is cluster
+    assert chosen.topology.num_gpus == 4  # GPU 0 of every node
+    assert len(set(chosen.topology.hosts)) == 4
+    assert (chosen.workload.model.n_heads, chosen.workload.model.n_kv_heads) == (4, 1)
+    assert cp_group(32, 8, 1) == [1, 9, 17, 25]
+    # 8 KV heads over TP 4: 2 each; over TP 16 (more than the KV heads): one, replicated
+    assert group_workload(DecodeWorkload("llama-3.1-8b", 4096, tp=4)).model.n_kv_heads == 2
+    assert group_workload(DecodeWorkload("llama-3.1-8b", 4096, tp=16)).model.n_kv_heads == 1
+
+
+@pytest.mark.parametrize("tp, match", [(3, "divide"), (32, "one GPU per")])
+def test_tensor_parallel_sizes_that_do_not_fit_are_refused(tp, match):
+    with pytest.raises(SimError, match=match):
+        plan(Topology.from_spec("dgx-h100:nodes=4"), DecodeWorkload("llama-3.1-8b", 4096, tp=tp))
+
+
+def test_batch_scales_message_sizes_but_not_the_schedule_shape():
+    topo = Topology.from_spec("dgx-h100:nodes=2")
+    small, big = (plan(topo, DecodeWorkload("llama-3.1-8b", 32768, batch=b), algorithms=("helix",))
+                  for b in (1, 64))
+    assert big.prediction.comm_bytes == 64 * small.prediction.comm_bytes
+    assert big.latency_s > small.latency_s

@@ -20,9 +20,8 @@ def _png_shape(path):
     return imread(str(path)).shape
 
 
-def test_with_nodes_replaces_or_adds():
+def test_with_nodes_adds():
     assert with_nodes("mi300x", 2) == "mi300x:nodes=2"
-    assert with_nodes("dgx-h100:nodes=4", 1) == "dgx-h100:nodes=1"
     assert with_nodes("pcie-4090:gpus=4", 3) == "pcie-4090:gpus=4,nodes=3"
 
 
@@ -152,3 +151,20 @@ def test_sweep_measure_needs_two_ranks_and_leaves_no_directory(tmp_path, capsys)
     assert main(["sweep", "--measure", "--nproc", "1", "-o", str(out)]) == 2
     assert "--nproc" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_nodes_that_contradict_the_spec_are_refused():
+    from treeattn.sim import SimError
+    from treeattn.sweep.grid import with_nodes
+
+    assert with_nodes("dgx-h100:nodes=2", 2) == "dgx-h100:nodes=2"
+    with pytest.raises(SimError, match="already sets nodes=2"):
+        with_nodes("dgx-h100:nodes=2", 3)
+
+
+def test_grid_has_batch_and_tp_dimensions():
+    points = expand_grid(["dgx-h100"], ["llama-3.1-8b"], [4096], [2], batches=[1, 8], tp=8)
+    assert [(p.batch, p.tp) for p in points] == [(1, 8), (8, 8)]
+    rows = predict_point(points[1])
+    assert {r["batch"] for r in rows} == {8} and {r["tp"] for r in rows} == {8}
+    assert {r["gpus"] for r in rows} == {16}  # the whole cluster, though one CP group is planned

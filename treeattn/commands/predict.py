@@ -30,6 +30,12 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
                         action="append" if many else None,
                         help="cached tokens" + (" (repeatable)" if many else ""))
     parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel size: heads split over this many GPUs (a host's "
+                             "first), the sequence over the rest")
+    parser.add_argument("--layout", choices=("replicated", "head_sharded"), default="replicated",
+                        help="where the merged output must land (head_sharded: a "
+                             "tensor-parallel output projection follows)")
     parser.add_argument("--profile", help="calibration profile JSON: CPU ranks (calibrate) or "
                                           "a GPU cluster (calibrate --nccl-tests)")
     parser.add_argument("--include-model", action="store_true",
@@ -54,7 +60,7 @@ def _load(args: argparse.Namespace, seq_len: int):
     if topo.num_gpus < 2:
         raise SimError(f"topology {args.topology!r} has one GPU: there is no reduction to plan")
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
-                              include_model=args.include_model)
+                              include_model=args.include_model, layout=args.layout, tp=args.tp)
     return topo, workload, profile_overrides(args.profile, topo)
 
 
@@ -123,6 +129,12 @@ def handle_plan(args: argparse.Namespace) -> int:
                   f"{_time(chosen.latency_s)} per layer, "
                   f"{_time(chosen.token_latency_s())} per token ({chosen.prediction.method}); "
                   f"output {workload.layout}")
+    if chosen.tp > 1:
+        model = chosen.workload.model
+        console.print(f"Tensor parallel {chosen.tp}: each of the {chosen.tp} context-parallel "
+                      f"groups ({chosen.topology.num_gpus} GPUs, one per TP group) merges "
+                      f"{model.n_heads} query / {model.n_kv_heads} KV heads on its own; "
+                      "group 0 is planned.")
     baseline = chosen.best_baseline()
     if baseline is not None and baseline is chosen.winner:
         console.print(f"A baseline wins here: {baseline.name} ({SOURCES[baseline.algorithm]}) "

@@ -32,6 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="model name (repeatable; default llama-3.1-8b)")
     parser.add_argument("--seq-len", type=parse_tokens, action="append", default=None,
                         help="context length (repeatable; 80k, 1M accepted)")
+    parser.add_argument("--batch", type=int, action="append", default=None,
+                        help="decode batch, sequences per step (repeatable; default 1)")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel size: heads over this many GPUs, sequence over "
+                             "the rest")
     parser.add_argument("--nodes", type=int, action="append", default=None,
                         help="node count applied to each topology (repeatable)")
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHM_NAMES,
@@ -67,7 +72,10 @@ def handle(args: argparse.Namespace) -> int:
 
 def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
     models = args.model or ["llama-3.1-8b"]
-    points = expand_grid(args.topology or ["dgx-h100"], models, seq_lens, args.nodes)
+    if any(b < 1 for b in args.batch or [1]) or args.tp < 1:
+        raise UserError("--batch and --tp must be at least 1")
+    points = expand_grid(args.topology or ["dgx-h100"], models, seq_lens, args.nodes,
+                         args.batch or [1], args.tp)
     check_points(points)  # fail on bad input before any work or progress output
     columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.description}"), TimeElapsedColumn())

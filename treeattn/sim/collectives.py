@@ -120,6 +120,8 @@ class GroupShape:
             cap = speed if speed else nic_total
             inter_speed = _largest_at_most(_speeds(T.NCCL_SPEEDS_INTER, arch),
                                            min(cap, nic_total / channels))
+            if ppn == 1:  # one GPU per node: every channel crosses the network
+                speed, p2p_intra = inter_speed, p2p_inter
         return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
                    speed, inter_speed, p2p_intra, p2p_inter)
 
@@ -384,8 +386,10 @@ def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
     """n−1 concurrent p2p transfers of nbytes/n each: the slowest class's latency, and each
     class's share of the bytes over that class's bandwidth."""
     per_peer = nbytes // max(1, s.nranks)
-    local = p2p_cost(per_peer, s, across_nodes=False, op="all_to_all")
-    parts = [(local, (s.ppn - 1) * per_peer, s.p2p_intra_GBps)]
+    parts = []
+    if s.ppn > 1:
+        local = p2p_cost(per_peer, s, across_nodes=False, op="all_to_all")
+        parts.append((local, (s.ppn - 1) * per_peer, s.p2p_intra_GBps))
     if s.nnodes > 1:
         remote = p2p_cost(per_peer, s, across_nodes=True, op="all_to_all")
         parts.append((remote, (s.nranks - s.ppn) * per_peer, s.p2p_inter_GBps))

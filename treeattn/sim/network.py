@@ -297,8 +297,8 @@ def gloo_collective_time(op: CollectiveOp, p: int, nbytes: float, alpha: float,
       ``n/p`` bytes;
     * all-gather and all-to-all: ``p−1`` rounds of ``n/p`` bytes (ring, pairwise);
     * broadcast: a binomial tree, ``⌈log2 p⌉`` rounds of the whole buffer;
-    * reduce-scatter: gloo has none, so the runtime runs an all-reduce and keeps its slice
-      (:mod:`treeattn.runtime.collectives`): priced as that all-reduce.
+    * reduce-scatter: torch's gloo backend provides it, but how it runs it is not documented,
+      so it is priced as an all-reduce (an upper bound) until calibration measures it.
     """
     if op in (CollectiveOp.ALL_REDUCE_SUM, CollectiveOp.ALL_REDUCE_MAX,
               CollectiveOp.REDUCE_SCATTER):

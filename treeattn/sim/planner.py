@@ -45,6 +45,7 @@ from treeattn.sim.algorithms.trees import Tree
 from treeattn.sim.closed_form import closed_form, collective_schedule
 from treeattn.sim.engine import SimResult, peak_memory, simulate
 from treeattn.sim.network import CostModel
+from treeattn.sim.parallel import cp_view
 from treeattn.sim.payloads import SimError
 from treeattn.sim.schedule import Schedule, sent_bytes
 from treeattn.sim.workload import DecodeWorkload
@@ -161,6 +162,9 @@ class Plan:
     candidates: list[Candidate]
     costs: CostModel = field(repr=False)
     _schedule: Schedule | None = field(default=None, repr=False)
+    # With tensor parallelism the plan is for one context-parallel group of ``cluster``.
+    cluster: object = field(default=None, repr=False)
+    tp: int = 1
 
     @property
     def algorithm(self) -> str:
@@ -213,7 +217,7 @@ class Plan:
         return {
             "algorithm": self.algorithm, "name": self.name,
             "system": SOURCES[self.algorithm], "layout": self.workload.layout,
-            "batch": self.workload.batch,
+            "batch": self.workload.batch, "tp": self.tp,
             "tree": tree.to_dict() if tree is not None else None,
             "latency_s": self.latency_s, "token_latency_s": self.token_latency_s(),
             "comm_bytes": self.prediction.comm_bytes,
@@ -296,6 +300,12 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     >>> p.algorithm != "ring" and p.latency_s < p.best("ring").latency_s
     True
     """
+    if workload.tp > 1:  # plan one context-parallel group on its own GPUs and heads
+        group_topology, group_workload = cp_view(topology, workload)
+        chosen = plan(group_topology, group_workload, hardware, backend, algorithms=algorithms,
+                      max_simulated=max_simulated, simulate_each=simulate_each, prune=prune)
+        chosen.cluster, chosen.tp = topology, workload.tp
+        return chosen
     cm = CostModel(topology, workload, hardware, backend)
     cands = enumerate_candidates(cm.world, len(topology.hosts))
     if algorithms is not None:

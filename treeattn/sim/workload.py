@@ -150,8 +150,13 @@ class DecodeWorkload:
     # Where the merged output must land: "replicated" (the rest of the layer runs replicated,
     # treeattn's own model) or "head_sharded" (a tensor-parallel output projection follows).
     layout: str = "replicated"
+    # Tensor parallelism: heads split over this many GPUs, the sequence over the rest (see
+    # treeattn.sim.parallel). 1: every GPU holds every head of its shard.
+    tp: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise SimError(f"tensor-parallel size must be a positive integer, got {self.tp!r}")
         if self.layout not in ("replicated", "head_sharded"):
             raise SimError(f"output layout must be 'replicated' or 'head_sharded', "
                            f"got {self.layout!r}")

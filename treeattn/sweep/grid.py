@@ -19,35 +19,44 @@ from treeattn.topo import Topology
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One point of the grid: a topology spec, a model name and a context length."""
+    """One point of the grid: a topology spec, a model, a context length, a decode batch and
+    a tensor-parallel size."""
 
     topology: str
     model: str
     seq_len: int
+    batch: int = 1
+    tp: int = 1
 
 
 def with_nodes(spec: str, nodes: int) -> str:
-    """``spec`` with its ``nodes`` parameter set (added or replaced).
+    """``spec`` with its ``nodes`` parameter set; a spec that already names a different node
+    count is a contradiction, refused rather than silently overridden.
 
     >>> with_nodes("dgx-h100", 4)
     'dgx-h100:nodes=4'
-    >>> with_nodes("pcie-4090:gpus=4,nodes=2", 8)
+    >>> with_nodes("pcie-4090:gpus=4", 8)
     'pcie-4090:gpus=4,nodes=8'
     """
     name, _, params = spec.partition(":")
+    given = [p for p in params.split(",") if p.startswith("nodes=")]
+    if given and given[0] != f"nodes={nodes}":
+        raise SimError(f"{spec} already sets {given[0]}; drop it or drop --nodes {nodes}")
     kept = [p for p in params.split(",") if p and not p.startswith("nodes=")]
     return f"{name}:" + ",".join(kept + [f"nodes={nodes}"])
 
 
 def expand_grid(topologies: Iterable[str], models: Iterable[str], seq_lens: Iterable[int],
-                nodes: Iterable[int] | None = None) -> list[SweepPoint]:
+                nodes: Iterable[int] | None = None, batches: Iterable[int] = (1,),
+                tp: int = 1) -> list[SweepPoint]:
     """Every combination, with ``nodes`` applied to each topology spec when given."""
     if nodes:
         for spec in topologies:
             if Path(spec).exists():
                 raise SimError(f"--nodes applies to built-in specs, not to the file {spec}")
     specs = [with_nodes(t, n) for t in topologies for n in nodes] if nodes else list(topologies)
-    return [SweepPoint(s, m, int(L)) for s in specs for m in models for L in seq_lens]
+    return [SweepPoint(s, m, int(L), int(b), tp) for s in specs for m in models
+            for L in seq_lens for b in batches]
 
 
 def check_points(points: Iterable[SweepPoint]) -> dict[str, Topology]:
@@ -82,7 +91,8 @@ def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHM_NAMES
     """
     topology = topology or Topology.load(point.topology)
     _check_point(point, topology)
-    workload = DecodeWorkload(model or point.model, point.seq_len)
+    workload = DecodeWorkload(model or point.model, point.seq_len, batch=point.batch,
+                              tp=point.tp)
     chosen = plan(topology, workload, simulate_each=True)
     rows = [r.to_json() for r in algorithm_rows(chosen, point.topology)
             if r.algorithm in algorithms or r.algorithm == PICK]

@@ -38,6 +38,7 @@ class PredictionRow:
     model: str
     seq_len: int
     batch: int
+    tp: int
     algorithm: str
     system: str
     name: str
@@ -59,9 +60,11 @@ class PredictionRow:
 def _row(plan_: Plan, spec: str, label: str, cand: Candidate) -> PredictionRow:
     result = cand.result or closed_form_result(cand, plan_.topology, plan_.costs)
     ring, baseline = plan_.best("ring"), plan_.best_baseline()
+    cluster = plan_.cluster or plan_.topology  # with TP, the plan is one CP group's
     return PredictionRow(
-        topology=spec, gpus=plan_.topology.num_gpus, model=plan_.workload.model.name,
-        seq_len=plan_.workload.seq_len, batch=plan_.workload.batch, algorithm=label,
+        topology=spec, gpus=cluster.num_gpus, model=plan_.workload.model.name,
+        seq_len=plan_.workload.seq_len, batch=plan_.workload.batch, tp=plan_.tp,
+        algorithm=label,
         system=SOURCES[cand.algorithm], name=cand.name, layout=plan_.workload.layout,
         latency_s=float(cand.latency_s),
         token_latency_s=float(plan_.token_latency_s(cand.latency_s)),
