@@ -1,6 +1,6 @@
 """Pure-torch partial attention and merge: the CPU path and the oracle for the Triton kernels.
 
-The math (DESIGN.md): for a query ``q`` and a shard ``(K, V)``,
+The math (docs/design.md): for a query ``q`` and a shard ``(K, V)``,
 ``s = q·Kᵀ·scale``, ``lse = logsumexp(s)``, ``o = softmax(s)·V``. Two partials merge as
 ``lse = logaddexp(lse_a, lse_b)``, ``o = o_a·exp(lse_a − lse) + o_b·exp(lse_b − lse)``. The
 identity is the empty shard ``(o = 0, lse = −inf)``; merging identities gives the identity.

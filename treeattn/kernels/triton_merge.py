@@ -3,7 +3,7 @@
 One program per (batch, head) row. It reads the n log-sum-exps in tiles of BLOCK_S to find
 their maximum ``m``, then weighs each ``o_i`` by ``exp(lse_i − m)``:
 ``lse = m + log Σ exp(lse_i − m)`` and ``o = Σ exp(lse_i − m)·o_i / Σ exp(lse_i − m)``.
-That is the pairwise merge of DESIGN.md applied n times, in one pass over the ``o``. When every
+That is the pairwise merge (docs/design.md) applied n times, in one pass over the ``o``. When every
 input is the identity (``lse = −inf``) the maximum is replaced by 0 so no ``−inf − (−inf)``
 NaN appears, and the output is the identity ``(0, −inf)``. Arithmetic is fp32 whatever the
 input dtype, and there is no ``tl.dot``, so the interpreter's 16-bit dot bug does not apply.

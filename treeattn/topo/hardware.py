@@ -145,7 +145,8 @@ UPI_LATENCY = 0.4 * US
 # PCIe effective bandwidth per direction (x16): gen3 15.75 raw, gen4 31.5 raw, gen5 63 raw
 # (PCI-SIG); ~80% after TLP/DLLP overhead, as nvbandwidth/p2pBandwidthLatencyTest show.
 PCIE_BANDWIDTH = {3: 12 * GB, 4: 25 * GB, 5: 50 * GB}
-# Cross-socket host-memory copy on a 4090 box: measured SYS paths are ~10 GB/s (DESIGN.md).
+# Cross-socket host-memory copy on a 4090 box: SYS paths copy at ~10 GB/s (an estimate
+# for desktop boards without P2P; calibrate for your machine).
 UPI_BANDWIDTH_DESKTOP = 10 * GB
 # Inter-socket bandwidth NCCL assumes for GPU traffic (src/graph/topo.h): Sapphire Rapids
 # UPI ~24 GB/s, Skylake-era UPI ~10 GB/s, AMD Infinity Fabric between sockets ~16 GB/s.

@@ -76,7 +76,7 @@ class Topology:
 
     @classmethod
     def from_name(cls, spec: str) -> Topology:
-        """Alias of :meth:`from_spec` (the registry style of DESIGN.md)."""
+        """Alias of :meth:`from_spec`."""
         return cls.from_spec(spec)
 
     @classmethod
