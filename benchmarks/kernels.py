@@ -42,7 +42,8 @@ CPU_SHAPES = [("mha-d128", 8, 8, 128), ("smollm2-gqa3", 9, 3, 64)]
 T_SWEEP_CPU = [16384, 131072, 1048576]
 T_SWEEP_GPU = [4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576]
 # Peak memory bandwidth, bytes/s, from the vendors' datasheets (treeattn/topo/hardware.py for
-# H100/MI300X/4090; NVIDIA H200 datasheet: 4.8 TB/s; A100 datasheet: 2.039 TB/s for 80GB SXM, 1.555 for 40GB).
+# H100/MI300X/4090; NVIDIA H200 datasheet: 4.8 TB/s; A100 datasheet: 2.039 TB/s for 80GB
+# SXM, 1.555 for 40GB).
 PEAK_BW = {
     "H200": 4.8e12, "H100 80GB HBM3": 3.35e12, "H100 SXM": 3.35e12, "H100 PCIe": 2.0e12,
     "H100 NVL": 3.9e12, "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12,
