@@ -143,3 +143,19 @@ def test_batch_scales_message_sizes_but_not_the_schedule_shape():
                   for b in (1, 64))
     assert big.prediction.comm_bytes == 64 * small.prediction.comm_bytes
     assert big.latency_s > small.latency_s
+
+
+def test_plans_that_do_not_fit_in_gpu_memory_are_refused():
+    from treeattn.sim import HardwareModel
+
+    topo = Topology.from_spec("dgx-h100:nodes=2")
+    w = DecodeWorkload("llama-3.1-8b", 1 << 20)  # 128 MiB of KV per layer per GPU (16 GPUs)
+    shard = w.kv_bytes(max(w.shards(16)))
+    tiny = HardwareModel("tiny", 3e12, 1e15, 4e-6, memory_bytes=shard / 2)
+    with pytest.raises(SimError, match="does not fit: each GPU needs"):
+        plan(topo, w, hardware=tiny)
+    # room for the shard and partials, not for ring's two extra KV blocks
+    snug = HardwareModel("snug", 3e12, 1e15, 4e-6, memory_bytes=1.5 * shard)
+    assert plan(topo, w, hardware=snug).algorithm != "ring"
+    with pytest.raises(SimError, match="no plan fits"):
+        plan(topo, w, hardware=snug, algorithms=("ring",))

@@ -101,6 +101,7 @@ class HardwareModel:
     peak_flops: float
     launch_s: float
     cores: int | None = None
+    memory_bytes: float = 0.0  # device memory capacity; 0: unknown (no capacity check)
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth_Bps <= 0 or self.peak_flops <= 0 or self.launch_s < 0:
@@ -119,7 +120,8 @@ CPU_LAUNCH_S = 20e-6  # placeholder: `treeattn calibrate` measures it
 # One model per row of THE GPU table, so every GPU a topology can name has one.
 HARDWARE: dict[str, HardwareModel] = {
     name: HardwareModel(name, spec.memory_bandwidth, spec.peak_flops,
-                        CPU_LAUNCH_S if name == "cpu" else GPU_LAUNCH_S)
+                        CPU_LAUNCH_S if name == "cpu" else GPU_LAUNCH_S,
+                        memory_bytes=float(getattr(spec, "memory_bytes", 0.0) or 0.0))
     for name, spec in GPU_SPECS.items()
 }
 

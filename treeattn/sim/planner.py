@@ -307,6 +307,7 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
         chosen.cluster, chosen.tp = topology, workload.tp
         return chosen
     cm = CostModel(topology, workload, hardware, backend)
+    check_capacity(cm)
     cands = enumerate_candidates(cm.world, len(topology.hosts))
     if algorithms is not None:
         cands = [c for c in cands if c.algorithm in algorithms]
@@ -329,9 +330,38 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
             if first.result is None and _chunk_messages(first, cm) <= MAX_CHUNK_MESSAGES:
                 run_candidate(first, topology, cm)
     ranked = sorted(cands, key=lambda c: (c.latency_s, c.name))
-    if ranked[0].result is None:
-        ranked[0].result = closed_form_result(ranked[0], topology, cm)
-    return Plan(topology, workload, ranked[0], ranked, cm)
+    winner = _first_that_fits(ranked, topology, cm)
+    return Plan(topology, workload, winner, ranked, cm)
+
+
+def _capacity(cm: CostModel) -> float:
+    """The smallest device memory among the ranks (0: unknown)."""
+    known = [h.memory_bytes for h in cm.hardware if h.memory_bytes > 0]
+    return min(known) if len(known) == len(cm.hardware) else 0.0
+
+
+def check_capacity(cm: CostModel) -> None:
+    """Refuse a workload whose KV shard alone does not fit in a GPU's memory."""
+    capacity = _capacity(cm)
+    if not capacity:
+        return
+    w = cm.workload
+    need = w.kv_bytes(max(cm.shards)) + 2 * w.partial_bytes
+    if need > capacity:
+        raise SimError(f"{w.describe()} does not fit: each GPU needs {_bytes(need)} for its KV "
+                       f"shard, and a {cm.hardware[0].name} has {_bytes(capacity)}")
+
+
+def _first_that_fits(ranked: list[Candidate], topology, cm: CostModel) -> Candidate:
+    """The fastest candidate whose predicted peak memory fits every GPU (ring's extra KV
+    blocks can overflow where a merge of partials still fits)."""
+    capacity = _capacity(cm)
+    for c in ranked:
+        if c.result is None:
+            c.result = closed_form_result(c, topology, cm)
+        if not capacity or max(c.result.peak_memory_bytes) <= capacity:
+            return c
+    raise SimError(f"no plan fits in {_bytes(capacity)} of GPU memory")
 
 
 def closed_form_result(c: Candidate, topology, cm: CostModel) -> SimResult:
