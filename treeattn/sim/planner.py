@@ -360,6 +360,9 @@ def _first_that_fits(ranked: list[Candidate], topology, cm: CostModel) -> Candid
         if c.result is None:
             c.result = closed_form_result(c, topology, cm)
         if not capacity or max(c.result.peak_memory_bytes) <= capacity:
+            if not math.isfinite(c.latency_s) or c.latency_s < 0:
+                raise SimError(f"the prediction for {c.name} is {c.latency_s}: a link or device "
+                               "figure must be out of range")
             return c
     raise SimError(f"no plan fits in {_bytes(capacity)} of GPU memory")
 
