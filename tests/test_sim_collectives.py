@@ -168,7 +168,7 @@ def test_comm_cli_prints_nccl_tests_rows(capsys):
 
     assert main(["comm", "--topology", "dgx-h100", "--op", "all_reduce", "--min-bytes", "1M",
                  "--max-bytes", "4M", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["bytes"] for r in rows] == [1 << 20, 2 << 20, 4 << 20]
     assert set(rows[0]) == {"op", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "algorithm",
                             "protocol"}

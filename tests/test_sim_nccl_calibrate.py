@@ -57,7 +57,7 @@ def test_calibrated_comm_reproduces_the_table_within_10_percent(tmp_path, capsys
     code, out, _ = _run(capsys, "comm", "--topology", topology, "--op", "all_reduce",
                         "--min-bytes", str(table.rows[0].size), "--max-bytes",
                         str(table.rows[-1].size), "--profile", str(profile), "--json")
-    rows = {r["bytes"]: r for r in json.loads(out)}
+    rows = {r["bytes"]: r for r in json.loads(out)["rows"]}
     for row in table.rows:
         measured = min(row.time_us, row.in_place_time_us or row.time_us)
         assert rows[row.size]["time_us"] == pytest.approx(measured, rel=0.10), row.size

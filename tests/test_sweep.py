@@ -68,7 +68,7 @@ def test_sweep_cli_writes_tables_and_plots(tmp_path, capsys):
     status = main(["sweep", "--topology", "mi300x", "--topology", "dgx-h100", "--nodes", "1",
                    "--nodes", "2", "--seq-len", "32k", "--seq-len", "256k", "-o", str(out)])
     assert status == 0
-    rows = json.loads((out / "results.json").read_text())
+    rows = json.loads((out / "results.json").read_text())["rows"]
     # topologies × nodes × lengths × (algorithms + the pick)
     assert len(rows) == 2 * 2 * 2 * (len(ALGORITHM_NAMES) + 1)
     with open(out / "results.csv") as handle:
@@ -118,7 +118,7 @@ def test_sweep_measure_runs_for_real_and_plots(tmp_path):
     status = main(["sweep", "--measure", "--nproc", "2", "--seq-len", "4k",
                    "--algorithms", "tree", "ring", "--steps", "2", "-o", str(out)])
     assert status == 0
-    rows = json.loads((out / "results.json").read_text())
+    rows = json.loads((out / "results.json").read_text())["rows"]
     assert {r["algorithm"] for r in rows} == {"tree", "ring"}
     for row in rows:
         assert row["world"] == 2 and row["seq_len"] == 4096
@@ -135,14 +135,14 @@ def test_predict_plan_and_sweep_take_topology_files(tmp_path, capsys):
     for source in (str(imported), str(fixture)):
         assert main(["predict", "--topology", source, "--model", "llama-3.1-8b",
                      "--seq-len", "32k", "--json"]) == 0
-        rows = json.loads(capsys.readouterr().out)
+        rows = json.loads(capsys.readouterr().out)["rows"]
         assert {r["gpus"] for r in rows} == {8}
     assert main(["plan", "--topology", str(imported), "--model", "llama-3.1-8b",
                  "--seq-len", "32k", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["latency_s"] > 0
     out = tmp_path / "sweep"
     assert main(["sweep", "--topology", str(imported), "--seq-len", "64k", "-o", str(out)]) == 0
-    assert json.loads((out / "results.json").read_text())[0]["topology"] == "a100"
+    assert json.loads((out / "results.json").read_text())["rows"][0]["topology"] == "a100"
     assert main(["sweep", "--topology", str(imported), "--nodes", "2", "-o", str(out)]) == 2
 
 

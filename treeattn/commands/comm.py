@@ -20,6 +20,7 @@ from rich.table import Table
 
 from treeattn.errors import UserError
 from treeattn.sim.collectives import OPS, GroupShape, busbw_factor, collective_cost
+from treeattn.sim.export import tagged
 
 SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_BYTES = 1 << 44  # 16 TiB: far past any real buffer, small enough to stay exact
@@ -91,7 +92,7 @@ def handle(args: argparse.Namespace) -> int:
                             "collectives (use calibrate --nccl-tests)")
     rows = comm_rows(topology, args.op, args.min_bytes, args.max_bytes, calibration)
     if args.json:
-        sys.stdout.write(json.dumps(rows, indent=2, allow_nan=False) + "\n")
+        sys.stdout.write(json.dumps(tagged("comm", rows), indent=2, allow_nan=False) + "\n")
         return 0
     table = Table(title=f"predicted {args.op} on {topology.name} ({topology.num_gpus} ranks)")
     for name in ("size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "algorithm",

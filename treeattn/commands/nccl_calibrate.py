@@ -46,7 +46,7 @@ def calibration_profile(files: list[str], topology_spec: str) -> dict:
     tables = [_read(f) for f in files]
     shape = GroupShape.of(topology, range(topology.num_gpus))
     calibration = fit(tables, shape)
-    return {"version": VERSION, "kind": NCCL_TESTS_KIND,
+    return {"format": "treeattn.profile", "version": VERSION, "kind": NCCL_TESTS_KIND,
             "backend": default_backend(topology.gpu_model(0)).name,
             "topology": topology_spec, "world": topology.num_gpus,
             "nccl_tests": calibration.to_json()}

@@ -13,9 +13,12 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from treeattn import atomic
+from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.sim import DecodeWorkload, SimError, plan
-from treeattn.sim.algorithms import SOURCES
+from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
+from treeattn.sim.export import schedule_to_json, tagged, trace_json
 from treeattn.sweep.rows import PICK, algorithm_rows
 
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")
@@ -41,6 +44,8 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
     parser.add_argument("--include-model", action="store_true",
                         help="add the replicated non-attention weights read to token latency")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--trace", metavar="FILE", default=None,
+                        help="write the simulated timelines as a Chrome/Perfetto trace")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,6 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=handle_predict)
     q = subparsers.add_parser("plan", help="choose the reduction tree for a cluster")
     _common(q, many=False)
+    q.add_argument("-o", "--output", metavar="PLAN.json", default=None,
+                   help="write the plan file (with its schedule) that run/generate --plan execute")
     q.set_defaults(func=handle_plan)
 
 
@@ -86,13 +93,21 @@ def profile_overrides(path: str | None, topology) -> dict:
 
 
 def handle_predict(args: argparse.Namespace) -> int:
-    rows = []
+    if args.trace:
+        check_output_path(args.trace)
+    rows, timelines = [], []
     for seq_len in args.seq_len:
         topo, workload, overrides = _load(args, seq_len)
         chosen = plan(topo, workload, simulate_each=True, **overrides)
         rows += [r.to_json() for r in algorithm_rows(chosen, args.topology)]
+        for algorithm in ALGORITHM_NAMES:
+            cand = chosen.best(algorithm)
+            if cand is not None and cand.result is not None and cand.result.timeline:
+                timelines.append((f"predicted: {cand.name} @ {seq_len}", cand.result.timeline))
+    if args.trace:
+        atomic.write_text(args.trace, json.dumps(trace_json(timelines), allow_nan=False))
     if args.json:
-        print(json.dumps(rows, indent=2, allow_nan=False))
+        print(json.dumps(tagged("predictions", rows), indent=2, allow_nan=False))
         return 0
     table = Table(title=f"Predicted attention per layer: {args.topology}, {args.model}, "
                         f"batch {args.batch}, output {rows[0]['layout']}",
@@ -119,10 +134,20 @@ def handle_predict(args: argparse.Namespace) -> int:
 
 
 def handle_plan(args: argparse.Namespace) -> int:
+    for path in (args.output, args.trace):
+        if path:
+            check_output_path(path)
     topo, workload, overrides = _load(args, args.seq_len)
     chosen = plan(topo, workload, **overrides)
+    record = plan_file(chosen, args.topology)
+    if args.output:
+        atomic.write_text(args.output, json.dumps(record, indent=1, allow_nan=False) + "\n")
+    if args.trace:
+        timeline = chosen.prediction.timeline
+        atomic.write_text(args.trace, json.dumps(
+            trace_json([(f"predicted: {chosen.name}", timeline)]), allow_nan=False))
     if args.json:
-        print(json.dumps(chosen.to_json(), indent=2, default=float, allow_nan=False))
+        print(json.dumps(record, indent=2, default=float, allow_nan=False))
         return 0
     console = Console()
     console.print(f"[bold]{chosen.name}[/bold] ({SOURCES[chosen.algorithm]}): "
@@ -159,6 +184,17 @@ def handle_plan(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(chosen.explain())
     return 0
+
+
+def plan_file(chosen, topology_spec: str) -> dict:
+    """The versioned plan: what was chosen, for which workload and cluster, and the schedule
+    itself, which ``run --plan`` and ``generate --plan`` execute step for step."""
+    w = chosen.workload
+    body = chosen.to_json()
+    body.update(topology=topology_spec, model=w.model.name, seq_len=w.seq_len,
+                shard_lengths=list(w.shards(chosen.topology.num_gpus)),
+                schedule=schedule_to_json(chosen.schedule))
+    return tagged("plan", body)
 
 
 def _time(seconds: float) -> str:

@@ -20,6 +20,7 @@ from treeattn.atomic import atomic_folder, check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.errors import UserError
 from treeattn.sim import ALGORITHM_NAMES
+from treeattn.sim.export import tagged
 from treeattn.sweep import plots
 from treeattn.sweep.grid import check_points, expand_grid, memory_rows, run_sweep
 
@@ -110,7 +111,8 @@ def _measure(args, seq_lens: list[int], console: Console) -> list[dict]:
 
 
 def _write_tables(rows: list[dict], out: Path) -> None:
-    (out / "results.json").write_text(json.dumps(rows, indent=2, allow_nan=False) + "\n")
+    (out / "results.json").write_text(json.dumps(tagged("sweep", rows), indent=2,
+                                                 allow_nan=False) + "\n")
     scalar_keys = [k for k in rows[0] if not isinstance(rows[0][k], list | dict)] if rows else []
     with open(out / "results.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=scalar_keys, extrasaction="ignore")

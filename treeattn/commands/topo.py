@@ -58,8 +58,10 @@ def _load(args: argparse.Namespace, source: str) -> Topology:
 
 
 def show_json(t: Topology) -> dict:
-    """The ``topo show --json`` object."""
+    """The ``topo show --json`` object (tagged ``treeattn.topology-summary``, version 1)."""
     return {
+        "format": "treeattn.topology-summary",
+        "version": 1,
         "name": t.name,
         "gpus": t.num_gpus,
         "hosts": len(t.hosts),

@@ -318,6 +318,7 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims) -> dict | None:
     latency, bandwidth = fit_latency_bandwidth(list(P2P_SIZES), p2p_times)
     ex_latency, ex_bandwidth = fit_latency_bandwidth(list(EXCHANGE_SIZES), ex_times)
     return {
+        "format": "treeattn.profile",
         "version": PROFILE_VERSION,
         "backend": ctx.backend,
         "world": ctx.world,
