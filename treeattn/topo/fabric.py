@@ -22,7 +22,6 @@ the fabric, so the DGX/MI300X/GB200 builders and ``FILE:nodes=N`` share the same
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 
 from treeattn.topo import hardware as hw

@@ -29,7 +29,9 @@ gb200-nvl72  GB200  72      9 trays x 2 (2 each) ConnectX-7 400G  per GPU     DG
   4 Blackwell GPUs, 4x ConnectX-7 single-port 400G OSFP each) and 9 NVLink switch trays
   (18 NVSwitch chips); every GPU has one NVLink5 link to each chip, 18 x 50 GB/s = 900 GB/s
   per direction. The graph holds one physical node per switch *tray* (``chips=2``, a bond of
-  2 links from every GPU): half the edges of one node per chip, the same links and totals. ConnectX-8 800 Gb/s comes with GB300; use ``nic_gbps=800`` to model it.
+  2 links from every GPU): half the edges of one node per chip, the same links and totals.
+  ConnectX-8 800 Gb/s comes with GB300 NVL72 (NVIDIA GB300 NVL72 enterprise RA), not
+  modelled here (a GB300 host imported from its NCCL XML takes ``nic_gbps=800``).
 """
 
 from __future__ import annotations
