@@ -6,11 +6,11 @@
 * GB200 NVL72: one *host* per rack, i.e. per 72-GPU NVLink domain (``rackN``): 9 NVLink
   switch trays (2 chips each, one node per tray), and per superchip (1 Grace, 2 GPUs) one
   PCIe switch per GPU shared with its ConnectX-7. The Grace-GPU NVLink-C2C is not modelled:
-  no route crosses it (GPUs reach peers over NVLink and their NIC over PCIe). Racks are joined by the rail fabric of
-  :mod:`.fabric` with one rail per GPU slot (72). The SuperPOD cables a rack's 72 NICs into
-  fewer rails, but routing is the same: every cross-rack route is NVLink to the GPU on the
-  destination's rail (PXN), then NIC -> leaf (-> spine -> leaf) -> NIC, and the per-GPU NIC
-  is the bottleneck either way.
+  no route crosses it (GPUs reach peers over NVLink and their NIC over PCIe). Racks are
+  joined by the rail fabric of :mod:`.fabric` with one rail per GPU slot (72). The SuperPOD
+  cables a rack's 72 NICs into fewer rails, but routing is the same: every cross-rack route
+  is NVLink to the GPU on the destination's rail (PXN), then NIC -> leaf (-> spine -> leaf)
+  -> NIC, and the per-GPU NIC is the bottleneck either way.
 """
 
 from __future__ import annotations
