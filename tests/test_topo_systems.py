@@ -9,7 +9,7 @@ import pytest
 from treeattn.topo import Topology, TopologyError
 from treeattn.topo import hardware as hw
 from treeattn.topo.builders import BUILDERS, spec_gpus
-from treeattn.topo.systems import SYSTEMS
+from treeattn.topo.builders_nvidia import SYSTEMS
 
 GB = 1e9
 

@@ -19,9 +19,9 @@ Spec grammar: ``NAME[:KEY=VALUE[,KEY=VALUE...]]``. Names and their parameters:
   adds up to ``latency`` and whose bottleneck is ``bandwidth``.
 
 Multi-host built-ins share :func:`treeattn.topo.fabric.build_cluster` (and so the fabric)
-with ``FILE:nodes=N`` (:mod:`treeattn.topo.replicate`); the NVIDIA systems are in
-:mod:`.builders_nvidia` (NVSwitch model in :mod:`.builders_common`), AMD in
-:mod:`.builders_amd`, their sourced figures in :mod:`.systems` and :mod:`.hardware`.
+with ``FILE:nodes=N`` (:mod:`treeattn.topo.replicate`); the NVIDIA systems and their sourced
+table are in :mod:`.builders_nvidia` (the NVSwitch model in :mod:`.fabric`), GPU figures in
+:mod:`.hardware`.
 """
 
 from __future__ import annotations
@@ -31,11 +31,9 @@ import re
 from collections.abc import Callable
 
 from treeattn.topo import hardware as hw
-from treeattn.topo.builders_amd import mi300x
-from treeattn.topo.builders_common import MAX_NODES, add_gpu, check_nodes
 from treeattn.topo.builders_nvidia import dgx_a100, dgx_b200, dgx_h100, gb200_nvl72, hgx_h200
 from treeattn.topo.errors import TopologyError
-from treeattn.topo.fabric import add_pcie_tree, build_cluster
+from treeattn.topo.fabric import MAX_NODES, add_gpu, add_pcie_tree, build_cluster, check_nodes
 from treeattn.topo.graphbuild import GraphBuilder
 
 MAX_RANKS = 4096
@@ -127,6 +125,23 @@ def _convert(name: str, key: str, raw: str | None, default: float | int) -> floa
 
 def _fmt(v: float | int) -> str:
     return str(v) if isinstance(v, int) else repr(v)
+
+
+def mi300x(nodes: int = 1):
+    """MI300X hosts: xGMI full mesh, one link per peer at 64 GB/s per direction."""
+    check_nodes("mi300x", nodes)
+    return build_cluster(nodes, 8, _mi300x_host, hw.IB_NDR_BANDWIDTH)
+
+
+def _mi300x_host(b: GraphBuilder, host: str, h: int) -> list[str]:
+    link = hw.gpu_spec("MI300X")
+    nics = [b.node(f"{host}/nic{i}", "nic", host, rail=i) for i in range(8)]
+    gpus = [add_gpu(b, host, i, h * 8 + i, "MI300X", nics[i]) for i in range(8)]
+    for i in range(8):
+        for j in range(i + 1, 8):
+            b.link(gpus[i], gpus[j], "xgmi", link.link_bandwidth, hw.XGMI_HOP_LATENCY)
+    add_pcie_tree(b, host, gpus, nics, 8, hw.PCIE_BANDWIDTH[5])
+    return nics
 
 
 def pcie_4090(gpus: int = 8, nodes: int = 1):

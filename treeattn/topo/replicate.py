@@ -34,9 +34,8 @@ import re
 import networkx as nx
 
 from treeattn.topo import hardware as hw
-from treeattn.topo.builders_common import MAX_GPUS, MAX_NODES
 from treeattn.topo.errors import TopologyError
-from treeattn.topo.fabric import build_cluster, check_fabric
+from treeattn.topo.fabric import MAX_GPUS, MAX_NODES, build_cluster, check_fabric
 from treeattn.topo.graphbuild import GraphBuilder
 from treeattn.topo.hostsearch import host_adjacency, search
 from treeattn.topo.routing import REF_BYTES

@@ -6,7 +6,7 @@ Rules (the same ones NCCL/RCCL follow):
 * **Same host, peer-to-peer** (NVSwitch, PCIe P2P): the cheapest path inside the host that
   does not pass through another GPU. Edge cost is ``latency + 64 KiB / bandwidth``, so
   NVLink beats PCIe. NVSwitch chips that forward in parallel are represented by one logical
-  switch node (see :mod:`treeattn.topo.builders_common`); the physical chips are never
+  switch node (see :mod:`treeattn.topo.fabric`); the physical chips are never
   routed. Two P2P GPUs on the same logical switch take GPU -> switch -> GPU without a search
   (the switch's bonded edges are the cheapest way out of a GPU), so a 72-GPU NVLink domain
   costs a dict look-up per pair.
