@@ -3,7 +3,10 @@
 * ``treeattn topo show SPEC_OR_FILE [--json]``: a summary table, or one JSON object with
   ``gpus``, ``hosts``, ``links`` (kind -> physical links), ``bandwidth`` and ``latency``
   (GPU x GPU route bottleneck in bytes/s and route latency in s, 0 on the diagonal).
-* ``treeattn topo import FILE [--format ...] [--gpu MODEL] -o OUT.json``
+* ``treeattn topo import FILE [--format ...] [--gpu MODEL] [--nodes N [--nic-gbps G]
+  [--rails R] [--leaf K]] -o OUT.json``: with ``--nodes``, the host replicated N times over a
+  rail fabric, the same as ``FILE:nodes=N,nic_gbps=G,rails=R,leaf=K`` anywhere a topology
+  is accepted (see :mod:`treeattn.topo.replicate`).
 * ``treeattn topo draw SPEC_OR_FILE -o OUT.png``
 """
 
@@ -24,7 +27,8 @@ from treeattn.topo.importers import FORMATS, expected_gpus
 from treeattn.topo.summary import span, summary_rows
 
 MAX_JSON_GPUS = 4096  # 4096^2 matrix entries are ~0.3 GB of JSON already
-DEMO_SPECS = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x:nodes=1", "pcie-4090:gpus=8")
+DEMO_SPECS = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "gb200-nvl72:racks=2", "mi300x:nodes=1",
+              "pcie-4090:gpus=8")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp = sub.add_parser("import", help="convert nvidia-smi/rocm-smi/NCCL XML output to JSON")
     imp.add_argument("file", metavar="FILE")
     _source_options(imp)
+    imp.add_argument("--nodes", type=int, metavar="N",
+                     help="replicate the host N times over a rail-optimized fabric")
+    imp.add_argument("--nic-gbps", type=float, metavar="G", help="NIC speed, Gb/s (default 400)")
+    imp.add_argument("--rails", type=int, metavar="R",
+                     help="rails per host (default: the host's NICs, else one per GPU)")
+    imp.add_argument("--leaf", type=int, metavar="K",
+                     help="hosts per leaf switch; more add a spine level (default: automatic)")
     imp.add_argument("-o", "--output", required=True, metavar="OUT.json")
     imp.set_defaults(func=handle_import)
     draw = sub.add_parser("draw", help="write a PNG picture of a topology")
@@ -104,11 +115,28 @@ def handle_import(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise TopologyError(f"no such file: {args.file!r}")
     check_output_path(args.output)  # before the (possibly long) import
-    t = _load(args, str(path))
+    t = _load(args, str(path) + replicate_suffix(args))
     atomic.write_text(args.output, t.to_json())
     print(f"wrote {args.output}: {t.num_gpus} GPUs ({t.gpu_model(0)}), "
           f"{sum(t.links().values())} links")
     return 0
+
+
+def replicate_suffix(args: argparse.Namespace) -> str:
+    """``":nodes=N,..."`` from ``--nodes/--nic-gbps/--rails/--leaf`` ("" without ``--nodes``).
+
+    >>> replicate_suffix(argparse.Namespace(nodes=4, nic_gbps=None, rails=8, leaf=None))
+    ':nodes=4,rails=8'
+    """
+    extra = {"nic_gbps": args.nic_gbps, "rails": args.rails, "leaf": args.leaf}
+    if args.nodes is None:
+        given = [k for k, v in extra.items() if v is not None]
+        if given:
+            raise TopologyError(f"--{given[0].replace('_', '-')} needs --nodes")
+        return ""
+    opts = {"nodes": args.nodes, **{k: v for k, v in extra.items() if v is not None}}
+    return ":" + ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in opts.items())
 
 
 def handle_draw(args: argparse.Namespace) -> int:

@@ -2,10 +2,12 @@
 
 Public API (all on :class:`Topology`):
 
-* construction: ``Topology.from_spec("dgx-h100:nodes=2")`` (also ``mi300x:nodes=N``,
+* construction: ``Topology.from_spec("dgx-h100:nodes=2")`` (also ``dgx-a100``, ``hgx-h200``,
+  ``dgx-b200`` and ``mi300x`` with ``nodes=N``, ``gb200-nvl72:racks=N``,
   ``pcie-4090:gpus=2|4|8,nodes=N``, ``local:ranks=N,latency=S,bandwidth=BPS``),
   ``Topology.load(spec_or_path, fmt="auto", gpu=None)`` (spec, ``.json``, ``nvidia-smi topo
-  -m``, ``rocm-smi --showtopo``, NCCL/RCCL XML), ``Topology.from_json(text)`` /
+  -m``, ``rocm-smi --showtopo``, NCCL/RCCL XML; ``PATH:nodes=N,nic_gbps=G,rails=R,leaf=K``
+  replicates a file's host over a rail fabric), ``Topology.from_json(text)`` /
   ``t.to_json()``, ``Topology(graph, name)``; ``t1 == t2`` compares nodes, edges and attributes;
 * lookups: ``t.graph`` (``networkx.DiGraph``), ``t.name``, ``t.gpus`` (rank order),
   ``t.num_gpus``, ``t.hosts``, ``t.host_of(g)``, ``t.gpus_on(host)``, ``t.gpu_model(g)``,

@@ -20,6 +20,7 @@ A800          NVLink3      8       25          NVIDIA A800 product brief (400 GB
 H100 / H200   NVLink4      18      25          NVIDIA H100 whitepaper (900 GB/s bidir)
 H800          NVLink4      8       25          NVIDIA H800 product brief (400 GB/s bidir)
 B200          NVLink5      18      50          NVIDIA Blackwell datasheet (1.8 TB/s bidir)
+GB200         NVLink5      18      50          NVIDIA GB200 NVL72 datasheet (1.8 TB/s bidir)
 RTX3090       NVLink3      4       14.0625     GeForce RTX 3090 spec, bridge 112.5 GB/s bidir
 A6000         NVLink3      4       14.0625     RTX A6000 datasheet, bridge 112.5 GB/s bidir
 MI250/MI250X  xGMI (IF3)   8       50          AMD CDNA2 whitepaper (100 GB/s bidir per link)
@@ -38,6 +39,8 @@ throughput (BF16, or FP16 where the part has no BF16), from the vendor datasheet
   H800 SXM5: as H100 (NVIDIA H800 product brief: same GPU, fewer NVLinks).
 * H200 SXM: 4.8 TB/s HBM3e, 989 TFLOP/s (NVIDIA H200 datasheet).
 * B200: 8 TB/s HBM3e, 2.25 PFLOP/s (NVIDIA DGX B200 datasheet, per GPU).
+* GB200 (the Blackwell GPU of a GB200 superchip): 8 TB/s HBM3e, 2.5 PFLOP/s (NVIDIA GB200
+  NVL72 datasheet: 576 TB/s and 180 PFLOP/s dense FP16/BF16 (360 with sparsity) for 72 GPUs).
 * A100 SXM4 80 GB: 2.039 TB/s, 312 TFLOP/s (NVIDIA A100 datasheet). A800: as A100
   (NVIDIA A800 product brief: same GPU, fewer NVLinks).
 * V100 SXM2: 900 GB/s, 125 TFLOP/s FP16 (NVIDIA V100 datasheet).
@@ -55,6 +58,15 @@ throughput (BF16, or FP16 where the part has no BF16), from the vendor datasheet
 * RTX 4090: 1008 GB/s GDDR6X, 165 TFLOP/s BF16 with FP32 accumulate (NVIDIA Ada Lovelace
   architecture whitepaper, appendix table).
 * RTX 3090: 936 GB/s, 71 TFLOP/s (NVIDIA Ampere GA102 whitepaper).
+GPU memory capacity (:attr:`GpuSpec.memory_capacity`, bytes; the simulator refuses plans
+whose shards do not fit), from the same datasheets: P100 16 GB, V100 32 GB, A100 80 GB (the
+A100 SXM4 80 GB; the 40 GB part reports the same device family and is not told apart),
+A800 / H100 / H800 80 GB, H200 141 GB, B200 180 GB (as sold in the DGX B200: 1,440 GB for 8
+GPUs; the bare B200 part has 192 GB), GB200 186 GB (GB200 NVL72 datasheet: 13.4 TB HBM3e for
+72 GPUs), RTX 3090 / RTX 4090 24 GB, RTX A6000 48 GB, MI250 / MI250X 64 GB per GCD (128 GB per
+package), MI210 64 GB, MI300X / MI308X 192 GB, MI300A 128 GB (unified HBM3 shared with the
+CPU cores). ``cpu`` has 0, meaning unknown (no capacity check).
+
 * ``cpu``: 10 GB/s and 100 GFLOP/s, a placeholder until ``treeattn calibrate`` measures the
   machine (:func:`treeattn.sim.devices.hardware_from_profile`).
 """
@@ -79,43 +91,46 @@ class GpuSpec:
     pcie_gen: int = 4  # host link generation (x16)
     memory_bandwidth: float = 0.0  # bytes/s, peak
     peak_flops: float = 0.0  # dense 16-bit tensor FLOP/s
+    memory_capacity: float = 0.0  # bytes of device memory (0: unknown)
 
 
 GPU_SPECS: dict[str, GpuSpec] = {
     "P100": GpuSpec("nvlink", 4, 20 * GB, pcie_gen=3,
-            memory_bandwidth=732 * GB, peak_flops=18.7e12),
+            memory_bandwidth=732 * GB, peak_flops=18.7e12, memory_capacity=16 * GB),
     "V100": GpuSpec("nvlink", 6, 25 * GB, pcie_gen=3,
-            memory_bandwidth=900 * GB, peak_flops=125e12),
+            memory_bandwidth=900 * GB, peak_flops=125e12, memory_capacity=32 * GB),
     "A100": GpuSpec("nvlink", 12, 25 * GB,
-            memory_bandwidth=2.039 * TB, peak_flops=312e12),
+            memory_bandwidth=2.039 * TB, peak_flops=312e12, memory_capacity=80 * GB),
     "A800": GpuSpec("nvlink", 8, 25 * GB,
-            memory_bandwidth=2.039 * TB, peak_flops=312e12),
+            memory_bandwidth=2.039 * TB, peak_flops=312e12, memory_capacity=80 * GB),
     "H100": GpuSpec("nvlink", 18, 25 * GB, pcie_gen=5,
-            memory_bandwidth=3.35 * TB, peak_flops=989e12),
+            memory_bandwidth=3.35 * TB, peak_flops=989e12, memory_capacity=80 * GB),
     "H200": GpuSpec("nvlink", 18, 25 * GB, pcie_gen=5,
-            memory_bandwidth=4.8 * TB, peak_flops=989e12),
+            memory_bandwidth=4.8 * TB, peak_flops=989e12, memory_capacity=141 * GB),
     "H800": GpuSpec("nvlink", 8, 25 * GB, pcie_gen=5,
-            memory_bandwidth=3.35 * TB, peak_flops=989e12),
+            memory_bandwidth=3.35 * TB, peak_flops=989e12, memory_capacity=80 * GB),
     "B200": GpuSpec("nvlink", 18, 50 * GB, pcie_gen=5,
-            memory_bandwidth=8.0 * TB, peak_flops=2250e12),
+            memory_bandwidth=8.0 * TB, peak_flops=2250e12, memory_capacity=180 * GB),
+    "GB200": GpuSpec("nvlink", 18, 50 * GB, pcie_gen=5,
+            memory_bandwidth=8.0 * TB, peak_flops=2500e12, memory_capacity=186 * GB),
     "RTX3090": GpuSpec("nvlink", 4, 112.5 / 8 * GB,
-            memory_bandwidth=936 * GB, peak_flops=71e12),
+            memory_bandwidth=936 * GB, peak_flops=71e12, memory_capacity=24 * GB),
     "A6000": GpuSpec("nvlink", 4, 112.5 / 8 * GB,
-            memory_bandwidth=768 * GB, peak_flops=154.8e12),
+            memory_bandwidth=768 * GB, peak_flops=154.8e12, memory_capacity=48 * GB),
     "MI250": GpuSpec("xgmi", 8, 50 * GB,
-            memory_bandwidth=1.6 * TB, peak_flops=181e12),
+            memory_bandwidth=1.6 * TB, peak_flops=181e12, memory_capacity=64 * GB),
     "MI250X": GpuSpec("xgmi", 8, 50 * GB,
-            memory_bandwidth=1.6 * TB, peak_flops=191.5e12),
+            memory_bandwidth=1.6 * TB, peak_flops=191.5e12, memory_capacity=64 * GB),
     "MI210": GpuSpec("xgmi", 3, 50 * GB,
-            memory_bandwidth=1.6 * TB, peak_flops=181e12),
+            memory_bandwidth=1.6 * TB, peak_flops=181e12, memory_capacity=64 * GB),
     "MI300X": GpuSpec("xgmi", 7, 64 * GB, pcie_gen=5,
-            memory_bandwidth=5.3 * TB, peak_flops=1307e12),
+            memory_bandwidth=5.3 * TB, peak_flops=1307e12, memory_capacity=192 * GB),
     "MI300A": GpuSpec("xgmi", 6, 64 * GB, pcie_gen=5,
-            memory_bandwidth=5.3 * TB, peak_flops=981e12),
+            memory_bandwidth=5.3 * TB, peak_flops=981e12, memory_capacity=128 * GB),
     "MI308X": GpuSpec("xgmi", 7, 64 * GB, pcie_gen=5,
-            memory_bandwidth=5.3 * TB, peak_flops=1307e12),
+            memory_bandwidth=5.3 * TB, peak_flops=1307e12, memory_capacity=192 * GB),
     "RTX4090": GpuSpec("", 0, 0.0, p2p=False,
-            memory_bandwidth=1008 * GB, peak_flops=165e12),
+            memory_bandwidth=1008 * GB, peak_flops=165e12, memory_capacity=24 * GB),
     "cpu": GpuSpec("", 0, 0.0,
             memory_bandwidth=10 * GB, peak_flops=100e9),
 }
@@ -156,6 +171,8 @@ UPI_BANDWIDTH_AMD = 16 * GB
 IB_NDR_BANDWIDTH = 400e9 / 8
 # InfiniBand HDR / 200 GbE (ConnectX-6) for the 4090 boxes: 25 GB/s per direction.
 IB_HDR_BANDWIDTH = 200e9 / 8
+# InfiniBand XDR 800 Gb/s (ConnectX-8 SuperNIC): 100 GB/s per direction.
+IB_XDR_BANDWIDTH = 800e9 / 8
 # Network: NCCL's 2.7 us base for a NIC-leaf-NIC hop, split over NIC->leaf and leaf->NIC;
 # each extra switch level (leaf -> spine -> leaf) adds 0.5 us per edge (switch port-to-port).
 IB_EDGE_LATENCY = 1.1 * US

@@ -2,6 +2,8 @@
 
 Formats: ``nvidia-smi`` (``nvidia-smi topo -m``), ``rocm-smi`` (``rocm-smi --showtopo``),
 ``nccl-xml`` (``NCCL_TOPO_DUMP_FILE`` / RCCL topology XML) and ``json`` (:meth:`to_json`).
+Any of them takes ``FILE:nodes=N[,nic_gbps=G,rails=R,leaf=K]`` to replicate its host over a
+rail fabric (:mod:`treeattn.topo.replicate`); options are checked before the file is read.
 """
 
 from __future__ import annotations
@@ -22,10 +24,34 @@ def load(cls, source, fmt: str = "auto", gpu: str | None = None):
         raise TopologyError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     path = Path(source)
     text_source = str(source)
+    split = _file_with_options(path, text_source, fmt)
+    if split is not None:
+        from treeattn.topo.replicate import parse_options, replicate
+
+        file, opts_text = split
+        opts = parse_options(opts_text, Path(file).name)  # before reading: nodes=1e9 fails fast
+        base = load(cls, file, fmt=fmt, gpu=gpu)
+        return cls(replicate(base.graph, opts, Path(file).name), name=Path(text_source).name)
     if not path.exists() and fmt == "auto" and _looks_like_spec(text_source):
         return cls.from_spec(text_source)
     text = read_text(path)
     return parse_text(cls, text, path.name, fmt=fmt, gpu=gpu)
+
+
+def _file_with_options(path: Path, source: str, fmt: str) -> tuple[str, str] | None:
+    """``(file, options)`` when ``source`` is ``FILE:key=value,...`` naming a file (an existing
+    path, or one that cannot be a built-in spec), else ``None``."""
+    if path.exists():
+        return None
+    from treeattn.topo.replicate import split_source
+
+    split = split_source(source)
+    if split is None:
+        return None
+    file = split[0]
+    if fmt == "auto" and _looks_like_spec(file) and not Path(file).exists():
+        return None  # a built-in spec such as dgx-h100:nodes=2
+    return split
 
 
 def expected_gpus(source, fmt: str = "auto") -> int | None:
@@ -38,6 +64,13 @@ def expected_gpus(source, fmt: str = "auto") -> int | None:
     (5000, 3)
     """
     path = Path(source)
+    split = _file_with_options(path, str(source), fmt)
+    if split is not None:
+        from treeattn.topo.replicate import parse_options
+
+        opts = parse_options(split[1], Path(split[0]).name)
+        per_host = expected_gpus(split[0], fmt)
+        return None if per_host is None else per_host * opts["nodes"]
     if not path.exists() and fmt == "auto" and _looks_like_spec(str(source)):
         from treeattn.topo.builders import spec_gpus
 

@@ -6,7 +6,10 @@ Rules (the same ones NCCL/RCCL follow):
 * **Same host, peer-to-peer** (NVSwitch, PCIe P2P): the cheapest path inside the host that
   does not pass through another GPU. Edge cost is ``latency + 64 KiB / bandwidth``, so
   NVLink beats PCIe. NVSwitch chips that forward in parallel are represented by one logical
-  switch node (see :mod:`treeattn.topo.builders`); the physical chips are never routed.
+  switch node (see :mod:`treeattn.topo.fabric`); the physical chips are never
+  routed. Two P2P GPUs on the same logical switch take GPU -> switch -> GPU without a search
+  (the switch's bonded edges are the cheapest way out of a GPU), so a 72-GPU NVLink domain
+  costs a dict look-up per pair.
 * **Same host, no P2P** (GPU attr ``p2p=False``, e.g. GeForce RTX 4090): through host memory,
   i.e. GPU -> nearest ``cpu`` -> (UPI -> other ``cpu``) -> GPU.
 * **Between hosts** (rail-optimized, NCCL's PXN): the destination GPU's own NIC fixes the rail
@@ -54,6 +57,7 @@ class Router:
         for n, data in graph.nodes(data=True):
             if data["kind"] == "nic":
                 self._rail_nics.setdefault((data["host"], str(data.get("rail", n))), n)
+        self._logical: dict[str, str | None] = {}
         self._owner: dict[str, str] = {}
         self._gpu_host = {gpu: graph.nodes[gpu]["host"] for gpu in gpus}
         self._gpu_rail: dict[str, str] = {}
@@ -90,12 +94,27 @@ class Router:
     def intra(self, a: str, b: str) -> tuple[Edge, ...]:
         key = (a, b)
         if key not in self._intra:
+            sw = self.logical_switch(a)
             if self.g.has_edge(a, b) and self.g.edges[a, b]["kind"] in ("nvlink", "xgmi"):
                 path = (a, b)
+            elif sw is not None and sw == self.logical_switch(b) and self._p2p(a) and self._p2p(b):
+                path = (a, sw, b)
             else:
                 path = self._host_path(a, b, via_cpu=not (self._p2p(a) and self._p2p(b)))
             self._intra[key] = _edges(path)
         return self._intra[key]
+
+    def logical_switch(self, gpu: str) -> str | None:
+        """The logical NVSwitch ``gpu`` has a two-way NVLink edge to, if any (cached)."""
+        if gpu not in self._logical:
+            hit = None
+            for v, d in self.g.adj[gpu].items():
+                if (d.get("logical") and d["kind"] == "nvlink"
+                        and self.g.nodes[v]["kind"] == "nvswitch" and self.g.has_edge(v, gpu)):
+                    hit = v
+                    break
+            self._logical[gpu] = hit
+        return self._logical[gpu]
 
     def _p2p(self, n: str) -> bool:
         return bool(self.g.nodes[n].get("p2p", True))
