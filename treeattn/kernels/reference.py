@@ -75,6 +75,7 @@ def _finish(
     return o, lse.squeeze(-1)
 
 
+@torch.no_grad()  # an inference kernel: it writes into reused buffers, which autograd forbids
 def partial_attention(
     q: torch.Tensor,
     k: torch.Tensor,

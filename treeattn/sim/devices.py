@@ -121,7 +121,7 @@ CPU_LAUNCH_S = 20e-6  # placeholder: `treeattn calibrate` measures it
 HARDWARE: dict[str, HardwareModel] = {
     name: HardwareModel(name, spec.memory_bandwidth, spec.peak_flops,
                         CPU_LAUNCH_S if name == "cpu" else GPU_LAUNCH_S,
-                        memory_bytes=float(getattr(spec, "memory_bytes", 0.0) or 0.0))
+                        memory_bytes=float(spec.memory_capacity))
     for name, spec in GPU_SPECS.items()
 }
 

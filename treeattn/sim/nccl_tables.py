@@ -126,6 +126,7 @@ ARCH_OF_MODEL = {
     "P100": "volta", "V100": "volta", "A100": "ampere", "A800": "ampere",
     "RTX3090": "ampere-sm86", "A6000": "ampere-sm86", "RTX4090": "ampere-sm86",
     "H100": "hopper", "H200": "hopper", "H800": "hopper", "B200": "blackwell",
+    "GB200": "blackwell",
     "MI300X": "cdna3", "MI308X": "cdna3", "MI300A": "cdna3",
     "MI250": "cdna2", "MI250X": "cdna2", "MI210": "cdna2",
 }
