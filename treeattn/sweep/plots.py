@@ -79,6 +79,8 @@ def latency_vs_seq_len(rows: list[dict], path: Path) -> Path:
     for ax, (topo, topo_rows) in zip(axes, by_topo.items()):
         gpus = max(r["gpus"] for r in topo_rows)
         for algo, (color, marker, style) in ALGO_STYLE.items():
+            if algo == "pick":  # the pick is one of the algorithms drawn already
+                continue
             pts = sorted((r["seq_len"], r["latency_s"]) for r in topo_rows
                          if r["algorithm"] == algo and r["gpus"] == gpus)
             if pts:
