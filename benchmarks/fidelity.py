@@ -98,7 +98,7 @@ MISSES = {
                    "only the large NVLS points are scored. At 128 MB the prediction is 15% "
                    "fast; from 1 GB it is within 2%.",
     "H100 2-4 nodes": "Small messages run on NCCL's tree with LL on both clusters, within 25% "
-                      "per point. The 1 MB points are predicted 15-20% fast.",
+                      "per point. The 1 MB points are predicted 7-16% fast, 128 MB 17-18% fast.",
     "MI300X 1 node": "From 8 to 512 B RCCL's tables (ring LL: 12 µs base + 14 xGMI hops × "
                      "0.8 µs = 23.2 µs) match the run (16-23 µs). From 1 KB the run drops to "
                      "a flat ~14 µs, faster than anything the tuning tables can produce; it "
