@@ -349,18 +349,13 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims) -> dict | None:
 
 
 def read_profile(path: str | os.PathLike) -> dict:
-    """Load a profile written by :func:`write_profile`; one-line error if unreadable."""
-    try:
-        profile = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise RuntimeFailure(f"cannot read profile {path}: {exc}") from exc
-    if not isinstance(profile, dict) or profile.get("version") != PROFILE_VERSION:
-        raise RuntimeFailure(f"profile {path} is not a version {PROFILE_VERSION} profile")
+    """Load a profile (the one schema, read by :func:`treeattn.sim.devices.load_profile`);
+    a one-line :class:`RuntimeFailure` if it is unreadable or not a profile."""
     from treeattn.sim import SimError
     from treeattn.sim.devices import load_profile
 
     try:
-        return load_profile(profile)
+        return load_profile(path)
     except SimError as exc:
         raise RuntimeFailure(f"profile {path}: {exc}") from exc
 
