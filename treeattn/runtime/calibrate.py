@@ -357,7 +357,7 @@ def read_profile(path: str | os.PathLike) -> dict:
     try:
         return load_profile(path)
     except SimError as exc:
-        raise RuntimeFailure(f"profile {path}: {exc}") from exc
+        raise RuntimeFailure(str(exc)) from exc
 
 
 def write_profile(profile: dict, path: str | os.PathLike) -> None:

@@ -227,7 +227,7 @@ def load_profile(source: str | Path | dict) -> dict:
         try:
             profile = json.loads(Path(source).read_text())
         except (OSError, ValueError) as exc:
-            raise SimError(f"cannot read calibration profile {source}: {exc}") from None
+            raise SimError(f"cannot read profile {source}: {exc}") from None
     if not isinstance(profile, dict) or profile.get("version") != VERSION:
         raise SimError(f"calibration profile must be a JSON object with version {VERSION}")
     if profile.get("kind") == NCCL_TESTS_KIND:
