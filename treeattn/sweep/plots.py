@@ -38,10 +38,11 @@ def _figure(ncols: int = 1, nrows: int = 1, size=(6.0, 4.2)) -> tuple[Figure, li
 
 
 def _style(ax, xlabel: str, ylabel: str, title: str, xbase: int = 10,
-           legend_title: str | None = None) -> None:
-    """Log-log axes, labels, grid and legend."""
+           legend_title: str | None = None, ylog: bool = True) -> None:
+    """Log-log (or log-linear) axes, labels, grid and legend."""
     ax.set_xscale("log", base=xbase)
-    ax.set_yscale("log")
+    if ylog:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -113,7 +114,7 @@ def speedup_vs_gpus(rows: list[dict], path: Path, topology: str | None = None) -
     return _finish(fig, ax, path, "number of GPUs",
                    "predicted speedup over the best baseline (×)",
                    f"Planner's pick vs strongest baseline: {title}, {model}", xbase=2,
-                   legend_title="context")
+                   legend_title="context", ylog=False)
 
 
 def memory_vs_hidden(rows: list[dict], path: Path) -> Path:
