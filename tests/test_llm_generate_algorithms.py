@@ -13,7 +13,8 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.mark.parametrize("world,algorithm", [(2, "oneshot"), (3, "helix"), (3, "dcp"),
-                                             (3, "allreduce2"), (2, "allreduce3")])
+                                             (3, "allreduce2"), (2, "allreduce3"),
+                                             (3, "ring-passq")])
 def test_collective_algorithms_decode_like_one_process(world, algorithm):
     model = load_model("debug").model
     prompt = [(29 * i + 5) % 256 for i in range(19)]

@@ -30,6 +30,7 @@ CASES = (
     Case("dcp", {"query_gather": True}),
     Case("allgather"),
     Case("ring"),
+    Case("ring-passq"),  # B = 2 < p = 3, 4: dummy queries travel and are dropped
 )
 # Uneven shards, including an empty one (world 3) and the default-split remainder rule.
 LENGTHS = {2: (7, 3), 3: (6, 0, 5), 4: (9, 2, 5, 1)}

@@ -24,7 +24,7 @@ VARIANTS = [("tree", {"shape": s}) for s in SHAPES] + [
     ("allreduce3", {"inner": "tree"}), ("allreduce3", {"inner": "ring"}),
     ("allreduce3", {"inner": "tree", "shape": "double_binary"}),
     ("allreduce3", {}), ("allreduce2", {}), ("oneshot", {}), ("helix", {}), ("dcp", {}),
-    ("dcp", {"query_gather": True}),
+    ("dcp", {"query_gather": True}), ("ring-passq", {}),
 ]
 
 

@@ -22,6 +22,7 @@ including its KV shard; CUDA: ``torch.cuda.max_memory_allocated``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import finalize_sums, merge, partial_attention, rescale_to_max
+from treeattn.runtime import passq
 from treeattn.runtime.collectives import Groups, fold_kept, run_collective
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, wait_work
@@ -132,7 +134,8 @@ class Executor:
     ) -> None:
         if schedule.world != ctx.world:
             raise RuntimeFailure(f"schedule is for {schedule.world} ranks, group has {ctx.world}")
-        self.ctx, self.schedule, self.dims = ctx, schedule, dims
+        self.ctx, self.schedule = ctx, schedule
+        self.dims = dataclasses.replace(dims, world=schedule.world)  # sizes pass-Q buffers
         self.steps = schedule.steps[ctx.rank]
         self.scale = scale if scale is not None else 1.0 / math.sqrt(dims.head_dim)
         self.kv_lengths = kv_message_lengths(schedule, lengths)
@@ -140,6 +143,7 @@ class Executor:
         largest = max((n for (r, _), n in self.kv_lengths.items() if r == ctx.rank), default=0)
         self.kv_pool = _KVPool(dims.kv_dtype, ctx.device, dims.numel("kv", largest))
         self.groups = Groups(ctx, schedule)  # every rank makes every subgroup, in one order
+        self.passq = passq.uses_passq(self.steps)
 
     # -- public ----------------------------------------------------------------------------
     def run(
@@ -184,6 +188,9 @@ class _RunState:
             "residue": None,  # a second running partial (butterfly, p not a power of two)
             "numden": None,  # num and den packed like a partial (allreduce2)
         }
+        if ex.passq:  # the own query block and the identity outbox (runtime/passq.py)
+            self.bufs.update(passq.initial_buffers(q, ex.ctx.rank, ex.dims))
+        self.passq_steps = 0  # attention_qblock steps run (they give the block's origin)
         self.kept: dict[int, tuple[str, tuple]] = {}  # collective tag -> (payload, kept)
         self.block: torch.Tensor | None = None  # packed block partial of attention_block
         self.pending: dict[int, list[tuple[Recv, torch.Tensor]]] = {}  # tag -> received
@@ -303,7 +310,11 @@ class _RunState:
             flat = self.q.reshape(-1)
         else:
             flat = self._payload_flat(step.payload)
-        how, value = run_collective(ex.ctx, ex.groups, step, flat, ex.dims)
+        if step.payload == "outbox":
+            how, value = passq.run_collective(ex.ctx, ex.groups[step.group], step, flat,
+                                              ex.dims)
+        else:
+            how, value = run_collective(ex.ctx, ex.groups, step, flat, ex.dims)
         self.stats.bytes_sent += sent_bytes(step)
         if how == "keep":
             self.kept[step.tag] = (step.payload, value)
@@ -332,6 +343,8 @@ class _RunState:
             bufs["num"], bufs["den"] = num.reshape(-1), den.reshape(-1)
         elif step.label == "finalize":
             self._finalize()
+        elif step.label in passq.LABELS:
+            self.passq_steps = passq.compute(self, step.label)
         elif step.label == "rescale_packed":
             o, lse = unpack_partial(bufs["partial"], self.ex.dims)
             num, den = rescale_to_max(o, lse, bufs["max"].view_as(lse))
@@ -357,9 +370,10 @@ class _RunState:
     def merge_step(self, step: Merge) -> None:
         if step.tag in self.kept:  # what a collective kept: fold every piece in
             payload, kept = self.kept.pop(step.tag)
-            target = "partial" if step.op == "partial" else payload
-            self.bufs[target] = fold_kept(self._payload_flat(target), payload, step.op, kept,
-                                          self.ex.dims)
+            flat = self._payload_flat(payload)  # folded into the collective's payload
+            self.bufs[payload] = (passq.fold_slots(flat, kept, self.ex.dims)
+                                  if payload == "outbox" else
+                                  fold_kept(flat, payload, step.op, kept, self.ex.dims))
             return
         if step.op == "residue":  # residue <- partial (+) the message, or a copy of partial
             self._set_residue(step.tag)

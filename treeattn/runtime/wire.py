@@ -5,7 +5,9 @@ slice sent without a copy:
 
 - ``"partial"``: ``o`` (B, Hq, D) then ``lse`` (B, Hq), packed into one flat fp32 tensor;
 - ``"max"``, ``"den"``: (B, Hq) fp32; ``"num"``: (B, Hq, D) fp32;
-- ``"kv"``: K then V of a block of ``T`` tokens, (2, B, Hkv, T, D) in the cache dtype.
+- ``"kv"``: K then V of a block of ``T`` tokens, (2, B, Hkv, T, D) in the cache dtype;
+- ``"qblock"`` (Bq, Hq, D) in the cache dtype, ``"outbox"`` ``o`` (P, Bq, Hq, D) then
+  ``lse`` (P, Bq, Hq) fp32 (``ring-passq``, see :mod:`treeattn.runtime.passq`).
 
 Only a KV block's length varies. :func:`kv_message_lengths` runs the schedule symbolically
 (no data) to learn the length of every KV message, so each rank can post its receives with
@@ -19,7 +21,13 @@ from dataclasses import dataclass
 import torch
 
 from treeattn.runtime.errors import RuntimeFailure
-from treeattn.sim.payloads import PAYLOAD_LAYOUTS, Payload, payload_numel, shard_bounds
+from treeattn.sim.payloads import (
+    PAYLOAD_LAYOUTS,
+    Payload,
+    payload_numel,
+    query_slots,
+    shard_bounds,
+)
 from treeattn.sim.schedule import Recv, Schedule, Send
 
 
@@ -32,13 +40,20 @@ class AttnDims:
     n_kv_heads: int  # Hkv
     head_dim: int  # D
     kv_dtype: torch.dtype = torch.float32
+    world: int = 1  # P: sizes pass-Q's query block and outbox (the executor sets it)
+
+    @property
+    def query_slots(self) -> int:
+        """``Bq``: the query slots each rank owns in ``ring-passq``."""
+        return query_slots(self.batch, self.world)
 
     def numel(self, payload: str, kv_len: int = 0) -> int:
         """Elements in the flat buffer of ``payload`` (``kv_len`` tokens for ``"kv"``)."""
         if payload not in PAYLOAD_LAYOUTS:
             raise RuntimeFailure(f"unknown payload {payload!r}")
         return payload_numel(payload, {"B": self.batch, "Hq": self.n_heads,
-                                       "Hkv": self.n_kv_heads, "D": self.head_dim, "T": kv_len})
+                                       "Hkv": self.n_kv_heads, "D": self.head_dim, "T": kv_len,
+                                       "P": self.world, "Bq": self.query_slots})
 
     def dtype(self, payload: str) -> torch.dtype:
         cache = PAYLOAD_LAYOUTS[Payload(payload)].dtype == "cache"

@@ -21,6 +21,8 @@ order (the schedule generators' docstrings) and propagate per-rank ready times:
   unavoidable contention; without it a fast sender would be credited with overlapping
   transfers on one link).
 * allreduce3: the phases above in sequence with the rescale/finalize computes between them.
+* ring-passq: ring's recurrence with query blocks and the own shard attended every step,
+  then its collective tail (:func:`ring_passq`).
 
 They ignore link contention and shared cores, so the simulator can only be slower; with no
 contention it agrees to rounding. Everything is vectorised or linear in the number of
@@ -212,6 +214,36 @@ def closed_form(algorithm: str, cm: CostModel, trees: list[Tree] | None = None,
     return allreduce3(cm, inner, trees or [])
 
 
+def ring_passq(cm: CostModel, schedule) -> float:
+    """Pass-Q: the ring loop of query blocks, then the collective tail of ``schedule``.
+
+    Rank r's step ``j + 1`` starts at ``max(S_r(j) + send + attend_r, A_r(j)) + recv``
+    with the block arriving at ``A_r(j) = max(S_{r−1}(j) + send + wire(qblock),
+    A_r(j−1) + qblock / β_min)`` (as for ring, with a constant attention over the own shard
+    instead of a foreign block); then the all-to-all, merge, gather and placement as
+    :func:`collective_schedule` resolves them (exact for that part).
+    """
+    from treeattn.sim.payloads import ComputeLabel, Payload
+    from treeattn.sim.schedule import Collective, Compute
+
+    p = cm.world
+    attend = [next(s for s in steps if isinstance(s, Compute)
+                   and s.label == ComputeLabel.ATTENTION_QBLOCK) for steps in schedule.steps]
+    work = np.array([cm.compute(r, s.nbytes, s.flops) for r, s in enumerate(attend)])
+    qb = float(cm.workload.buffer_bytes(Payload.QBLOCK, p))
+    prv, ranks = _ring_pairs(cm)
+    inv_min = cm.pair_summary(prv, ranks)[:, 1]
+    t, last_arrival = np.zeros(p), np.full(p, -np.inf)
+    for _ in range(p - 1):
+        sent = t + cm.send_s
+        arrival = np.maximum(sent[prv] + cm.wire_vec(prv, ranks, qb), last_arrival + qb * inv_min)
+        last_arrival = arrival
+        t = np.maximum(sent + work, arrival) + cm.recv_s
+    tails = [steps[next(i for i, s in enumerate(steps) if isinstance(s, Collective)):]
+             for steps in schedule.steps]
+    return collective_steps(cm, tails, list(t + work))
+
+
 def collective_schedule(cm: CostModel, schedule) -> float:
     """Exact latency of a schedule made of local steps and collectives only.
 
@@ -220,16 +252,21 @@ def collective_schedule(cm: CostModel, schedule) -> float:
     so for these schedules the bound is the prediction. Linear in the number of steps: a
     collective is resolved once, when its last member reaches it.
     """
+    return collective_steps(cm, schedule.steps, [0.0] * schedule.world)
+
+
+def collective_steps(cm: CostModel, rank_steps: list[list], clock: list[float]) -> float:
+    """:func:`collective_schedule` of per-rank step lists from per-rank start times."""
     from treeattn.sim.schedule import Collective, Compute, Merge
 
-    world = schedule.world
-    clock, pc = [0.0] * world, [0] * world
+    world = len(rank_steps)
+    clock, pc = list(clock), [0] * world
     calls: dict[tuple, list[int]] = {}  # (group, k-th call) -> members waiting at it
     seen: dict[tuple, int] = {}  # (rank, group) -> collectives of the group reached
     ready = list(range(world))
     while ready:
         r = ready.pop()
-        steps = schedule.steps[r]
+        steps = rank_steps[r]
         while pc[r] < len(steps):
             step = steps[pc[r]]
             if isinstance(step, Compute | Merge):

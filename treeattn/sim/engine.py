@@ -25,7 +25,9 @@ alive. What is counted, walking a rank's steps in order (the peak over all point
 
 * its own KV shard (the cache), always; ``"kv"`` starts as an alias of it (no extra bytes);
 * the payload buffers once set: ``partial`` (by ``attention``), ``max`` (``init_max``),
-  ``num`` and ``den`` (``rescale``), ``residue`` (its first Merge), or by a replacing Recv
+  ``num`` and ``den`` (``rescale``), ``residue`` (its first Merge), ``outbox`` (its first
+  ``attention_qblock``; pass-Q's ``qblock`` by its first Recv, the own block being a view
+  of the replicated query), or by a replacing Recv
   (a chunked replace counts the whole buffer once). A replacing Recv of ``"kv"`` makes
   ``"kv"`` a separate block of the received size (the previous foreign block is freed at
   that moment);
@@ -330,12 +332,12 @@ def critical_path(steps, start, end, cause) -> dict:
 
 # -- peak memory -------------------------------------------------------------------------
 
-def _set_by_compute(label: str, workload: DecodeWorkload) -> dict[str, int]:
-    return {p: workload.buffer_bytes(p) for p in COMPUTE_SETS[ComputeLabel(label)]}
+def _set_by_compute(label: str, workload: DecodeWorkload, world: int) -> dict[str, int]:
+    return {p: workload.buffer_bytes(p, world) for p in COMPUTE_SETS[ComputeLabel(label)]}
 
 
-def rank_peak(steps, shard_bytes: int, workload: DecodeWorkload) -> int:
-    """Peak bytes of one rank's schedule (see the module docstring)."""
+def rank_peak(steps, shard_bytes: int, workload: DecodeWorkload, world: int = 1) -> int:
+    """Peak bytes of one rank's schedule of ``world`` ranks (see the module docstring)."""
     recvs = [i for i, s in enumerate(steps) if isinstance(s, Recv)]
     posted = steps[recvs[0]].nbytes if recvs else 0
     next_recv = 1
@@ -345,7 +347,7 @@ def rank_peak(steps, shard_bytes: int, workload: DecodeWorkload) -> int:
     peak = shard_bytes + posted
     for s in steps:
         if isinstance(s, Compute):
-            named.update(_set_by_compute(s.label, workload))
+            named.update(_set_by_compute(s.label, workload, world))
             if s.label == ComputeLabel.ATTENTION_BLOCK:
                 block = workload.partial_bytes
         elif isinstance(s, Recv):
@@ -354,7 +356,7 @@ def rank_peak(steps, shard_bytes: int, workload: DecodeWorkload) -> int:
             elif s.payload == Payload.KV:
                 named[Payload.KV] = s.nbytes
             else:
-                full = s.nbytes if s.chunk is None else workload.buffer_bytes(s.payload)
+                full = s.nbytes if s.chunk is None else workload.buffer_bytes(s.payload, world)
                 named[s.payload] = max(named.get(s.payload, 0), full)
             posted = steps[recvs[next_recv]].nbytes if next_recv < len(recvs) else 0
             next_recv += 1
@@ -362,7 +364,7 @@ def rank_peak(steps, shard_bytes: int, workload: DecodeWorkload) -> int:
             if s.keeps_messages:  # the other members' contributions, until the Merge
                 kept[s.tag] = int(s.nbytes * (len(s.group) - 1) / len(s.group))
             else:
-                named[s.payload] = workload.buffer_bytes(s.payload)
+                named[s.payload] = workload.buffer_bytes(s.payload, world)
         elif isinstance(s, Merge):
             if s.op == MergeOp.RESIDUE:
                 named[Payload.RESIDUE] = workload.partial_bytes
@@ -378,5 +380,5 @@ def rank_peak(steps, shard_bytes: int, workload: DecodeWorkload) -> int:
 def peak_memory(schedule: Schedule, workload: DecodeWorkload) -> list[int]:
     """Peak bytes per rank for ``schedule`` on ``workload``'s shards."""
     shards = workload.shards(schedule.world)
-    return [rank_peak(steps, workload.kv_bytes(shards[r]), workload)
+    return [rank_peak(steps, workload.kv_bytes(shards[r]), workload, schedule.world)
             for r, steps in enumerate(schedule.steps)]

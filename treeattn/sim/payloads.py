@@ -42,6 +42,8 @@ class Payload(_Name):
     RESIDUE = "residue"
     NUMDEN = "numden"
     QUERY = "query"
+    QBLOCK = "qblock"
+    OUTBOX = "outbox"
 
 
 class ComputeLabel(_Name):
@@ -55,6 +57,8 @@ class ComputeLabel(_Name):
     FINALIZE_GLOBAL = "finalize_global"
     FINALIZE = "finalize"
     INIT_MAX = "init_max"
+    ATTENTION_QBLOCK = "attention_qblock"
+    PLACE_ROWS = "place_rows"
 
 
 class MergeOp(_Name):
@@ -93,9 +97,12 @@ COLLECTIVE_OPS = tuple(CollectiveOp)
 class PayloadLayout:
     """How one payload buffer is laid out: the arrays packed one after the other into one
     flat buffer, each a shape over the symbols ``B`` (batch), ``Hq``/``Hkv`` (query / KV
-    heads), ``D`` (head dim) and ``T`` (a KV block's tokens); the element type (``fp32`` or
-    the KV ``cache`` dtype); and ``chunk_axis``: ``"Hq"`` when a chunk is a range of query
-    heads of every array (the partial), ``None`` when it is a slice of the flat buffer."""
+    heads), ``D`` (head dim), ``T`` (a KV block's tokens), ``P`` (the world) and ``Bq``
+    (``ceil(B / P)``, the query slots a rank owns in ``ring-passq``); the element type
+    (``fp32`` or the KV ``cache`` dtype); and ``chunk_axis``: ``"Hq"`` when a chunk is a
+    range of query heads of every array (the partial), ``"P"`` when it is a range of origin
+    slots of every array (the pass-Q outbox), ``None`` when it is a slice of the flat
+    buffer."""
 
     arrays: tuple[tuple[str, ...], ...]
     dtype: str = "fp32"
@@ -114,6 +121,9 @@ PAYLOAD_LAYOUTS: dict[Payload, PayloadLayout] = {
     Payload.NUM: PayloadLayout((("B", "Hq", "D"),)),
     Payload.DEN: PayloadLayout((("B", "Hq"),)),
     Payload.KV: PayloadLayout((("2", "B", "Hkv", "T", "D"),), dtype="cache"),  # K then V
+    # ring-passq: the query block a rank holds, and one (o, lse) slot per origin rank.
+    Payload.QBLOCK: PayloadLayout((("Bq", "Hq", "D"),), dtype="cache"),
+    Payload.OUTBOX: PayloadLayout((("P", "Bq", "Hq", "D"), ("P", "Bq", "Hq")), chunk_axis="P"),
 }
 # Which buffers each Compute label sets (the memory model counts them from then on).
 COMPUTE_SETS: dict[ComputeLabel, tuple[Payload, ...]] = {
@@ -125,6 +135,8 @@ COMPUTE_SETS: dict[ComputeLabel, tuple[Payload, ...]] = {
     ComputeLabel.FINALIZE_GLOBAL: (Payload.PARTIAL,),
     ComputeLabel.RESCALE: (Payload.NUM, Payload.DEN),
     ComputeLabel.FINALIZE: (Payload.PARTIAL,),
+    ComputeLabel.ATTENTION_QBLOCK: (Payload.OUTBOX,),
+    ComputeLabel.PLACE_ROWS: (Payload.PARTIAL,),
 }
 
 
@@ -135,10 +147,22 @@ def payload_numel(payload: str, dims: dict[str, int]) -> int:
     68
     >>> payload_numel("kv", {"B": 1, "Hkv": 2, "T": 3, "D": 16})
     192
+    >>> payload_numel("outbox", {"P": 3, "Bq": 2, "Hq": 4, "D": 16})
+    408
     """
     layout = PAYLOAD_LAYOUTS[Payload(payload)]
     return sum(prod(int(s) if s.isdigit() else dims[s] for s in shape)
                for shape in layout.arrays)
+
+
+def query_slots(batch: int, world: int) -> int:
+    """``Bq``: the query slots each rank owns when ``batch`` queries are dealt round-robin
+    over ``world`` ranks, padded with dummies to a multiple of the world (``ring-passq``).
+
+    >>> query_slots(1, 4), query_slots(4, 4), query_slots(5, 4)
+    (1, 1, 2)
+    """
+    return -(-batch // world)
 
 
 def shard_sizes(total: int, count: int) -> list[int]:

@@ -29,7 +29,8 @@ takes. What is enumerated for ``p`` ranks on ``h`` hosts (pruning rules that kee
   look-up, and the full list would need millions of them;
 * butterfly always; allgather for p ≤ 256 (its p(p−1) messages make it hopeless beyond);
 * allreduce3 over a binomial tree, and over a ring for p ≤ 256;
-* ring always (its closed form is vectorised; see the planner for when it is simulated).
+* ring always (its closed form is vectorised; see the planner for when it is simulated);
+* ring-passq always (ring's recurrence on query blocks, then its exact collective tail).
 
 :meth:`Plan.explain` says in one paragraph why the winner wins.
 """
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 from treeattn.sim.algorithms import BASELINES, SOURCES, build_schedule
 from treeattn.sim.algorithms.tree import make_trees
 from treeattn.sim.algorithms.trees import Tree
-from treeattn.sim.closed_form import closed_form, collective_schedule
+from treeattn.sim.closed_form import closed_form, collective_schedule, ring_passq
 from treeattn.sim.engine import SimResult, peak_memory, simulate
 from treeattn.sim.network import CostModel
 from treeattn.sim.parallel import cp_view
@@ -140,6 +141,7 @@ def enumerate_candidates(world: int, hosts: int) -> list[Candidate]:
     for name in COLLECTIVE_ALGORITHMS:
         out.append(Candidate(name, name, {}))
     out.append(Candidate("ring", "ring", {}))
+    out.append(Candidate("ring-passq", "ring-passq", {}))
     return out
 
 
@@ -245,6 +247,9 @@ def _chunk_messages(c: Candidate, cm: CostModel) -> float:
         return p * (p - 1) * cm.net.chunking(w.kv_bytes(max(cm.shards)))[0]
     if c.algorithm == "allgather":
         return p * (p - 1)
+    if c.algorithm == "ring-passq":
+        qblock = w.buffer_bytes("qblock", p)
+        return p * (p - 1) * cm.net.chunking(qblock)[0] + 6 * p
     if c.algorithm == "butterfly":
         return p * (p.bit_length() - 1) + 2 * p
     if _is_collective(c):
@@ -260,6 +265,10 @@ def score(cands: list[Candidate], topology, cm: CostModel) -> None:
         if _is_collective(c):
             c.built = schedule_for(c, topology, cm.workload)
             c.bound_s = float(collective_schedule(cm, c.built))
+            continue
+        if c.algorithm == "ring-passq":  # ring's recurrence on query blocks + exact tail
+            c.built = schedule_for(c, topology, cm.workload)
+            c.bound_s = float(ring_passq(cm, c.built))
             continue
         if c.algorithm == "tree" or c.params.get("inner") == "tree":
             kw = {k: v for k, v in c.params.items() if k != "inner" or c.algorithm == "tree"}

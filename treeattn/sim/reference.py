@@ -53,7 +53,7 @@ def merge(a, b):
     with np.errstate(invalid="ignore"):
         wa = np.where(np.isneginf(la), 0.0, np.exp(la - lse))
         wb = np.where(np.isneginf(lb), 0.0, np.exp(lb - lse))
-    return oa * wa[:, None] + ob * wb[:, None], lse
+    return oa * wa[..., None] + ob * wb[..., None], lse
 
 
 def full_attention(q, k, v):
@@ -177,7 +177,7 @@ def _collective(buffers, kept, step: Collective) -> None:
 
 def _fold_collective(buffers, op, payload, value) -> None:
     """``Merge(op, tag)`` of what a collective kept: fold each piece in, in group order."""
-    target = Payload.PARTIAL if op == MergeOp.PARTIAL else payload
+    target = payload  # a gather or all-to-all of partials, or pass-Q's outbox
     if value[0] == "all":
         for piece in value[1]:
             buffers[target] = (merge(buffers[target], piece) if op == MergeOp.PARTIAL
@@ -219,6 +219,32 @@ def _compute(buffers, step: Compute, q, shard):
         buffers[Payload.PARTIAL] = (buffers[Payload.NUM].copy(), buffers[Payload.MAX].copy())
 
 
+def _passq(buffers, step: Compute, rank: int, world: int, shard) -> None:
+    """ring-passq's two labels with the batch axis dropped (B = 1, so Bq = 1): rank 0's
+    block holds the only real query, every other origin a dummy zero query whose partial
+    is computed, moved and merged like a real one and dropped by ``place_rows``."""
+    o, lse = buffers[Payload.OUTBOX]  # (P, Bq, H, D), (P, Bq, H)
+    if step.label == ComputeLabel.PLACE_ROWS:  # query b = i·p + s < B = 1: slot 0, row 0
+        buffers[Payload.PARTIAL] = (o[0, 0].copy(), lse[0, 0].copy())
+        return
+    j = buffers["passq_steps"]
+    origin = (rank - j) % world  # the j-th attended block came j hops round the ring
+    o, lse = o.copy(), lse.copy()
+    for i, row in enumerate(buffers[Payload.QBLOCK]):  # sequence i·p + origin: the only one
+        o[origin, i], lse[origin, i] = partial(row, *shard)
+    buffers[Payload.OUTBOX], buffers["passq_steps"] = (o, lse), j + 1
+
+
+def _passq_buffers(rank: int, world: int, q) -> dict:
+    """The own query block (origin ``rank``; a dummy zero query but on rank 0) and the
+    identity outbox."""
+    heads, dim = q.shape
+    block = q[None].copy() if rank == 0 else np.zeros((1, heads, dim))  # (Bq, H, D)
+    return {Payload.QBLOCK: block, "passq_steps": 0,
+            Payload.OUTBOX: (np.zeros((world, 1, heads, dim)),  # (P, Bq, H, D)
+                             np.full((world, 1, heads), -np.inf))}  # (P, Bq, H)
+
+
 def _at(schedule: Schedule, pc: list[int], member: int, step: Collective) -> bool:
     steps = schedule.steps[member]
     return pc[member] < len(steps) and steps[pc[member]] == step
@@ -227,7 +253,7 @@ def _at(schedule: Schedule, pc: list[int], member: int, step: Collective) -> boo
 def execute(schedule: Schedule, q, shards) -> list:
     """Run ``schedule``; return each rank's final partial. Sends snapshot; Recv blocks."""
     world = schedule.world
-    buffers = [{Payload.KV: shards[r]} for r in range(world)]
+    buffers = [{Payload.KV: shards[r], **_passq_buffers(r, world, q)} for r in range(world)]
     pc, mail, kept = [0] * world, {}, [dict() for _ in range(world)]
     recv_of = [dict() for _ in range(world)]
     merge_payload = [dict() for _ in range(world)]
@@ -271,6 +297,8 @@ def execute(schedule: Schedule, q, shards) -> list:
                                                       buffers[r].pop("block"))
                     else:
                         _fold(buffers[r], s.op, recv_of[r][s.tag], kept[r].pop(s.tag))
+                elif s.label in (ComputeLabel.ATTENTION_QBLOCK, ComputeLabel.PLACE_ROWS):
+                    _passq(buffers[r], s, r, world, shards[r])
                 else:
                     _compute(buffers[r], s, q, shards[r])
                 pc[r] += 1

@@ -18,6 +18,14 @@ Each rank owns a few named buffers, the *payloads*:
 * ``"residue"`` a second running partial, laid out like ``"partial"`` (``butterfly`` when p is
   not a power of two; see :mod:`treeattn.sim.algorithms.butterfly`). Unset until a Merge sets it.
 * ``"numden"``  ``num`` and ``den`` packed like a partial (``allreduce2``: one all-reduce).
+* ``"qblock"``  (``ring-passq``) the query block a rank holds, (Bq, Hq, D) in the cache
+  dtype, ``Bq = ceil(B / p)``. At the start rank ``k`` holds its *own* block (origin ``k``):
+  slot ``i`` is query ``b = i·p + k`` (round-robin), and a slot with ``b ≥ B`` is a dummy
+  zero query (padding: it is computed and sent like a real one). Queries are replicated
+  in treeattn, so this needs no communication.
+* ``"outbox"``  (``ring-passq``) one partial per origin rank, ``o`` (p, Bq, Hq, D) then
+  ``lse`` (p, Bq, Hq), fp32; starts as the identity (0, −inf). Its chunk ``(i, p)`` is the
+  origin slot ``i`` of both arrays.
 
 Steps, run in list order per rank:
 
@@ -34,6 +42,14 @@ Steps, run in list order per rank:
     ``num`` and ``den`` packed in ``"numden"``.
   - ``"finalize_global"`` (dcp): ``o = num``, ``lse = max``, where ``max`` already holds the
     global log-sum-exp and ``num`` the reduced, rescaled outputs; sets ``"partial"``.
+  - ``"attention_qblock"`` (ring-passq): attend the held ``"qblock"`` (slot ``i`` against
+    the own KV shard of sequence ``b = i·p + s``, a dummy slot against sequence ``b mod B``)
+    and write the result into outbox slot ``s``, the block's origin. The origin follows from
+    the step count: the ``j``-th ``attention_qblock`` of rank ``k`` (``j`` from 0) attends
+    the block of origin ``s = (k − j) mod p`` (the ring passes blocks to ``k + 1``).
+  - ``"place_rows"`` (ring-passq): ``"partial"`` ← the (B, Hq, D) partial whose row
+    ``b = i·p + s`` is outbox slot ``s`` row ``i``, for every real query ``b < B``; dummy
+    rows are dropped.
 
 * :class:`Send` posts a non-blocking send of the rank's current ``payload`` buffer (or one
   ``chunk`` of it, see below) to ``dst``. The executor snapshots what it sends, so later steps
@@ -67,7 +83,13 @@ Steps, run in list order per rank:
     every member's chunk ``i``; the rest of the buffer is left stale (head-sharded output).
   - ``all_to_all``: member ``i`` sends chunk ``(j, p)`` of its payload to member ``j`` and
     keeps, under ``tag``, the chunk ``i`` of each other member; ``Merge(op, tag)`` folds them
-    into its own chunk ``i``. The output is head-sharded.
+    into its own chunk ``i``. The output is head-sharded (for the ``"outbox"``, whose chunks
+    are origin slots, member ``i``'s slot ``i`` then merges every rank's partial of its
+    own queries: the output is batch-sharded).
+
+  What a collective kept is folded into the collective's payload (``"partial"`` for a
+  gather or all-to-all of partials, ``"outbox"`` for pass-Q's); chunks follow the payload's
+  ``chunk_axis`` (query heads, or origin slots for the outbox; ``sharded=True`` too).
 
   ``nbytes`` is the size the way nccl-tests counts it: the whole buffer for all-reduce,
   broadcast, reduce-scatter and all-to-all, the whole gathered buffer for all-gather.

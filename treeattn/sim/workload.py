@@ -40,6 +40,7 @@ from treeattn.sim.payloads import (
     Payload,
     SimError,
     payload_numel,
+    query_slots,
     shard_sizes,
 )
 from treeattn.sim.schedule import Compute
@@ -191,11 +192,12 @@ class DecodeWorkload:
         return shard_sizes(self.seq_len, world)
 
     # -- sizes -----------------------------------------------------------------------------
-    def dims(self, tokens: int = 0) -> dict[str, int]:
-        """The symbol values of :data:`~treeattn.sim.schedule.PAYLOAD_LAYOUTS`."""
+    def dims(self, tokens: int = 0, world: int = 1) -> dict[str, int]:
+        """The symbol values of :data:`~treeattn.sim.schedule.PAYLOAD_LAYOUTS` for a block of
+        ``tokens`` tokens on ``world`` ranks (``P``, and ``Bq`` the pass-Q query slots)."""
         m = self.model
         return {"B": self.batch, "Hq": m.n_heads, "Hkv": m.n_kv_heads, "D": m.head_dim,
-                "T": tokens}
+                "T": tokens, "P": world, "Bq": query_slots(self.batch, world)}
 
     def kv_bytes(self, tokens: int) -> int:
         return payload_numel(Payload.KV, self.dims(tokens)) * self.model.dtype_bytes
@@ -212,18 +214,25 @@ class DecodeWorkload:
     def num_bytes(self) -> int:
         return self.buffer_bytes(Payload.NUM)
 
-    def buffer_bytes(self, payload: str) -> int:
-        """Size of a non-KV (fp32) payload buffer (``partial``, ``max``, ``num``, ...).
+    def buffer_bytes(self, payload: str, world: int = 1) -> int:
+        """Size of a non-KV payload buffer (``partial``, ``max``, ``num``, ...) on ``world``
+        ranks (only the pass-Q ``qblock`` and ``outbox`` depend on the world).
 
         Memoised per workload: generators ask for the same few sizes once per rank.
+
+        >>> w = DecodeWorkload("debug", 8, batch=5)  # Bq = 2 slots on 4 ranks
+        >>> w.buffer_bytes("qblock", 4), w.buffer_bytes("outbox", 4)
+        (512, 2176)
         """
         cache = self.__dict__.setdefault("_buffer_bytes", {})
-        if payload not in cache:
+        key = (payload, world)
+        if key not in cache:
             layout = PAYLOAD_LAYOUTS.get(payload)
-            if layout is None or layout.dtype != "fp32":
+            if layout is None or payload == Payload.KV:
                 raise SimError(f"no fixed size for payload {payload!r}")
-            cache[payload] = FP32 * payload_numel(payload, self.dims())
-        return cache[payload]
+            item = FP32 if layout.dtype == "fp32" else self.model.dtype_bytes
+            cache[key] = item * payload_numel(payload, self.dims(world=world))
+        return cache[key]
 
     def chunk_bytes(self, payload: str, count: int) -> list[int]:
         """Bytes of each of ``count`` chunks of a payload buffer (schedule.py's chunks).
@@ -252,9 +261,20 @@ class DecodeWorkload:
         """The Compute step of a partial attention over ``tokens`` (own shard or a block)."""
         return Compute(label, self.attention_bytes(tokens), self.attention_flops(tokens))
 
-    def attention_flops(self, tokens: int) -> int:
+    def attention_flops(self, tokens: int, batch: int | None = None) -> int:
         m = self.model
-        return 4 * self.batch * m.n_heads * tokens * m.head_dim
+        return 4 * (self.batch if batch is None else batch) * m.n_heads * tokens * m.head_dim
+
+    def qblock_attention_step(self, tokens: int, world: int) -> Compute:
+        """One pass-Q step: the ``Bq`` queries of the held block over the own shard of
+        ``tokens`` tokens (their ``Bq`` sequences' KV, dummies included), the block read and
+        one outbox slot written. ``Bq = ceil(B / world)``: padding costs like real queries."""
+        bq = query_slots(self.batch, world)
+        kv = self.kv_bytes(tokens) // self.batch * bq  # (2, Bq, Hkv, T, D)
+        slot = self.buffer_bytes(Payload.OUTBOX, world) // world  # (Bq, Hq, D+1) fp32
+        nbytes = kv + self.buffer_bytes(Payload.QBLOCK, world) + slot
+        return Compute(ComputeLabel.ATTENTION_QBLOCK, nbytes,
+                       self.attention_flops(tokens, bq))
 
     def describe(self) -> str:
         return f"{self.model.name} seq_len={self.seq_len} batch={self.batch}"

@@ -8,6 +8,7 @@
 ``allreduce3`` ``inner`` ("tree" or "ring"), and for the tree ``shape``, ``root``, ``k``
 ``allgather``  no parameters
 ``ring``       no parameters (Ring Attention's pass-KV; ``ring-passkv`` is its label)
+``ring-passq`` no parameters (Meta's CP pass-Q decode: queries travel, KV stays)
 ``allreduce2`` no parameters
 ``oneshot``    no parameters
 ``helix``      no parameters
@@ -26,6 +27,7 @@ import inspect
 from treeattn.sim.algorithms.allgather import build_allgather
 from treeattn.sim.algorithms.allreduce3 import build_allreduce2, build_allreduce3
 from treeattn.sim.algorithms.butterfly import build_butterfly
+from treeattn.sim.algorithms.passq import build_ring_passq
 from treeattn.sim.algorithms.ring import build_ring
 from treeattn.sim.algorithms.serving import build_dcp, build_helix, build_oneshot
 from treeattn.sim.algorithms.tree import build_tree
@@ -45,6 +47,7 @@ REGISTRY = {
     "helix": build_helix,
     "dcp": build_dcp,
     "ring": build_ring,
+    "ring-passq": build_ring_passq,
 }
 ALGORITHM_NAMES: tuple[str, ...] = tuple(REGISTRY)
 # Other spellings accepted on input: Ring Attention's pass-KV ring under its explicit name.
@@ -62,6 +65,7 @@ SOURCES = {
     "helix": "Helix / vLLM+SGLang DCP a2a",
     "dcp": "vLLM/SGLang DCP (AG+RS)",
     "ring": "Ring Attention pass-KV",
+    "ring-passq": "Meta CP pass-Q ring",
 }
 # treeattn's own algorithms; every other one is a baseline a practitioner runs today.
 OWN = ("tree", "butterfly", "allgather")
