@@ -24,7 +24,10 @@ gave 0.95–1.8 GB/s where 1 GiB really moved at 0.75 GB/s, which made the same
 ``run --check`` predict 586 ms one time and 1265 ms the next.
 
 Sampling: every point is timed a number of times set by a time budget (:data:`TARGET_S`)
-with a floor (:data:`MIN_SAMPLES`); the median is the value, and the p10/p90 of the samples
+with a floor (:data:`MIN_SAMPLES`); the median is the value. The exchange and attention,
+which set the bandwidth-bound predictions, are measured in :data:`ROUNDS` bursts spread over
+the calibration and combined by :func:`combine_rounds`, so one burst caught by another
+user's load spike does not move them; and the p10/p90 of the samples
 give each section a ``spread`` ``[p10/median, p90/median]`` (max over ranks) from which
 ``run --check`` derives the predicted band (:func:`treeattn.sim.devices.profile_bound`).
 - **attention**: ``treeattn.kernels.partial_attention`` over local shards of several lengths,
@@ -51,18 +54,13 @@ The profile::
 
 from __future__ import annotations
 
-import json
 import os
-import platform
-import socket
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from treeattn import atomic
 from treeattn.kernels import partial_attention
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.fitting import (  # noqa: F401  (fit_latency_bandwidth: re-export)
@@ -71,13 +69,19 @@ from treeattn.runtime.fitting import (  # noqa: F401  (fit_latency_bandwidth: re
     message_section,
 )
 from treeattn.runtime.group import RankContext, barrier, wait_work
-from treeattn.runtime.timing import sample_stats, spread
+from treeattn.runtime.profile_io import (  # noqa: F401  (re-exported)
+    PROFILE_VERSION,
+    machine_info,
+    read_profile,
+    write_profile,
+)
+from treeattn.runtime.timing import combine_rounds, sample_stats, spread
 from treeattn.runtime.wire import AttnDims
 
-PROFILE_VERSION = 1
 P2P_SIZES = (4, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
 EXCHANGE_CAP = 1 << 30  # largest exchange calibrated: 2 such buffers per rank
 MIN_SAMPLES = 5  # floor on timed samples per point, however long one takes
+ROUNDS = 3  # exchange and attention: bursts spread over the calibration, pooled
 ALLREDUCE_SIZES = (4, 256, 4096, 65536)
 COLLECTIVE_SIZES = (256, 4096, 65536, 1 << 20)  # bytes, nccl-tests' size convention
 EXCHANGE_SIZES = (4096, 1 << 20, 1 << 24, 1 << 26)
@@ -153,7 +157,8 @@ def _broadcast_pair_int(ctx: RankContext, value: int) -> int:
     return int(box.item())
 
 
-def measure_exchange(ctx: RankContext, sizes=EXCHANGE_SIZES) -> list[tuple[float, float, float]]:
+def measure_exchange(ctx: RankContext, sizes=EXCHANGE_SIZES,
+                     floor: int = MIN_SAMPLES) -> list[tuple[float, float, float]]:
     """``(median, p10, p90)`` seconds for every rank at once to send ``n`` bytes to ``r+1``
     and receive from ``r-1``.
 
@@ -176,7 +181,7 @@ def measure_exchange(ctx: RankContext, sizes=EXCHANGE_SIZES) -> list[tuple[float
             for work, peer in zip(works, (nxt, prv), strict=True):
                 wait_work(work, ctx, peer, "exchange")
 
-        out.append(_group_stats(ctx, exchange, warmup=1))
+        out.append(_group_stats(ctx, exchange, warmup=1, floor=floor))
         del send, inc
     return out
 
@@ -232,12 +237,13 @@ def measure_collectives(ctx: RankContext, sizes=COLLECTIVE_SIZES) -> dict:
     return out
 
 
-def _group_stats(ctx: RankContext, operation, warmup: int) -> tuple[float, float, float]:
+def _group_stats(ctx: RankContext, operation, warmup: int,
+                 floor: int = MIN_SAMPLES) -> tuple[float, float, float]:
     """``(median, p10, p90)`` seconds of ``operation()`` run by every rank at once (a
     barrier before each repetition, ``warmup`` untimed first), each the max over ranks.
 
     The repetition count is time-based (:func:`_reps` of the slowest rank's first timed
-    run, so every rank agrees on it), never under :data:`MIN_SAMPLES`.
+    run, so every rank agrees on it), never under ``floor``.
     """
     for _ in range(warmup):
         barrier(ctx)
@@ -249,7 +255,7 @@ def _group_stats(ctx: RankContext, operation, warmup: int) -> tuple[float, float
     first = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
     dist.all_reduce(first, op=dist.ReduceOp.MAX)
     samples = [float(first.item())]
-    for _ in range(_reps(samples[0]) - 1):
+    for _ in range(_reps(samples[0], lo=floor) - 1):
         barrier(ctx)
         t0 = time.perf_counter()
         operation()
@@ -260,7 +266,7 @@ def _group_stats(ctx: RankContext, operation, warmup: int) -> tuple[float, float
     return tuple(float(v) for v in worst.tolist())
 
 
-def _time_attention(dims: AttnDims, tokens: int, device: torch.device):
+def _time_attention(dims: AttnDims, tokens: int, device: torch.device, floor: int):
     b, hq, hkv, d = dims.batch, dims.n_heads, dims.n_kv_heads, dims.head_dim
     q = torch.randn(b, hq, d, device=device).to(dims.kv_dtype)  # (B, Hq, D)
     # Filled, not random: the speed does not depend on the values, and randn of hundreds of
@@ -271,7 +277,7 @@ def _time_attention(dims: AttnDims, tokens: int, device: torch.device):
     t0 = time.perf_counter()
     partial_attention(q, k, v)
     samples = []
-    for _ in range(_reps(time.perf_counter() - t0, hi=30)):
+    for _ in range(_reps(time.perf_counter() - t0, lo=floor, hi=30)):
         t0 = time.perf_counter()
         partial_attention(q, k, v)
         if device.type == "cuda":
@@ -280,31 +286,41 @@ def _time_attention(dims: AttnDims, tokens: int, device: torch.device):
     return sample_stats(samples)
 
 
-def measure_attention(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS) -> dict:
-    """Attention time per shard length, with ``min(world, cores)`` ranks busy at once."""
-    cores = os.cpu_count() or 1
-    concurrent = min(ctx.world, cores) if ctx.device.type == "cpu" else ctx.world
-    sizes, stats = [], []
+def attention_stats(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS,
+                    floor: int = MIN_SAMPLES) -> list[tuple[float, float, float]]:
+    """Attention ``(median, p10, p90)`` per shard length (max over ranks), with
+    ``min(world, cores)`` ranks busy at once."""
+    concurrent = _concurrent(ctx)
+    stats = []
     for n in tokens:
         barrier(ctx)
         mine = (0.0, 0.0, 0.0)
         if ctx.rank < concurrent:
-            mine = _time_attention(dims, n, ctx.device)
+            mine = _time_attention(dims, n, ctx.device, floor)
         worst = torch.tensor(mine, dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        sizes.append(2 * dims.batch * dims.n_kv_heads * n * dims.head_dim * _bytes(dims))
         stats.append(tuple(float(v) for v in worst.tolist()))
+    return stats
+
+
+def _concurrent(ctx: RankContext) -> int:
+    cores = os.cpu_count() or 1
+    return min(ctx.world, cores) if ctx.device.type == "cpu" else ctx.world
+
+
+def attention_section(ctx: RankContext, dims: AttnDims, stats, tokens=ATTENTION_TOKENS) -> dict:
+    """The profile's attention section from :func:`attention_stats` (or combined rounds)."""
+    sizes = [2 * dims.batch * dims.n_kv_heads * n * dims.head_dim * _bytes(dims) for n in tokens]
     times = [s[0] for s in stats]
     launch = times[0]
     rates = [n / (t - launch) for n, t in zip(sizes[1:], times[1:], strict=True) if t > launch]
     if not rates:
         raise RuntimeFailure("calibration: attention time does not grow with the shard size")
-    bandwidth = statistics.median(rates)
     return {
-        "bandwidth_Bps": bandwidth,
+        "bandwidth_Bps": statistics.median(rates),
         "launch_s": launch,
         "threads_per_rank": torch.get_num_threads(),
-        "concurrent_ranks": concurrent,
+        "concurrent_ranks": _concurrent(ctx),
         "shape": [dims.batch, dims.n_heads, dims.n_kv_heads, dims.head_dim, str(dims.kv_dtype)],
         "sizes": sizes,
         "times_s": times,
@@ -312,28 +328,13 @@ def measure_attention(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS)
     }
 
 
+def measure_attention(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS) -> dict:
+    """The attention section from one burst of :func:`attention_stats`."""
+    return attention_section(ctx, dims, attention_stats(ctx, dims, tokens), tokens)
+
+
 def _bytes(dims: AttnDims) -> int:
     return torch.empty(0, dtype=dims.kv_dtype).element_size()
-
-
-def machine_info() -> dict:
-    """Where the profile was measured: host, CPU, versions."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "host": socket.gethostname(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
 
 
 def calibrate_in_group(ctx: RankContext, dims: AttnDims,
@@ -350,8 +351,12 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
     p2p_stats = measure_p2p(ctx)
     ar_times = measure_allreduce(ctx)
     collectives = measure_collectives(ctx)
-    ex_stats = measure_exchange(ctx, ex_sizes)
-    attention = measure_attention(ctx, dims)
+    ex_rounds, att_rounds = [], []
+    for _ in range(ROUNDS):  # interleaved bursts: a load spike hits one, not all
+        ex_rounds.append(measure_exchange(ctx, ex_sizes, floor=-(-MIN_SAMPLES // ROUNDS)))
+        att_rounds.append(attention_stats(ctx, dims, floor=-(-MIN_SAMPLES // ROUNDS)))
+    ex_stats = combine_rounds(ex_rounds)
+    attention = attention_section(ctx, dims, combine_rounds(att_rounds))
     if ctx.rank != 0:
         return None
     exchange = message_section(list(ex_sizes), ex_stats)
@@ -374,25 +379,3 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
         "attention": attention,
         "machine": machine_info(),
     }
-
-
-def read_profile(path: str | os.PathLike) -> dict:
-    """Load a profile written by :func:`write_profile`; one-line error if unreadable."""
-    try:
-        profile = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise RuntimeFailure(f"cannot read profile {path}: {exc}") from exc
-    if not isinstance(profile, dict) or profile.get("version") != PROFILE_VERSION:
-        raise RuntimeFailure(f"profile {path} is not a version {PROFILE_VERSION} profile")
-    from treeattn.sim import SimError
-    from treeattn.sim.devices import load_profile
-
-    try:
-        return load_profile(profile)
-    except SimError as exc:
-        raise RuntimeFailure(f"profile {path}: {exc}") from exc
-
-
-def write_profile(profile: dict, path: str | os.PathLike) -> None:
-    """Write ``profile`` as JSON atomically (strict JSON: no NaN or Infinity)."""
-    atomic.write_text(path, json.dumps(profile, indent=2, allow_nan=False) + "\n")

@@ -60,6 +60,18 @@ def spread(stats: list[tuple[float, float, float]]) -> list[float]:
             round(float(statistics.median(r[1] for r in rows)), 6)]
 
 
+def combine_rounds(rounds: list[list[tuple[float, float, float]]]):
+    """Per size over time-separated bursts: the median of the medians (one burst hit by a
+    load spike does not move it), and the band over all of them (min p10, max p90), so the
+    spread also shows the drift during the calibration.
+
+    >>> combine_rounds([[(1.0, 0.9, 1.1)], [(5.0, 4.0, 6.0)], [(1.2, 1.0, 1.3)]])
+    [(1.2, 0.9, 6.0)]
+    """
+    return [(float(statistics.median(r[0] for r in per)), min(r[1] for r in per),
+             max(r[2] for r in per)) for per in zip(*rounds, strict=True)]
+
+
 @dataclass
 class Measurement:
     """What the harness measured for one schedule (identical on every rank)."""
