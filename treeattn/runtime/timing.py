@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from treeattn.runtime.executor import RunStats
-from treeattn.runtime.group import RankContext, all_gather_objects, barrier
+from treeattn.runtime.group import RankContext, all_gather_objects, barrier, wait_work
 
 MAX_STEPS = 200
 
@@ -110,7 +110,8 @@ def _keep_going(ctx: RankContext, rounds: int, floor: int, elapsed: float, min_t
     """Rank 0's decision, shared: another round while under the floor or the time budget."""
     more = rounds < floor or (elapsed < min_time_s and rounds < max(floor, max_steps))
     flag = torch.tensor([1 if more else 0], dtype=torch.int32)
-    dist.broadcast(flag, src=0)
+    # with the group's timeout, so a lost or hung peer is named, as at every other wait
+    wait_work(dist.broadcast(flag, src=0, async_op=True), ctx, None, "the step count")
     return bool(flag.item())
 
 
