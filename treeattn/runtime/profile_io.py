@@ -41,20 +41,15 @@ def machine_info() -> dict:
 
 
 def read_profile(path: str | os.PathLike) -> dict:
-    """Load a profile written by :func:`write_profile`; one-line error if unreadable."""
-    try:
-        profile = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise RuntimeFailure(f"cannot read profile {path}: {exc}") from exc
-    if not isinstance(profile, dict) or profile.get("version") != PROFILE_VERSION:
-        raise RuntimeFailure(f"profile {path} is not a version {PROFILE_VERSION} profile")
+    """Load a profile written by :func:`write_profile`, checked by the simulator's
+    :func:`~treeattn.sim.devices.load_profile`; a one-line error if unreadable or invalid."""
     from treeattn.sim import SimError
     from treeattn.sim.devices import load_profile
 
     try:
-        return load_profile(profile)
+        return load_profile(Path(path))
     except SimError as exc:
-        raise RuntimeFailure(f"profile {path}: {exc}") from exc
+        raise RuntimeFailure(f"cannot read profile {path}: {exc}") from exc
 
 
 def write_profile(profile: dict, path: str | os.PathLike) -> None:
