@@ -56,12 +56,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--check", action="store_true",
                      help="calibrate (or --profile), predict, then measure and compare")
     run.add_argument("--max-error", type=float, default=0.25,
-                     help="with --check, fail if the geometric-mean error exceeds this")
+                     help="with --check, fail if a prediction is outside its measured "
+                          "p10-p90 band widened by this (0.25: /1.25 below, x1.25 above)")
     run.add_argument("--profile", default=None, help="calibration profile (skips calibrating)")
     run.add_argument("--topology", default=None,
                      help="predict on this topology (spec or file, e.g. dgx-h100:nodes=2) "
                           "instead of the calibrated local one; for multi-node runs")
-    run.add_argument("--steps", type=int, default=10, help="timed decode steps per point")
+    run.add_argument("--steps", type=int, default=10,
+                     help="timed decode steps per point, at least (see --min-time)")
+    run.add_argument("--min-time", type=float, default=1.0,
+                     help="time more steps until this many seconds per point (default 1)")
     run.add_argument("--warmup", type=int, default=2, help="untimed warm-up steps")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--no-reference", action="store_true",
@@ -186,6 +190,7 @@ def build_request(args: argparse.Namespace):
         seq_lens=tuple(args.seq_len), algorithms=tuple(args.algorithm or ["auto"]),
         batch=args.batch, n_heads=args.heads, n_kv_heads=args.kv_heads,
         head_dim=args.head_dim, dtype=args.dtype, warmup=args.warmup, steps=args.steps,
+        min_time_s=args.min_time,
         check=args.check, profile=profile, native=args.native,
         reference=not args.no_reference, seed=args.seed, params=params,
         topology=args.topology,
@@ -193,7 +198,7 @@ def build_request(args: argparse.Namespace):
 
 
 def handle_run(args: argparse.Namespace) -> int:
-    from treeattn.runtime.check import geo_mean_error, validate
+    from treeattn.runtime.check import mark_bands, validate
 
     world = _world(args)
     req = build_request(args)
@@ -204,19 +209,25 @@ def handle_run(args: argparse.Namespace) -> int:
                              "add --algorithm allreduce3")
     if not math.isfinite(args.max_error) or args.max_error <= 0:
         raise RuntimeFailure(f"--max-error must be a positive number, got {args.max_error}")
+    if not math.isfinite(args.min_time) or args.min_time < 0:
+        raise RuntimeFailure(f"--min-time must be a non-negative number, got {args.min_time}")
     is_root, points = _execute(req, args, world)
     if not is_root:
         return 0
+    mark_bands(points, args.max_error)
     if args.json:
         sys.stdout.write(dumps(points) + "\n")
     else:
         print_points(Console(), points)
-    error = geo_mean_error(points)
-    if args.check and error is not None and error > args.max_error:
-        sys.stderr.write(f"error: geometric-mean prediction error {error:.1%} exceeds "
-                         f"--max-error {args.max_error:.1%}\n")
-        return 1
-    return 0
+    outside = [p for p in points if p["within_band"] is False]
+    for p in outside:
+        sys.stderr.write(
+            f"error: {p['algorithm']} at {p['seq_len']} tokens: predicted "
+            f"{p['predicted_s'] * 1e3:.3f} ms is outside the measured p10-p90 band "
+            f"[{p['measured_p10_s'] * 1e3:.3f}, {p['measured_p90_s'] * 1e3:.3f}] ms widened "
+            f"by --max-error (error {p['error']:.1%} exceeds --max-error "
+            f"{args.max_error:.1%})\n")
+    return 1 if args.check and outside else 0
 
 
 def _fmt_bytes(n: float) -> str:
@@ -227,21 +238,33 @@ def _fmt_bytes(n: float) -> str:
     return str(n)
 
 
+def _fmt_band(value: float, lo: float | None, hi: float | None) -> str:
+    """``"12.3 (10.1-15.0)"`` in ms; the value alone when there is no band."""
+    if lo is None or hi is None:
+        return f"{value * 1e3:.3f}"
+    return f"{value * 1e3:.3f} ({lo * 1e3:.3f}-{hi * 1e3:.3f})"
+
+
 def print_points(console: Console, points: list[dict]) -> None:
     """The predicted-vs-measured table, one row per point."""
     from treeattn.runtime.check import geo_mean_error
 
-    table = Table(title="measured decode step (median over timed steps, max over ranks)")
-    for col in ("algorithm", "world", "seq_len", "measured", "p90", "predicted", "error",
-                "max|diff|", "sent/rank", "peak mem/rank"):
+    table = Table(title="decode step: measured median (p10-p90 over timed steps, max over "
+                        "ranks); predicted (band from the calibration's spread)")
+    for col in ("algorithm", "world", "seq_len", "measured ms", "steps", "predicted ms",
+                "error", "in band", "max|diff|", "sent/rank", "peak mem/rank"):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for p in points:
         pred = p["predicted_s"]
+        lo, hi = p.get("predicted_lo_s"), p.get("predicted_hi_s")
+        band = p.get("within_band")
         table.add_row(
             p["algorithm"], str(p["world"]), str(p["seq_len"]),
-            f"{p['measured_s'] * 1e3:.3f} ms", f"{p['p90_s'] * 1e3:.3f} ms",
-            f"{pred * 1e3:.3f} ms" if pred else "-",
+            _fmt_band(p["measured_s"], p["measured_p10_s"], p["measured_p90_s"]),
+            str(p.get("steps_timed", "-")),
+            _fmt_band(pred, lo, hi) if pred else "-",
             f"{p['error']:.1%}" if p["error"] is not None else "-",
+            "-" if band is None else ("yes" if band else "NO"),
             f"{p['max_abs_diff']:.1e}" if p["max_abs_diff"] is not None else "-",
             _fmt_bytes(max(p["bytes_sent"])), _fmt_bytes(max(p["peak_memory_bytes"])),
         )
@@ -249,6 +272,12 @@ def print_points(console: Console, points: list[dict]) -> None:
     error = geo_mean_error(points)
     if error is not None:
         console.print(f"geometric-mean prediction error: {error:.1%}")
+    extrapolated = [p for p in points if (p.get("profile") or {}).get("extrapolated")]
+    if extrapolated:
+        top = extrapolated[0]["profile"]["calibrated_up_to_bytes"]
+        console.print(f"note: {len(extrapolated)} point(s) move messages larger than the "
+                      f"largest calibrated ({_fmt_bytes(top)}): their bandwidth is "
+                      "extrapolated")
 
 
 class CalibrateJob:
@@ -292,7 +321,7 @@ def handle_calibrate(args: argparse.Namespace) -> int:
 
 def demo_section(console: Console) -> int:
     """Tree vs ring on 2 local ranks: calibrate, predict, measure, compare."""
-    from treeattn.runtime.check import RunRequest, validate
+    from treeattn.runtime.check import RunRequest, mark_bands, validate
     from treeattn.runtime.launch import LaunchOptions, launch
 
     console.rule("real runs: tree vs ring on 2 local ranks (gloo, CPU)")
@@ -300,7 +329,7 @@ def demo_section(console: Console) -> int:
                      steps=3, warmup=1, ref_limit_bytes=512 << 20)
     validate(req, 2)
     points = launch(req, 2, LaunchOptions(timeout_s=60.0))
-    print_points(console, points)
+    print_points(console, mark_bands(points, 0.25))
     return 0
 
 

@@ -3,9 +3,9 @@
 Three measurements, run inside an existing process group (every rank calls
 :func:`calibrate_in_group`; rank 0 returns the profile):
 
-- **p2p**: ping-pong between ranks 0 and 1 over message sizes. The half round trip is fitted
-  by least squares to ``t = α + n/β`` (weighted by ``1/t``, so small and large sizes count
-  alike).
+- **p2p**: ping-pong between ranks 0 and 1 over message sizes: α is the half round trip of
+  the smallest message, β the median of ``n / (t − α)`` over the largest sizes
+  (:func:`latency_bandwidth`).
 - **allreduce**: ``all_reduce`` of small and medium tensors on all ranks.
 - **collectives**: every collective the schedules use (all-reduce, all-gather,
   reduce-scatter, all-to-all, broadcast) at a few sizes on all ranks, each fitted to
@@ -13,7 +13,23 @@ Three measurements, run inside an existing process group (every rank calls
   the simulator can price collective-based schedules on this machine at this world size.
 - **exchange**: every rank sends to ``r+1`` and receives from ``r−1`` at once (the ring's
   pattern). Recorded for the simulator: on loopback, concurrent messages share the host's
-  copy throughput, which ping-pong alone cannot show.
+  copy throughput, which ping-pong alone cannot show. Its sizes reach the largest message
+  the run's schedules move (``max_bytes``, capped at :data:`EXCHANGE_CAP`; above the cap
+  the profile says ``extrapolated_above_bytes``).
+
+Why not one least-squares fit over all sizes: a ``1/t``-weighted fit over 4 KiB–64 MiB,
+four samples a size, had its slope set by the noisy 16 and 64 MiB points and its intercept
+by millisecond noise at 4 KiB on a loaded host; extrapolated 16x to a ring's 1 GiB block it
+gave 0.95–1.8 GB/s where 1 GiB really moved at 0.75 GB/s, which made the same
+``run --check`` predict 586 ms one time and 1265 ms the next.
+
+Sampling: every point is timed a number of times set by a time budget (:data:`TARGET_S`)
+with a floor (:data:`MIN_SAMPLES`); the median is the value. The exchange and attention,
+which set the bandwidth-bound predictions, are measured in :data:`ROUNDS` bursts spread over
+the calibration and combined by :func:`combine_rounds`, so one burst caught by another
+user's load spike does not move them; and the p10/p90 of the samples
+give each section a ``spread`` ``[p10/median, p90/median]`` (max over ranks) from which
+``run --check`` derives the predicted band (:func:`treeattn.sim.devices.profile_bound`).
 - **attention**: ``treeattn.kernels.partial_attention`` over local shards of several lengths,
   with ``min(world, cores)`` ranks running at once so the memory-bandwidth contention of
   concurrent ranks is captured. Oversubscription (more ranks than cores) is *not* folded in
@@ -38,58 +54,57 @@ The profile::
 
 from __future__ import annotations
 
-import json
 import os
-import platform
-import socket
 import statistics
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from treeattn import atomic
 from treeattn.kernels import partial_attention
 from treeattn.runtime.errors import RuntimeFailure
+from treeattn.runtime.fitting import (  # noqa: F401  (fit_latency_bandwidth: re-export)
+    fit_latency_bandwidth,
+    latency_bandwidth,
+    message_section,
+)
 from treeattn.runtime.group import RankContext, barrier, wait_work
+from treeattn.runtime.profile_io import (  # noqa: F401  (re-exported)
+    PROFILE_VERSION,
+    machine_info,
+    read_profile,
+    write_profile,
+)
+from treeattn.runtime.timing import combine_rounds, sample_stats, spread
 from treeattn.runtime.wire import AttnDims
 
-PROFILE_VERSION = 1
 P2P_SIZES = (4, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
+EXCHANGE_CAP = 1 << 30  # largest exchange calibrated: 2 such buffers per rank
+MIN_SAMPLES = 5  # floor on timed samples per point, however long one takes
+ROUNDS = 3  # exchange and attention: bursts spread over the calibration, pooled
 ALLREDUCE_SIZES = (4, 256, 4096, 65536)
 COLLECTIVE_SIZES = (256, 4096, 65536, 1 << 20)  # bytes, nccl-tests' size convention
 EXCHANGE_SIZES = (4096, 1 << 20, 1 << 24, 1 << 26)
 ATTENTION_TOKENS = (16, 16384, 65536)  # the first measures the fixed per-call cost
-TARGET_S = 0.15  # time budget per measured point
+TARGET_S = 0.2  # time budget per measured point (the floor may exceed it)
 
 
-def fit_latency_bandwidth(sizes: list[float], times: list[float]) -> tuple[float, float]:
-    """Least-squares fit of ``t = a + n/b`` weighted by ``1/t``; returns ``(a, b)``.
+def exchange_sizes(max_bytes: int | None) -> tuple[int, ...]:
+    """The exchange sizes: the base ones, then ×4 steps up to ``max_bytes`` (capped).
 
-    >>> a, b = fit_latency_bandwidth([0, 1e6, 2e6], [1e-5, 1e-5 + 1e-3, 1e-5 + 2e-3])
-    >>> round(a, 9), round(b / 1e9, 3)
-    (1e-05, 1.0)
+    >>> exchange_sizes(None)[-1] == 1 << 26, exchange_sizes(1 << 30)[-2:]
+    (True, (268435456, 1073741824))
     """
-    scale_n = max(float(max(sizes)), 1.0)  # scale both axes: a well-conditioned system
-    n = np.asarray(sizes, dtype=float) / scale_n
-    t = np.asarray(times, dtype=float)
-    scale_t = max(float(t.max()), 1e-12)
-    t = t / scale_t
-    w = 1.0 / np.maximum(t, 1e-12)
-    design = np.stack([np.ones_like(n), n], axis=1) * w[:, None]
-    (a, slope), *_ = np.linalg.lstsq(design, t * w, rcond=None)
-    if slope <= 1e-9:  # (normalised units) flat or falling: no bandwidth to speak of
-        raise RuntimeFailure("calibration: times do not grow with size; cannot fit a bandwidth")
-    a = max(float(a), 0.0) * scale_t
-    slope = float(slope) * scale_t / scale_n
-    if slope <= 0:
-        raise RuntimeFailure("calibration: times do not grow with size; cannot fit a bandwidth")
-    return a, 1.0 / slope
+    sizes = list(EXCHANGE_SIZES)
+    target = min(int(max_bytes or 0), EXCHANGE_CAP)
+    while sizes[-1] * 4 < target:
+        sizes.append(sizes[-1] * 4)
+    if target > sizes[-1]:
+        sizes.append(target)
+    return tuple(sizes)
 
 
-def _reps(first_s: float, lo: int = 3, hi: int = 200) -> int:
+def _reps(first_s: float, lo: int = MIN_SAMPLES, hi: int = 40) -> int:
     return int(min(hi, max(lo, TARGET_S / max(first_s, 1e-7))))
 
 
@@ -108,12 +123,12 @@ def _ping_pong_once(ctx: RankContext, buf: torch.Tensor, peer: int, first: bool)
     _sync(ctx)
 
 
-def measure_p2p(ctx: RankContext, sizes=P2P_SIZES) -> list[float]:
-    """Half round-trip seconds per size, between ranks 0 and 1 (others wait)."""
-    times = []
+def measure_p2p(ctx: RankContext, sizes=P2P_SIZES) -> list[tuple[float, float, float]]:
+    """Half round-trip ``(median, p10, p90)`` seconds per size, ranks 0 and 1 (others wait)."""
+    out = []
     for size in sizes:
-        buf = torch.zeros(max(1, size // 4), device=ctx.device)
-        median = 0.0
+        buf = torch.full((max(1, size // 4),), 0.5, device=ctx.device)  # pages touched
+        stats = (0.0, 0.0, 0.0)
         if ctx.rank in (0, 1):
             peer, first = 1 - ctx.rank, ctx.rank == 0
             for _ in range(2):
@@ -126,10 +141,10 @@ def measure_p2p(ctx: RankContext, sizes=P2P_SIZES) -> list[float]:
                 t0 = time.perf_counter()
                 _ping_pong_once(ctx, buf, peer, first)
                 samples.append((time.perf_counter() - t0) / 2)
-            median = statistics.median(samples)
-        times.append(median)
+            stats = sample_stats(samples)
+        out.append(stats)
         barrier(ctx)
-    return times
+    return out
 
 
 def _broadcast_pair_int(ctx: RankContext, value: int) -> int:
@@ -142,28 +157,33 @@ def _broadcast_pair_int(ctx: RankContext, value: int) -> int:
     return int(box.item())
 
 
-def measure_exchange(ctx: RankContext, sizes=EXCHANGE_SIZES) -> list[float]:
-    """Seconds for every rank at once to send ``n`` bytes to ``r+1`` and receive from ``r-1``.
+def measure_exchange(ctx: RankContext, sizes=EXCHANGE_SIZES,
+                     floor: int = MIN_SAMPLES) -> list[tuple[float, float, float]]:
+    """``(median, p10, p90)`` seconds for every rank at once to send ``n`` bytes to ``r+1``
+    and receive from ``r-1``.
 
     This is the ring's traffic pattern. On loopback every byte is copied by the host's CPUs,
     so concurrent messages share the host's copy throughput instead of each getting the
-    ping-pong bandwidth; this measurement shows by how much.
+    ping-pong bandwidth; this measurement shows by how much. Buffers are filled first, so no
+    first-touch page fault lands in a timed sample.
     """
-    times = []
+    out = []
     nxt, prv = (ctx.rank + 1) % ctx.world, (ctx.rank - 1) % ctx.world
     for size in sizes:
-        out = torch.zeros(max(1, size // 4), device=ctx.device)
-        inc = torch.empty_like(out)
+        send = torch.full((max(1, size // 4),), 0.5, device=ctx.device)
+        inc = torch.full_like(send, 0.5)
 
-        def exchange(out=out, inc=inc) -> None:
+        def exchange(send=send, inc=inc) -> None:
             works = dist.batch_isend_irecv(
-                [dist.P2POp(dist.isend, out, nxt, tag=5), dist.P2POp(dist.irecv, inc, prv, tag=5)]
+                [dist.P2POp(dist.isend, send, nxt, tag=5),
+                 dist.P2POp(dist.irecv, inc, prv, tag=5)]
             )
             for work, peer in zip(works, (nxt, prv), strict=True):
                 wait_work(work, ctx, peer, "exchange")
 
-        times.append(_group_median(ctx, exchange, reps=6, warmup=2))
-    return times
+        out.append(_group_stats(ctx, exchange, warmup=1, floor=floor))
+        del send, inc
+    return out
 
 
 def measure_allreduce(ctx: RankContext, sizes=ALLREDUCE_SIZES) -> list[float]:
@@ -175,7 +195,7 @@ def measure_allreduce(ctx: RankContext, sizes=ALLREDUCE_SIZES) -> list[float]:
         def all_reduce(buf=buf) -> None:
             wait_work(dist.all_reduce(buf, async_op=True), ctx, None, "all_reduce")
 
-        times.append(_group_median(ctx, all_reduce, reps=25, warmup=3))
+        times.append(_group_stats(ctx, all_reduce, warmup=3)[0])
     return times
 
 
@@ -201,165 +221,162 @@ def _collective_call(ctx: RankContext, op: str, nbytes: int):
 
 
 def measure_collectives(ctx: RankContext, sizes=COLLECTIVE_SIZES) -> dict:
-    """Median seconds of each collective per size (max over ranks), and its α + n·s fit."""
+    """Median seconds of each collective per size (max over ranks), its α + n·s fit and the
+    spread of its samples."""
     out: dict = {"world": ctx.world}
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
-        times = [_group_median(ctx, _collective_call(ctx, op, n), reps=15, warmup=3)
-                 for n in sizes]
+        stats = [_group_stats(ctx, _collective_call(ctx, op, n), warmup=3) for n in sizes]
+        times = [s[0] for s in stats]
         try:
             alpha, per_byte = fit_latency_bandwidth(list(sizes), times)
             per_byte = 1.0 / per_byte
         except RuntimeFailure:  # flat over these sizes: all latency, no bandwidth term
             alpha, per_byte = min(times), 0.0
         out[op] = {"alpha_s": alpha, "seconds_per_byte": per_byte,
-                   "sizes": list(sizes), "times_s": times}
+                   "sizes": list(sizes), "times_s": times, "spread": spread(stats)}
     return out
 
 
-def _group_median(ctx: RankContext, operation, reps: int, warmup: int) -> float:
-    """Median seconds of ``operation()`` run by every rank at once (a barrier before each
-    repetition, the first ``warmup`` discarded), the max of the medians over ranks."""
-    samples = []
-    for i in range(reps):
+def _group_stats(ctx: RankContext, operation, warmup: int,
+                 floor: int = MIN_SAMPLES) -> tuple[float, float, float]:
+    """``(median, p10, p90)`` seconds of ``operation()`` run by every rank at once (a
+    barrier before each repetition, ``warmup`` untimed first), each the max over ranks.
+
+    The repetition count is time-based (:func:`_reps` of the slowest rank's first timed
+    run, so every rank agrees on it), never under ``floor``.
+    """
+    for _ in range(warmup):
+        barrier(ctx)
+        operation()
+    barrier(ctx)
+    t0 = time.perf_counter()
+    operation()
+    _sync(ctx)
+    first = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    samples = [float(first.item())]
+    for _ in range(_reps(samples[0], lo=floor) - 1):
         barrier(ctx)
         t0 = time.perf_counter()
         operation()
         _sync(ctx)
-        if i >= warmup:
-            samples.append(time.perf_counter() - t0)
-    worst = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+        samples.append(time.perf_counter() - t0)
+    worst = torch.tensor(sample_stats(samples), dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return float(worst.item())
+    return tuple(float(v) for v in worst.tolist())
 
 
-def _time_attention(dims: AttnDims, tokens: int, device: torch.device) -> tuple[int, float]:
+def _time_attention(dims: AttnDims, tokens: int, device: torch.device, floor: int):
     b, hq, hkv, d = dims.batch, dims.n_heads, dims.n_kv_heads, dims.head_dim
     q = torch.randn(b, hq, d, device=device).to(dims.kv_dtype)  # (B, Hq, D)
-    k = torch.randn(b, hkv, tokens, d, device=device).to(dims.kv_dtype)  # (B, Hkv, T, D)
-    v = torch.randn_like(k)  # (B, Hkv, T, D)
+    # Filled, not random: the speed does not depend on the values, and randn of hundreds of
+    # MiB would cost seconds; not zeros, whose untouched pages would all map one zero page.
+    k = torch.full((b, hkv, tokens, d), 0.5, device=device, dtype=dims.kv_dtype)
+    v = torch.full_like(k, 0.25)  # (B, Hkv, T, D)
     partial_attention(q, k, v)
     t0 = time.perf_counter()
     partial_attention(q, k, v)
     samples = []
-    for _ in range(_reps(time.perf_counter() - t0, lo=3, hi=30)):
+    for _ in range(_reps(time.perf_counter() - t0, lo=floor, hi=30)):
         t0 = time.perf_counter()
         partial_attention(q, k, v)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         samples.append(time.perf_counter() - t0)
-    return 2 * k.numel() * k.element_size(), statistics.median(samples)
+    return sample_stats(samples)
 
 
-def measure_attention(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS) -> dict:
-    """Attention time per shard length, with ``min(world, cores)`` ranks busy at once."""
-    cores = os.cpu_count() or 1
-    concurrent = min(ctx.world, cores) if ctx.device.type == "cpu" else ctx.world
-    sizes, times = [], []
+def attention_stats(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS,
+                    floor: int = MIN_SAMPLES) -> list[tuple[float, float, float]]:
+    """Attention ``(median, p10, p90)`` per shard length (max over ranks), with
+    ``min(world, cores)`` ranks busy at once."""
+    concurrent = _concurrent(ctx)
+    stats = []
     for n in tokens:
         barrier(ctx)
-        nbytes, t = (0, 0.0)
+        mine = (0.0, 0.0, 0.0)
         if ctx.rank < concurrent:
-            nbytes, t = _time_attention(dims, n, ctx.device)
-        worst = torch.tensor([t], dtype=torch.float64)
+            mine = _time_attention(dims, n, ctx.device, floor)
+        worst = torch.tensor(mine, dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        sizes.append(2 * dims.batch * dims.n_kv_heads * n * dims.head_dim * _bytes(dims))
-        times.append(float(worst.item()))
+        stats.append(tuple(float(v) for v in worst.tolist()))
+    return stats
+
+
+def _concurrent(ctx: RankContext) -> int:
+    cores = os.cpu_count() or 1
+    return min(ctx.world, cores) if ctx.device.type == "cpu" else ctx.world
+
+
+def attention_section(ctx: RankContext, dims: AttnDims, stats, tokens=ATTENTION_TOKENS) -> dict:
+    """The profile's attention section from :func:`attention_stats` (or combined rounds)."""
+    sizes = [2 * dims.batch * dims.n_kv_heads * n * dims.head_dim * _bytes(dims) for n in tokens]
+    times = [s[0] for s in stats]
     launch = times[0]
     rates = [n / (t - launch) for n, t in zip(sizes[1:], times[1:], strict=True) if t > launch]
     if not rates:
         raise RuntimeFailure("calibration: attention time does not grow with the shard size")
-    bandwidth = statistics.median(rates)
     return {
-        "bandwidth_Bps": bandwidth,
+        "bandwidth_Bps": statistics.median(rates),
         "launch_s": launch,
         "threads_per_rank": torch.get_num_threads(),
-        "concurrent_ranks": concurrent,
+        "concurrent_ranks": _concurrent(ctx),
         "shape": [dims.batch, dims.n_heads, dims.n_kv_heads, dims.head_dim, str(dims.kv_dtype)],
         "sizes": sizes,
         "times_s": times,
+        "spread": spread(stats[1:]),
     }
+
+
+def measure_attention(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS) -> dict:
+    """The attention section from one burst of :func:`attention_stats`."""
+    return attention_section(ctx, dims, attention_stats(ctx, dims, tokens), tokens)
 
 
 def _bytes(dims: AttnDims) -> int:
     return torch.empty(0, dtype=dims.kv_dtype).element_size()
 
 
-def machine_info() -> dict:
-    """Where the profile was measured: host, CPU, versions."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "host": socket.gethostname(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
+def calibrate_in_group(ctx: RankContext, dims: AttnDims,
+                       max_bytes: int | None = None) -> dict | None:
+    """Run all microbenchmarks on every rank; rank 0 returns the profile, others None.
 
-
-def calibrate_in_group(ctx: RankContext, dims: AttnDims) -> dict | None:
-    """Run all microbenchmarks on every rank; rank 0 returns the profile, others None."""
+    ``max_bytes``: the largest message the run's schedules move; the exchange is calibrated
+    up to it (capped at :data:`EXCHANGE_CAP`), so a ring's KV blocks are priced from
+    measurements of their own size, not from a fit extrapolated from 64 MiB.
+    """
     if ctx.world < 2:
         raise RuntimeFailure("calibration needs at least 2 ranks (ping-pong)")
-    p2p_times = measure_p2p(ctx)
+    ex_sizes = exchange_sizes(max_bytes)
+    p2p_stats = measure_p2p(ctx)
     ar_times = measure_allreduce(ctx)
     collectives = measure_collectives(ctx)
-    ex_times = measure_exchange(ctx)
-    attention = measure_attention(ctx, dims)
+    ex_rounds, att_rounds = [], []
+    for _ in range(ROUNDS):  # interleaved bursts: a load spike hits one, not all
+        ex_rounds.append(measure_exchange(ctx, ex_sizes, floor=-(-MIN_SAMPLES // ROUNDS)))
+        att_rounds.append(attention_stats(ctx, dims, floor=-(-MIN_SAMPLES // ROUNDS)))
+    ex_stats = combine_rounds(ex_rounds)
+    attention = attention_section(ctx, dims, combine_rounds(att_rounds))
     if ctx.rank != 0:
         return None
-    latency, bandwidth = fit_latency_bandwidth(list(P2P_SIZES), p2p_times)
-    ex_latency, ex_bandwidth = fit_latency_bandwidth(list(EXCHANGE_SIZES), ex_times)
+    exchange = message_section(list(ex_sizes), ex_stats)
+    exchange.update(aggregate_Bps=exchange["bandwidth_Bps"] * ctx.world, ranks=ctx.world)
+    if max_bytes and max_bytes > ex_sizes[-1]:
+        exchange["extrapolated_above_bytes"] = ex_sizes[-1]
     return {
         "format": "treeattn.profile",
         "version": PROFILE_VERSION,
         "backend": ctx.backend,
         "world": ctx.world,
         "cores": os.cpu_count() or 1,
-        "p2p": {
-            "latency_s": latency,
-            "bandwidth_Bps": bandwidth,
-            "sizes": list(P2P_SIZES),
-            "times_s": p2p_times,
-        },
+        "p2p": message_section(list(P2P_SIZES), p2p_stats),
         "allreduce": {
             "latency_s": ar_times[0],
             "sizes": list(ALLREDUCE_SIZES),
             "times_s": ar_times,
         },
-        "exchange": {
-            "latency_s": ex_latency,
-            "bandwidth_Bps": ex_bandwidth,  # per message, all ranks exchanging at once
-            "aggregate_Bps": ex_bandwidth * ctx.world,
-            "ranks": ctx.world,
-            "sizes": list(EXCHANGE_SIZES),
-            "times_s": ex_times,
-        },
+        "exchange": exchange,  # bandwidth per message, all ranks exchanging at once
         "collectives": collectives,
         "attention": attention,
         "machine": machine_info(),
     }
-
-
-def read_profile(path: str | os.PathLike) -> dict:
-    """Load a profile (the one schema, read by :func:`treeattn.sim.devices.load_profile`);
-    a one-line :class:`RuntimeFailure` if it is unreadable or not a profile."""
-    from treeattn.sim import SimError
-    from treeattn.sim.devices import load_profile
-
-    try:
-        return load_profile(path)
-    except SimError as exc:
-        raise RuntimeFailure(str(exc)) from exc
-
-
-def write_profile(profile: dict, path: str | os.PathLike) -> None:
-    """Write ``profile`` as JSON atomically (strict JSON: no NaN or Infinity)."""
-    atomic.write_text(path, json.dumps(profile, indent=2, allow_nan=False) + "\n")

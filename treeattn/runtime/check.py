@@ -9,8 +9,18 @@ Data: the query and every rank's shard are drawn from seeded generators (one per
 rank 0 can rebuild the global KV cache afterwards and compute the single-process reference
 for ``max_abs_diff`` without any rank holding more than its shard during the measurement.
 
-Error of one point: ``|predicted / measured − 1|``. Over a grid:
+Error of one point: ``max(p/m, m/p) − 1``. Over a grid:
 ``geo_mean_error = exp(mean |ln(predicted / measured)|) − 1``.
+
+Bands, because one number is not an answer on a shared host: each point reports the measured
+median with its p10–p90 over the timed steps, and the predicted value with the band the
+calibration's own spread implies (the simulation repeated with every calibrated cost at its
+p10, then at its p90: :func:`treeattn.sim.devices.profile_bound`). A point passes
+(:func:`within_band`) when the prediction lies in the measured band widened by
+``--max-error`` on both sides.
+
+Several algorithms at one ``seq_len`` are timed interleaved (A B, B A, ...:
+:func:`treeattn.runtime.timing.time_interleaved`), so their ratios survive a drifting machine.
 """
 
 from __future__ import annotations
@@ -37,8 +47,9 @@ from treeattn.runtime.plans import (
     uses_cuda,
     workload_for,
 )
-from treeattn.runtime.timing import time_steps
+from treeattn.runtime.timing import time_interleaved
 from treeattn.runtime.wire import AttnDims
+from treeattn.sim.schedule import Send
 
 NAIVE_LIMIT_BYTES = 256 << 20  # float64 oracle only while its (B, Hq, T, D) copy is this small
 
@@ -55,7 +66,8 @@ class RunRequest:
     head_dim: int = 128
     dtype: str = "float32"
     warmup: int = 2
-    steps: int = 10
+    steps: int = 10  # the floor on timed steps per point
+    min_time_s: float = 1.0  # and more steps until this much was timed per point
     check: bool = False
     profile: dict | None = None
     native: bool = False
@@ -129,6 +141,21 @@ def params_for(req: RunRequest, algorithm: str) -> dict:
     return dict(req.params) if algorithm == "tree" else {}
 
 
+def largest_message_bytes(req: RunRequest, world: int) -> int:
+    """The largest point-to-point message any of the run's schedules sends, in bytes (what
+    the calibration must cover); ``auto`` counts as ring (a whole shard), its worst case."""
+    if world < 2:
+        return 0
+    workload = workload_for(req.dims, shard_lengths(max(req.seq_lens), world))
+    largest = 0
+    for name in req.algorithms:
+        name = "ring" if name == "auto" else name
+        schedule = build(name, local_topology(world), workload, **params_for(req, name))
+        largest = max([largest] + [s.nbytes for steps in schedule.steps for s in steps
+                                   if isinstance(s, Send)])
+    return largest
+
+
 def make_query(seed: int, dims: AttnDims, device) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(dims.batch, dims.n_heads, dims.head_dim, generator=g)  # (B, Hq, D)
@@ -151,6 +178,30 @@ def point_error(predicted: float, measured: float) -> float:
     """
     ratio = predicted / measured
     return max(ratio, 1.0 / ratio) - 1.0
+
+
+def within_band(predicted: float, p10: float, p90: float, max_error: float) -> bool:
+    """Whether ``predicted`` lies in the measured ``[p10, p90]`` widened by ``max_error``:
+    ``p10 / (1 + e) <= predicted <= p90 · (1 + e)`` (the widening is symmetric in the same
+    sense as :func:`point_error`).
+
+    >>> within_band(1.2, 0.9, 1.0, 0.25), within_band(1.3, 0.9, 1.0, 0.25)
+    (True, False)
+    >>> within_band(0.72, 0.9, 1.0, 0.25), within_band(0.71, 0.9, 1.0, 0.25)
+    (True, False)
+    """
+    if not (p10 > 0 and p90 >= p10 and max_error >= 0):
+        raise ValueError(f"bad band: p10={p10}, p90={p90}, max_error={max_error}")
+    return p10 / (1.0 + max_error) <= predicted <= p90 * (1.0 + max_error)
+
+
+def mark_bands(points: list[dict], max_error: float) -> list[dict]:
+    """Set ``within_band`` on every point (None where nothing was predicted); the points."""
+    for p in points:
+        p["within_band"] = (within_band(p["predicted_s"], p["measured_p10_s"],
+                                        p["measured_p90_s"], max_error)
+                            if p.get("predicted_s") else None)
+    return points
 
 
 def geo_mean_error(points: list[dict]) -> float | None:
@@ -188,39 +239,52 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
 
 
 def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, world: int):
-    """Rank 0: the schedule and (with --check) its prediction, before any measurement."""
+    """Rank 0: the schedule and (with --check) its prediction and predicted band, before any
+    measurement: ``(schedule, predicted, timeline, (lo, hi))``."""
     dims = req.dims
     if world == 1:
-        return local_schedule(dims, lengths[0]), None, []
+        return local_schedule(dims, lengths[0]), None, [], (None, None)
     from treeattn.sim import simulate
 
     topology, hardware, backend = predictor(profile, world, req.topology)
     workload = workload_for(dims, lengths)
     schedule = build(algorithm, topology, workload, **params_for(req, algorithm))
     if not req.check:
-        return schedule, None, []
+        return schedule, None, [], (None, None)
     sim = simulate(schedule, topology, workload, hardware, backend)
-    return schedule, sim.makespan_s, sim.timeline
+    band = [sim.makespan_s]
+    if profile is not None and req.topology is None:
+        from treeattn.sim.devices import profile_bound
+
+        for side in ("lo", "hi"):
+            topo, hw, be = predictor(profile_bound(profile, side), world)
+            band.append(simulate(schedule, topo, workload, hw, be, timeline=False).makespan_s)
+    return schedule, sim.makespan_s, sim.timeline, (min(band), max(band))
 
 
 def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
-    """Every rank: measure each (seq_len, algorithm); rank 0 returns one dict per point."""
+    """Every rank: measure each (seq_len, algorithm); rank 0 returns one dict per point.
+
+    At each ``seq_len`` the algorithms are timed interleaved, one step of each per round.
+    """
     dims = req.dims
     profile = req.profile
     if req.check and profile is None and req.topology is None:
-        profile = broadcast_object(ctx, calibrate_in_group(ctx, dims))
+        profile = broadcast_object(ctx, calibrate_in_group(
+            ctx, dims, largest_message_bytes(req, ctx.world)))
     q = make_query(req.seed, dims, ctx.device)  # (B, Hq, D)
     points, outputs = [], []
     for seq_len in req.seq_lens:
         lengths = shard_lengths(seq_len, ctx.world)
         kv = make_shard(req.seed, ctx.rank, lengths[ctx.rank], dims, ctx.device)
+        plans, steps, lasts = [], [], []
         for algorithm in req.algorithms:
             plan = None
             if ctx.rank == 0:
                 plan = _plan_point(req, algorithm, lengths, profile, ctx.world)
-            schedule, predicted, sim_timeline = broadcast_object(ctx, plan)
-            native = req.native and schedule.algorithm == "allreduce3"
-            run = step_runner(ctx, schedule, lengths, dims, q, kv, [kv], native)
+            plan = broadcast_object(ctx, plan)
+            native = req.native and plan[0].algorithm == "allreduce3"
+            run = step_runner(ctx, plan[0], lengths, dims, q, kv, [kv], native)
             last: list = []
 
             def step(run=run, last=last):
@@ -228,22 +292,37 @@ def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
                 last[:] = [out]
                 return stats
 
-            m = time_steps(ctx, step, req.warmup, req.steps)
+            plans.append((algorithm, native, plan))
+            steps.append(step)
+            lasts.append(last)
+        measured = time_interleaved(ctx, steps, req.warmup, req.steps, req.min_time_s)
+        for (algorithm, native, plan), m, last in zip(plans, measured, lasts, strict=True):
             outputs.append(all_gather_objects(ctx, last[0][0].cpu()))
-            points.append(_point(req, algorithm, schedule, seq_len, ctx, m, predicted,
-                                 sim_timeline, native))
-        del kv
+            points.append(_point(algorithm, plan, seq_len, ctx, m, native))
+        del kv, steps, lasts
     if ctx.rank != 0:
         return None
     _add_reference(req, points, outputs, ctx.world)
     if profile is not None:
         for p in points:
-            p["profile"] = {"p2p_latency_s": profile["p2p"]["latency_s"],
-                            "attention_bandwidth_Bps": profile["attention"]["bandwidth_Bps"]}
+            p["profile"] = _profile_summary(profile, p)
     return points
 
 
-def _point(req, requested, schedule, seq_len, ctx, m, predicted, sim_timeline, native) -> dict:
+def _profile_summary(profile: dict, point: dict) -> dict:
+    """What of the profile a point's prediction rests on, and whether its largest message
+    was beyond the calibrated sizes (then the bandwidth is extrapolated, and says so)."""
+    exchange = profile.get("exchange") or {}
+    top = max(exchange.get("sizes") or [0])
+    return {"p2p_latency_s": profile["p2p"]["latency_s"],
+            "attention_bandwidth_Bps": profile["attention"]["bandwidth_Bps"],
+            "exchange_bandwidth_Bps": exchange.get("bandwidth_Bps"),
+            "calibrated_up_to_bytes": top,
+            "extrapolated": point.get("largest_message_bytes", 0) > top}
+
+
+def _point(requested, plan, seq_len, ctx, m, native) -> dict:
+    schedule, predicted, sim_timeline, (lo, hi) = plan
     measured = m.median_s
     error = point_error(predicted, measured) if predicted else None
     return {
@@ -254,8 +333,16 @@ def _point(req, requested, schedule, seq_len, ctx, m, predicted, sim_timeline, n
         "seq_len": seq_len,
         "measured_s": measured,
         "p90_s": m.p90_s,
+        "measured_p10_s": m.p10_s,
+        "measured_p90_s": m.p90_s,
+        "steps_timed": len(m.step_s),
         "predicted_s": predicted,
+        "predicted_lo_s": lo,
+        "predicted_hi_s": hi,
         "error": error,
+        "within_band": None,  # set by mark_bands, which knows --max-error
+        "largest_message_bytes": max([0] + [s.nbytes for steps in schedule.steps
+                                            for s in steps if isinstance(s, Send)]),
         "max_abs_diff": None,
         "bytes_sent": m.bytes_sent,
         "peak_memory_bytes": m.peak_memory_bytes,

@@ -323,3 +323,49 @@ def topology_from_profile(profile: dict, world: int | None = None):
     world = int(world or profile["world"])
     beta = link_bandwidth(profile)
     return Topology.from_spec(f"local:ranks={world},latency=0,bandwidth={beta!r}")
+
+
+def _scaled(section: dict, factor: float, latency_keys=(), bandwidth_keys=()) -> None:
+    """Scale a section's times by ``factor``: latencies × factor, bandwidths ÷ factor."""
+    for key in latency_keys:
+        if key in section:
+            section[key] = float(section[key]) * factor
+    for key in bandwidth_keys:
+        if key in section:
+            section[key] = float(section[key]) / factor
+
+
+def profile_bound(profile: dict, side: str) -> dict:
+    """The profile at the fast (``"lo"``) or slow (``"hi"``) end of its own samples' spread.
+
+    Calibration records, per section, ``[p10/median, p90/median]`` of the timing samples
+    (``spread``, or ``latency_spread`` and ``bandwidth_spread`` for message sections).
+    Simulating with every cost at its p10 (or p90) gives the band a prediction has from the
+    calibration's noise alone. Sections without a spread (older profiles) stay as they are.
+
+    >>> p = {"p2p": {"latency_s": 1.0, "bandwidth_Bps": 10.0, "latency_spread": [0.5, 2.0],
+    ...      "bandwidth_spread": [0.8, 1.25]}, "attention": {"bandwidth_Bps": 4.0}}
+    >>> hi = profile_bound(p, "hi")["p2p"]
+    >>> hi["latency_s"], hi["bandwidth_Bps"]
+    (2.0, 8.0)
+    """
+    if side not in ("lo", "hi"):
+        raise SimError(f"profile_bound: side must be 'lo' or 'hi', not {side!r}")
+    k = 0 if side == "lo" else 1
+    out = json.loads(json.dumps(profile))
+    for name in ("p2p", "exchange"):
+        section = out.get(name)
+        if isinstance(section, dict):
+            if "latency_spread" in section:
+                _scaled(section, section["latency_spread"][k], latency_keys=("latency_s",))
+            if "bandwidth_spread" in section:
+                _scaled(section, section["bandwidth_spread"][k],
+                        bandwidth_keys=("bandwidth_Bps", "aggregate_Bps"))
+    attention = out.get("attention")
+    if isinstance(attention, dict) and "spread" in attention:
+        _scaled(attention, attention["spread"][k], latency_keys=("launch_s",),
+                bandwidth_keys=("bandwidth_Bps",))
+    for op, fit in (out.get("collectives") or {}).items():
+        if op != "world" and isinstance(fit, dict) and "spread" in fit:
+            _scaled(fit, fit["spread"][k], latency_keys=("alpha_s", "seconds_per_byte"))
+    return out
