@@ -61,8 +61,9 @@ def greedy_decode(model, backend, first_logits, start, max_new_tokens, eos_id=No
     """Decode loop from ``first_logits`` (1, V); the next token sits at position ``start``.
 
     ``choose(logits) -> int`` picks the token (default: argmax; a sampler draws instead, and
-    the distributed path makes every rank agree on rank 0's choice). Returns ``(tokens, logits, attention_steps)``, the
-    last from the growth of ``backend.attention_s`` over each forward.
+    the distributed path makes every rank agree on rank 0's choice). Returns ``(tokens,
+    logits, attention_steps)``, the last from the growth of ``backend.attention_s`` over each
+    forward.
     """
     choose = choose or (lambda lg: int(torch.argmax(lg[0])))
     tokens, logits_seen, attention_steps = [], [], []
