@@ -31,6 +31,7 @@ ALLOWED = {
     "sweep": {"topo", "sim"},
     "commands": ANYTHING,
     "cli": ANYTHING,
+    "__main__": {"cli"},  # `python -m treeattn`: the entry point, nothing but the CLI
     "errors": set(),
     "treeattn": set(),
     "atomic": set(),

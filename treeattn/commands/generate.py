@@ -1,6 +1,12 @@
-"""`treeattn generate`: greedy text generation with the KV cache sharded across local ranks.
+"""`treeattn generate`: text generation with the KV cache sharded across ranks.
 
     treeattn generate --nproc 2 --prompt "What is the capital of France?" --chat --verify
+    torchrun --nproc-per-node 8 -m treeattn generate --prompt "..." --dtype bf16 \
+        --topology dgx-h100 --algorithm auto --temperature 0.7 --top-p 0.9 --seed 1
+
+``--nproc N`` spawns N local ranks; under torchrun every process is one rank
+(:mod:`treeattn.commands.generate_cluster`, with the dtype, device, topology and sampling
+options). Greedy by default.
 
 The text streams to stdout as it is produced; the figures (tokens/s, attention time per
 token) follow on stderr, or everything comes as one JSON object with ``--json``.
@@ -16,6 +22,17 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from treeattn.commands._args import parse_tokens
+from treeattn.commands.generate_cluster import (
+    add_cluster_options,
+    check_placement,
+    placed,
+    rank_of_this_process,
+    run_torchrun,
+    sampling_of,
+    topology_for,
+    torchrun_mode,
+    world_size,
+)
 from treeattn.commands.run import dumps, guarded
 from treeattn.errors import UserError
 from treeattn.sim.algorithms import CLI_CHOICES
@@ -31,9 +48,11 @@ DEFAULT_TIMEOUT_S = 60.0
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="generate text with a real model on a sharded KV cache",
-        description="Greedy decoding with the KV cache split across N local ranks; every "
-                    "layer's decode attention runs the plan's schedule (tree by default).")
-    parser.add_argument("--nproc", type=int, default=2, help="local ranks (default 2)")
+        description="Decoding with the KV cache split across N local ranks, or across a "
+                    "torchrun group; every layer's decode attention runs the plan's schedule "
+                    "(tree by default). Greedy unless --temperature is above 0.")
+    parser.add_argument("--nproc", type=int, default=None,
+                        help="local ranks to spawn (default 2; under torchrun: its world)")
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--chat", action="store_true",
                         help="wrap the prompt in the model's chat template")
@@ -46,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a .gguf file, a Hugging Face directory, 'debug', or the default "
                              "smollm2-135m-instruct (fetched on first use)")
     parser.add_argument("--verify", action="store_true",
-                        help="also decode in one process and compare the greedy tokens")
+                        help="also decode in one process and compare the tokens (exact for "
+                             "greedy decoding)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--context-tokens", type=parse_tokens, default=0, metavar="L",
                         help="first fill the cache with L tokens of a repeated document")
@@ -54,6 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds any rank waits on a peer before giving up; a lost or "
                              f"hung rank is named within about this long "
                              f"(default {DEFAULT_TIMEOUT_S:g})")
+    add_cluster_options(parser)
     parser.set_defaults(func=guarded(handle))
 
 
@@ -71,13 +92,19 @@ class Outcome:
     model: str
     identical: bool | None = None
     max_logit_diff: float | None = None
+    sampling: object = None  # treeattn.llm.options.Sampling
+    dtype: str = "fp32"
+    ranks_agree: bool | None = None
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    from treeattn.runtime.launch import check_timeout, check_world
+def _check_args(args: argparse.Namespace) -> int:
+    """Check every option before anything is loaded; returns the world size."""
+    from treeattn.runtime.launch import check_timeout
 
-    check_world(args.nproc)
+    world = world_size(args)
     check_timeout(args.timeout)
+    check_placement(args)
+    sampling_of(args)
     if not args.prompt or not args.prompt.strip():
         raise UserError("the prompt is empty")
     check_utf8(args.prompt)
@@ -85,8 +112,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.context_tokens < 0:
         raise UserError(f"--context-tokens must not be negative, got {args.context_tokens}")
-    if args.context_tokens and args.context_tokens < args.nproc:
-        raise UserError(f"--context-tokens {args.context_tokens} is below --nproc {args.nproc}")
+    if args.context_tokens and args.context_tokens < world:
+        raise UserError(f"--context-tokens {args.context_tokens} is below the world size "
+                        f"{world}")
+    return world
 
 
 def check_utf8(prompt: str) -> None:
@@ -104,12 +133,18 @@ def check_utf8(prompt: str) -> None:
                         f"{exc.start})") from None
 
 
-def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
-    """Load, generate (local or distributed) and optionally verify; the command's core."""
+def run_generation(args: argparse.Namespace, stream: bool) -> Outcome | None:
+    """Load, generate (local or distributed) and optionally verify; the command's core.
+
+    Under torchrun every rank calls it; only rank 0 gets an Outcome, the others None.
+    """
     from treeattn.llm.generate import check_request, generate_local
+    from treeattn.llm.options import Sampler
     from treeattn.llm.weights import load_model, resolve_model
 
-    _check_args(args)
+    world = _check_args(args)
+    sampling = sampling_of(args)
+    topology = topology_for(args, world)
     spec = resolve_model(args.model)
     loaded = load_model(spec)
     tok, model = loaded.tokenizer, loaded.model
@@ -117,56 +152,70 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome:
     if not prompt:
         raise UserError(f"the prompt {args.prompt[:40]!r} tokenizes to no tokens")
     check_request(model, prompt, args.max_new_tokens, args.context_tokens)
-    check_memory(args, model, len(prompt))
+    check_memory(args, model, len(prompt), world)
     segment = _segment(tok, args.context_tokens, model)
+    stream = stream and rank_of_this_process() == 0
     printer = _printer(tok) if stream else None
-    if args.nproc == 1:
-        gen = generate_local(model, prompt, args.max_new_tokens, tok.eos_id, printer,
-                             args.context_tokens, segment)
+    ranks_agree = None
+    if world == 1:
+        gen = generate_local(placed(loaded, args), prompt, args.max_new_tokens, tok.eos_id,
+                             printer, args.context_tokens, segment, Sampler(sampling))
         algorithm = "local"
     else:
-        gen, algorithm = _distributed(args, loaded, prompt, segment, stream)
+        is_root, result, algorithm = _distributed(args, loaded, prompt, segment, stream,
+                                                  world, sampling, topology)
+        if not is_root:
+            return None
+        gen, ranks_agree = result["generation"], result["ranks_agree"]
     if stream:
         sys.stdout.write("\n")
         sys.stdout.flush()
-    out = Outcome(tok.decode(gen.tokens), gen.tokens, gen, args.nproc, algorithm, len(prompt),
-                  args.context_tokens, loaded.source)
+    out = Outcome(tok.decode(gen.tokens), gen.tokens, gen, world, algorithm, len(prompt),
+                  args.context_tokens, loaded.source, sampling=sampling, dtype=args.dtype,
+                  ranks_agree=ranks_agree)
     if args.verify:
-        ref = gen if args.nproc == 1 else generate_local(
-            model, prompt, args.max_new_tokens, tok.eos_id, None, args.context_tokens, segment)
+        ref = gen if world == 1 else generate_local(
+            placed(loaded, args), prompt, args.max_new_tokens, tok.eos_id, None,
+            args.context_tokens, segment, Sampler(sampling))
         steps = min(len(ref.logits), len(gen.logits))
-        diff = max(float((ref.logits[i] - gen.logits[i]).abs().max()) for i in range(steps))
+        diff = max(float((ref.logits[i].cpu() - gen.logits[i].cpu()).abs().max())
+                   for i in range(steps))
         # a NaN difference compares as "not larger" everywhere: never call that identical
         out.identical = ref.tokens == gen.tokens and math.isfinite(diff)
         out.max_logit_diff = diff if math.isfinite(diff) else None
     return out
 
 
-def check_memory(args: argparse.Namespace, model, prompt_tokens: int) -> None:
+def check_memory(args: argparse.Namespace, model, prompt_tokens: int, world: int) -> None:
     """Refuse, before any rank starts, a generation whose KV caches cannot fit in memory.
 
     Each rank holds the weights, the whole cache while it prefills (long-context mode builds
     it once more before storing it) and its shard; this process holds the weights, plus a
     whole local decode with ``--verify`` or one rank. On CUDA the ranks' part is per GPU.
+    Under torchrun this process is one rank (and the reference with ``--verify``). The
+    weights are counted as loaded (fp32) and the cache in ``--dtype``.
     """
+    from treeattn.llm.options import dtype_of
     from treeattn.runtime.plans import check_fits, uses_cuda
 
     cfg = model.config
-    element = next(model.parameters()).element_size()
+    element = dtype_of(args.dtype).itemsize
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     tokens = args.context_tokens + prompt_tokens + args.max_new_tokens
     cache = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * tokens * element
-    here = weights + (2 * cache if args.verify or args.nproc == 1 else 0)
-    what = f"generating {tokens} tokens ({args.context_tokens} context) on {args.nproc} rank(s)"
-    if args.nproc == 1:
+    here = weights + (2 * cache if args.verify or world == 1 else 0)
+    what = f"generating {tokens} tokens ({args.context_tokens} context) on {world} rank(s)"
+    if world == 1:
         check_fits(here, what)
         return
-    rank = weights + 2 * cache + cache // args.nproc
-    if uses_cuda("auto"):
+    rank = weights + 2 * cache + cache // world
+    if torchrun_mode(args):
+        check_fits(rank + here - weights, what, cuda=uses_cuda(args.device))
+    elif uses_cuda(args.device):
         check_fits(rank, what, cuda=True)
-        check_fits(here + args.nproc * weights, what)
+        check_fits(here + world * weights, what)
     else:
-        check_fits(here + args.nproc * rank, what)
+        check_fits(here + world * rank, what)
 
 
 def _segment(tok, context_tokens: int, model) -> list[int] | None:
@@ -181,24 +230,32 @@ def _segment(tok, context_tokens: int, model) -> list[int] | None:
     return document_segment(tok)
 
 
-def _distributed(args, loaded, prompt, segment, stream):
+def _distributed(args, loaded, prompt, segment, stream, world, sampling, topology):
+    """Run on ``world`` ranks (spawned, or this torchrun group); returns
+    ``(is rank 0, rank 0's result dict, the algorithm's name)``."""
     from treeattn.llm.generate_dist import (
         GenerateRequest,
         generate_distributed,
         make_schedule,
         split_lengths,
     )
+    from treeattn.llm.options import dtype_of
 
     model, eos_id = loaded.model, loaded.tokenizer.eos_id
     cached = args.context_tokens + len(prompt)
-    schedule = make_schedule(args.algorithm, args.nproc, model.config,
-                             split_lengths(cached, args.nproc))
+    schedule = make_schedule(args.algorithm, world, model.config, split_lengths(cached, world),
+                             dtype_of(args.dtype), topology)
     request = GenerateRequest(loaded.source, tuple(prompt), args.max_new_tokens, schedule, eos_id,
-                              args.context_tokens, tuple(segment or ()), stream)
-    result = generate_distributed(request, args.nproc, timeout_s=args.timeout, loaded=loaded)
+                              args.context_tokens, tuple(segment or ()), stream, args.dtype,
+                              sampling)
     shape = schedule.params.get("shape")
     name = f"{schedule.algorithm}({shape})" if shape else schedule.algorithm
-    return result["generation"], name
+    if torchrun_mode(args):
+        is_root, result = run_torchrun(request, args, loaded)
+        return is_root, result, name
+    result = generate_distributed(request, world, timeout_s=args.timeout, loaded=loaded,
+                                  device=args.device)
+    return True, result, name
 
 
 def _printer(tok):
@@ -221,7 +278,11 @@ def to_json(out: Outcome) -> dict:
         "prefill_s": g.prefill_s, "decode_s": g.decode_s,
         "attention_s_per_token": None if math.isnan(g.attention_per_token_s)
         else g.attention_per_token_s,
+        "dtype": out.dtype, "ranks_agree": out.ranks_agree,
     }
+    if out.sampling is not None:
+        s = out.sampling
+        record.update(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
     if out.identical is not None:
         record["identical_to_single_process"] = out.identical
         record["max_abs_logit_diff"] = out.max_logit_diff
@@ -240,18 +301,24 @@ def summary_lines(out: Outcome) -> list[str]:
         verdict = "identical to" if out.identical else "DIFFERENT from"
         diff = (f"{out.max_logit_diff:.2e}" if out.max_logit_diff is not None
                 else "not finite: the logits hold NaN or infinity")
-        lines.append(f"greedy tokens {verdict} single-process decoding (max |logit diff| {diff})")
+        mode = "greedy" if out.sampling is None or out.sampling.greedy else "sampled"
+        lines.append(f"{mode} tokens {verdict} single-process decoding "
+                     f"(max |logit diff| {diff})")
+    if out.ranks_agree is False:
+        lines.append("the ranks ended with DIFFERENT tokens")
     return lines
 
 
 def handle(args: argparse.Namespace) -> int:
     out = run_generation(args, stream=not args.json)
+    if out is None:  # a torchrun rank other than 0: rank 0 prints
+        return 0
     if args.json:
         print(dumps(to_json(out)))
     else:
         for line in summary_lines(out):
             sys.stderr.write(line + "\n")
-    return 0 if out.identical in (None, True) else 1
+    return 0 if out.identical in (None, True) and out.ranks_agree in (None, True) else 1
 
 
 def demo_section(console: Console) -> int:
@@ -259,7 +326,9 @@ def demo_section(console: Console) -> int:
     console.rule("[bold]Real generation: SmolLM2-135M-Instruct, KV cache on 2 ranks")
     args = argparse.Namespace(nproc=2, prompt=DEMO_PROMPT, chat=True, max_new_tokens=24,
                               algorithm="tree", model=None, verify=True, json=False,
-                              context_tokens=0, timeout=DEFAULT_TIMEOUT_S)
+                              context_tokens=0, timeout=DEFAULT_TIMEOUT_S, topology=None,
+                              dtype="fp32", device="auto", temperature=0.0, top_k=0,
+                              top_p=1.0, seed=None)
     console.print(f"prompt: {DEMO_PROMPT!r} (chat template), greedy, tree merge of every layer")
     out = run_generation(args, stream=True)
     for line in summary_lines(out):

@@ -1,8 +1,9 @@
-"""Single-process greedy generation over a local KV cache.
+"""Single-process generation over a local KV cache.
 
 :func:`generate_local` prefills and decodes in one process on a
 :class:`~treeattn.llm.local_cache.LocalCache`; :func:`greedy_decode` is the loop it shares
-with the distributed path (:mod:`treeattn.llm.generate_dist`).
+with the distributed path (:mod:`treeattn.llm.generate_dist`). Greedy by default; a
+``choose`` callback (a :class:`treeattn.llm.options.Sampler`) samples instead.
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ class Generation:
 @torch.no_grad()
 def greedy_decode(model, backend, first_logits, start, max_new_tokens, eos_id=None,
                   on_token: Callable[[int], None] | None = None, choose=None):
-    """Greedy loop from ``first_logits`` (1, V); the next token sits at position ``start``.
+    """Decode loop from ``first_logits`` (1, V); the next token sits at position ``start``.
 
-    ``choose(logits) -> int`` picks the token (default: argmax; the distributed path makes
-    every rank agree on rank 0's choice). Returns ``(tokens, logits, attention_steps)``, the
-    last from the growth of ``backend.attention_s`` over each forward.
+    ``choose(logits) -> int`` picks the token (default: argmax; a sampler draws instead, and
+    the distributed path makes every rank agree on rank 0's choice). Returns ``(tokens,
+    logits, attention_steps)``, the last from the growth of ``backend.attention_s`` over each
+    forward.
     """
     choose = choose or (lambda lg: int(torch.argmax(lg[0])))
     tokens, logits_seen, attention_steps = [], [], []
@@ -98,8 +100,11 @@ def check_request(model: Transformer, prompt_ids: list[int], max_new_tokens: int
 
 def generate_local(model: Transformer, prompt_ids: list[int], max_new_tokens: int,
                    eos_id: int | None = None, on_token=None, context_tokens: int = 0,
-                   segment: list[int] | None = None) -> Generation:
-    """Prefill ``prompt_ids`` (after ``context_tokens`` of document) and decode greedily here.
+                   segment: list[int] | None = None, choose=None) -> Generation:
+    """Prefill ``prompt_ids`` (after ``context_tokens`` of document) and decode here.
+
+    Greedy unless ``choose`` (logits (1, V) -> token) picks otherwise; the model may sit on
+    any device and in any dtype (:func:`treeattn.llm.options.place_model`).
 
     With ``context_tokens`` > 0 the cache first holds that many tokens of the repeated
     document ``segment`` (:mod:`treeattn.llm.generate_context`), and the prompt is
@@ -116,6 +121,6 @@ def generate_local(model: Transformer, prompt_ids: list[int], max_new_tokens: in
     backend.attention_s = 0.0
     start = context_tokens + len(prompt_ids)
     tokens, seen, steps = greedy_decode(model, backend, logits, start, max_new_tokens, eos_id,
-                                        on_token)
+                                        on_token, choose)
     t2 = time.perf_counter()
     return Generation(tokens, seen, t1 - t0, t2 - t1, backend.attention_s, steps)

@@ -13,8 +13,15 @@ Every rank runs the same model on the same tokens (everything but attention is r
   K/V are not in any shard yet, so each rank merges that one-key partial in locally
   (the same value on every rank), and after the last layer the token is appended to the
   cache (policy ``"last"``: the last rank stores it).
-* Rank 0 picks each token and broadcasts it, so all ranks stay on the same sequence even if
-  an algorithm leaves them with partials that differ in the last bit.
+* Rank 0 picks each token (greedy, or drawn by its seeded
+  :class:`~treeattn.llm.options.Sampler`) and broadcasts it as one int64, so all ranks stay
+  on the same sequence even if an algorithm leaves them with partials that differ in the
+  last bit. At the end the ranks compare their token lists once (``ranks_agree``).
+* **Placement**: each rank moves the weights to its device in the request's dtype once
+  (:func:`~treeattn.llm.options.place_model`); the KV cache takes the blocks' dtype.
+
+:func:`generate_distributed` spawns local ranks; under torchrun the command calls
+:func:`rank_generate` on each rank itself, with the model it has already loaded.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import functools
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -34,10 +41,11 @@ from treeattn.llm.cache import ShardedKVCache
 from treeattn.llm.generate import Generation, greedy_decode
 from treeattn.llm.generate_context import fill_document
 from treeattn.llm.local_cache import LocalCache, prefill
+from treeattn.llm.options import Sampler, Sampling, body_dtype, dtype_of, place_model
 from treeattn.llm.snapshot import save_snapshot
 from treeattn.llm.weights import load_model
 from treeattn.runtime.executor import Executor
-from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.plans import build, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims
@@ -58,6 +66,8 @@ class GenerateRequest:
     context_tokens: int = 0
     segment: tuple[int, ...] = ()
     stream: bool = False
+    dtype: str = "fp32"  # the blocks' dtype on every rank (treeattn.llm.options.DTYPES)
+    sampling: Sampling = field(default_factory=Sampling)
 
 
 def split_lengths(n: int, world: int) -> list[int]:
@@ -117,9 +127,13 @@ def _replicated_prefill(ctx, model, request: GenerateRequest):
     return cache, logits
 
 
-def _agreed_token(ctx: RankContext, logits: torch.Tensor) -> int:
-    """Rank 0's greedy choice, broadcast to every rank."""
-    token = torch.argmax(logits[0]).reshape(1).to(torch.int64)  # (1,)
+def _agreed_token(ctx: RankContext, sampler: Sampler, logits: torch.Tensor) -> int:
+    """Rank 0's choice (greedy or sampled), broadcast to every rank as one int64."""
+    if sampler.greedy:  # every rank takes its argmax; rank 0's overwrites the others
+        token = torch.argmax(logits[0]).reshape(1).to(torch.int64)  # (1,)
+    else:  # only rank 0 draws, so only its generator advances
+        chosen = sampler(logits) if ctx.rank == 0 else 0
+        token = torch.tensor([chosen], dtype=torch.int64, device=logits.device)  # (1,)
     work = dist.broadcast(token, src=0, async_op=True)
     wait_work(work, ctx, 0, "token broadcast")
     return int(token.item())
@@ -142,10 +156,15 @@ def _streamer(tokenizer):
 
 
 @torch.no_grad()
-def rank_generate(ctx: RankContext, request: GenerateRequest) -> dict:
-    """What every rank runs; rank 0's returned dict is the launcher's result."""
-    loaded = load_model(request.model)
-    model, prompt = loaded.model.to(ctx.device), list(request.prompt_ids)
+def rank_generate(ctx: RankContext, request: GenerateRequest, loaded=None) -> dict:
+    """What every rank runs; rank 0's returned dict is the launcher's result.
+
+    ``loaded`` is the model this process already holds (torchrun), else it is loaded from
+    ``request.model``; either way it is placed on ``ctx.device`` in ``request.dtype`` here.
+    """
+    loaded = loaded or load_model(request.model)
+    model = place_model(loaded.model, ctx.device, dtype_of(request.dtype))
+    prompt = list(request.prompt_ids)
     cfg = model.config
     t0 = time.perf_counter()
     cache, logits = _replicated_prefill(ctx, model, request)
@@ -154,33 +173,37 @@ def rank_generate(ctx: RankContext, request: GenerateRequest) -> dict:
     start = request.context_tokens + len(prompt)
     t1 = time.perf_counter()
     on_token = _streamer(loaded.tokenizer) if request.stream and ctx.rank == 0 else None
+    choose = functools.partial(_agreed_token, ctx, Sampler(request.sampling))
     tokens, seen, steps = greedy_decode(model, backend, logits, start, request.max_new_tokens,
-                                 request.eos_id, on_token,
-                                 choose=functools.partial(_agreed_token, ctx))
+                                        request.eos_id, on_token, choose=choose)
     t2 = time.perf_counter()
     gen = Generation(tokens, [lg.cpu() for lg in seen], t1 - t0, t2 - t1, backend.attention_s,
                      steps)
-    return {"generation": gen, "lengths": list(cache.lengths), "bytes_sent": backend.bytes_sent}
+    agree = all(t == tokens for t in all_gather_objects(ctx, tokens))
+    return {"generation": gen, "lengths": list(cache.lengths), "bytes_sent": backend.bytes_sent,
+            "ranks_agree": agree, "dtype": str(body_dtype(model)).removeprefix("torch.")}
 
 
 def make_schedule(algorithm: str, world: int, config, lengths: list[int],
-                  dtype: torch.dtype = torch.float32) -> Schedule:
+                  dtype: torch.dtype = torch.float32, topology=None) -> Schedule:
     """The plan's schedule for one layer's decode attention with these shard lengths.
 
-    ``auto`` asks the simulator's planner (uncalibrated local topology).
+    ``auto`` asks the simulator's planner, on ``topology`` (a
+    :class:`~treeattn.topo.Topology` of ``world`` GPUs: the real cluster) or else the
+    uncalibrated local topology.
     """
     dims = AttnDims(1, config.n_heads, config.n_kv_heads, config.head_dim, dtype)
-    return build(algorithm, local_topology(world), workload_for(dims, lengths))
+    return build(algorithm, topology or local_topology(world), workload_for(dims, lengths))
 
 
 def generate_distributed(request: GenerateRequest, world: int, timeout_s=GENERATE_TIMEOUT_S,
-                         loaded=None):
+                         loaded=None, device: str = "auto"):
     """Launch ``world`` local ranks running ``request``; return rank 0's result dict.
 
     ``loaded`` (the caller's :class:`~treeattn.llm.weights.LoadedModel`) is handed to
     the ranks as a temporary snapshot, so they skip parsing the original file.
     """
-    options = LaunchOptions(timeout_s=timeout_s, threads=1)
+    options = LaunchOptions(timeout_s=timeout_s, threads=1, device=device)
     if loaded is None:
         return launch(functools.partial(rank_generate, request=request), world, options)
     with tempfile.TemporaryDirectory(prefix="treeattn-model-") as tmp:

@@ -217,10 +217,13 @@ class Transformer(nn.Module):
         bsz, t = tokens.shape
         positions = torch.arange(start, start + t, device=tokens.device)
         cos, sin = rope_cos_sin(self.inv_freq.to(tokens.device), positions)  # (T, D/2) each
-        x = self.tok_embeddings(tokens)  # (B, T, dim)
+        # the embedding and head may stay fp32 while the blocks run in bf16/fp16
+        # (treeattn.llm.options.place_model); in an all-fp32 model both casts are no-ops
+        x = self.tok_embeddings(tokens).to(self.norm.weight.dtype)  # (B, T, dim)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, backend, start)
-        return self.output(self.norm(x[:, -1])).float()  # (B, vocab)
+        last = self.norm(x[:, -1]).to(self.output.weight.dtype)  # (B, dim)
+        return self.output(last).float()  # (B, vocab)
 
 
 def random_model(config: ModelConfig, seed: int = 0) -> Transformer:
