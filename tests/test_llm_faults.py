@@ -24,12 +24,12 @@ from test_llm_gguf import write_llama_gguf  # noqa: E402
 
 from treeattn.cli import main  # noqa: E402
 from treeattn.llm.errors import ModelError  # noqa: E402
-from treeattn.llm.model import ModelConfig, random_model  # noqa: E402
+from treeattn.llm.model import LlamaConfig, random_model  # noqa: E402
 from treeattn.llm.weights import load_model  # noqa: E402
 
 
 def _gguf(tmp_path, name="m.gguf", **config) -> str:
-    model = random_model(ModelConfig.from_name("debug"), seed=1)
+    model = random_model(LlamaConfig.from_name("debug"), seed=1)
     for key, value in config.items():
         object.__setattr__(model.config, key, value)
     path = tmp_path / name
@@ -45,7 +45,7 @@ def _one_line_error(path: str, match: str) -> None:
 
 @pytest.mark.timeout(60)
 def test_nan_weight_is_refused_naming_the_tensor(tmp_path):
-    model = random_model(ModelConfig.from_name("debug"), seed=1)
+    model = random_model(LlamaConfig.from_name("debug"), seed=1)
     with torch.no_grad():
         model.norm.weight[3] = float("nan")
     path = tmp_path / "nan.gguf"

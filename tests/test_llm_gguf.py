@@ -20,7 +20,7 @@ from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
 from treeattn.llm.errors import ModelError  # noqa: E402
 from treeattn.llm.gguf_quants import BLOCKS, dequantize  # noqa: E402
-from treeattn.llm.model import ModelConfig, random_model  # noqa: E402
+from treeattn.llm.model import LlamaConfig, random_model  # noqa: E402
 from treeattn.llm.weights import load_model  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
@@ -112,7 +112,7 @@ def write_llama_gguf(path, model, kind: str = "Q8_0", arch: str = "llama") -> No
 
 @pytest.fixture(scope="module")
 def debug_gguf(tmp_path_factory):
-    model = random_model(ModelConfig.from_name("debug"), seed=1)
+    model = random_model(LlamaConfig.from_name("debug"), seed=1)
     path = tmp_path_factory.mktemp("gguf") / "debug.gguf"
     write_llama_gguf(path, model)
     return model, path
@@ -145,7 +145,7 @@ def test_truncated_and_corrupt_files_are_model_errors(debug_gguf, tmp_path):
 
 
 def test_unsupported_architecture_is_a_model_error(tmp_path):
-    model = random_model(ModelConfig.from_name("debug"), seed=1)
+    model = random_model(LlamaConfig.from_name("debug"), seed=1)
     path = tmp_path / "gpt.gguf"
     write_llama_gguf(path, model, arch="gpt2")
     with pytest.raises(ModelError, match="unsupported architecture 'gpt2'"):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from treeattn.llm.errors import ModelError
 from treeattn.llm.local_cache import LocalCache, prefill
-from treeattn.llm.model import ModelConfig, apply_rope, random_model, rope_cos_sin
+from treeattn.llm.model import LlamaConfig, apply_rope, random_model, rope_cos_sin
 from treeattn.llm.weights import load_model
 
 torch.set_num_threads(1)
@@ -139,7 +139,7 @@ def test_hf_checkpoint_matches_naive_reference(tmp_path, tied, scaling):
 
 def test_llama3_scaling_matches_scalar_reference():
     scaling = dict(LLAMA3, original_max_position_embeddings=8192)
-    conf = ModelConfig(dim=128, n_layers=1, n_heads=1, n_kv_heads=1, hidden_dim=8, vocab_size=8,
+    conf = LlamaConfig(dim=128, n_layers=1, n_heads=1, n_kv_heads=1, hidden_dim=8, vocab_size=8,
                        rope_base=500000.0, rope_scaling=scaling)
     from treeattn.llm.model import rope_inv_freq
 
@@ -163,7 +163,7 @@ def test_rope_rotates_interleaved_pairs_like_complex_multiplication(pos, seed):
 
 def test_decode_steps_match_one_prefill():
     """Token-by-token decode (partial_attention kernel) = one causal prefill (SDPA)."""
-    model = random_model(ModelConfig.from_name("debug"), seed=3)
+    model = random_model(LlamaConfig.from_name("debug"), seed=3)
     tokens = list(range(40, 80))
     full = prefill(model, tokens, LocalCache(2))
     cache = LocalCache(2)
@@ -174,7 +174,7 @@ def test_decode_steps_match_one_prefill():
 
 
 def test_chunked_prefill_matches_one_chunk():
-    model = random_model(ModelConfig.from_name("debug"), seed=4)
+    model = random_model(LlamaConfig.from_name("debug"), seed=4)
     tokens = [7 * i % 256 for i in range(50)]
     one = prefill(model, tokens, LocalCache(2), chunk=1024)
     chunked = prefill(model, tokens, LocalCache(2), chunk=7)
@@ -183,9 +183,9 @@ def test_chunked_prefill_matches_one_chunk():
 
 def test_bad_shapes_and_names_are_model_errors(tmp_path):
     with pytest.raises(ModelError, match="heads"):
-        ModelConfig(dim=64, n_layers=1, n_heads=6, n_kv_heads=4, hidden_dim=8, vocab_size=8)
+        LlamaConfig(dim=64, n_layers=1, n_heads=6, n_kv_heads=4, hidden_dim=8, vocab_size=8)
     with pytest.raises(ModelError, match="unknown model config"):
-        ModelConfig.from_name("llama-99b")
+        LlamaConfig.from_name("llama-99b")
     with pytest.raises(ModelError, match="model not found"):
         load_model(str(tmp_path / "nope.gguf"))
     (tmp_path / "config.json").write_text(json.dumps(hf_conf(model_type="mistral")))

@@ -1,4 +1,4 @@
-"""Read a GGUF file into a :class:`ModelConfig`, a state dict and the tokenizer metadata.
+"""Read a GGUF file into a :class:`LlamaConfig`, a state dict and the tokenizer metadata.
 
 The file is parsed by the ``gguf`` package's :class:`gguf.GGUFReader` (memory-mapped); the
 tensors are dequantized by :mod:`treeattn.llm.gguf_quants`. Only the ``llama``
@@ -19,7 +19,7 @@ import torch
 
 from treeattn.llm.errors import ModelError
 from treeattn.llm.gguf_quants import dequantize
-from treeattn.llm.model import ModelConfig
+from treeattn.llm.model import LlamaConfig
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -165,7 +165,7 @@ def field(reader, key: str, default=None):
     return entry.contents()
 
 
-def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
+def config_from_gguf(reader, path: str | Path = "") -> LlamaConfig:
     """The model configuration from the file's ``general.*`` and ``llama.*`` metadata."""
     arch = field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -185,7 +185,7 @@ def config_from_gguf(reader, path: str | Path = "") -> ModelConfig:
         raise ModelError(f"{path} lacks a 2-D tensor token_embd.weight")
     try:
         n_heads = int(need("attention.head_count"))
-        return ModelConfig(
+        return LlamaConfig(
             dim=int(need("embedding_length")),
             n_layers=int(need("block_count")),
             n_heads=n_heads,
@@ -209,7 +209,7 @@ def tensor_to_torch(tensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values).reshape(shape))
 
 
-def state_dict_from_gguf(reader, config: ModelConfig) -> dict[str, torch.Tensor]:
+def state_dict_from_gguf(reader, config: LlamaConfig) -> dict[str, torch.Tensor]:
     """The model's weights, renamed to :class:`Transformer`'s parameter names, float32."""
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:

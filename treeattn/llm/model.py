@@ -25,10 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeattn.llm.errors import ModelError
+from treeattn.sim.workload import MODELS, ModelConfig
 
 
 @dataclass
-class ModelConfig:
+class LlamaConfig:
     """Shape and numerics of a Llama-family model; ``head_dim`` is derived."""
 
     dim: int
@@ -70,23 +71,34 @@ class ModelConfig:
             raise ModelError(f"head dim {self.head_dim} is odd; RoPE needs it even")
 
     @classmethod
-    def from_name(cls, name: str) -> ModelConfig:
+    def from_name(cls, name: str) -> LlamaConfig:
         """A registered configuration; ``"debug"`` is a tiny one for tests."""
         if name not in CONFIGS:
             raise ModelError(f"unknown model config {name!r} (known: {', '.join(CONFIGS)})")
         return replace(CONFIGS[name])
 
+    @classmethod
+    def from_shape(cls, shape: ModelConfig, **numerics) -> LlamaConfig:
+        """The config of a model in THE shape registry (:data:`treeattn.sim.workload.MODELS`,
+        which the planner reads too), plus the numerics shapes do not carry (RoPE base,
+        epsilon, context length)."""
+        config = cls(dim=shape.dim, n_layers=shape.n_layers, n_heads=shape.n_heads,
+                     n_kv_heads=shape.n_kv_heads, hidden_dim=shape.ffn_dim,
+                     vocab_size=shape.vocab_size, tie_embeddings=shape.tie_embeddings,
+                     name=shape.name, **numerics)
+        if config.head_dim != shape.head_dim:
+            raise ModelError(f"model {shape.name}: head dim {config.head_dim} from the hidden "
+                             f"size, {shape.head_dim} in the registry")
+        return config
 
-CONFIGS = {
-    "debug": ModelConfig(
-        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256,
-        max_seq_len=4096, tie_embeddings=False, name="debug",
-    ),
-    "smollm2-135m": ModelConfig(
-        dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=1536, vocab_size=49152,
-        rope_base=100000.0, max_seq_len=8192, name="smollm2-135m",
-    ),
+
+# The numerics of each model the LLM stack knows by name; its shapes come from the registry.
+_NUMERICS = {
+    "debug": {"max_seq_len": 4096},
+    "smollm2-135m": {"rope_base": 100000.0, "max_seq_len": 8192},
 }
+CONFIGS = {name: LlamaConfig.from_shape(MODELS[name], **numerics)
+           for name, numerics in _NUMERICS.items()}
 
 
 class AttentionBackend(Protocol):
@@ -102,7 +114,7 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor: ...
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     """Per-pair rotation frequencies (D/2,), with Llama 3 scaling when configured."""
     d = config.head_dim
     inv_freq = 1.0 / config.rope_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
@@ -148,7 +160,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         d, hq, hkv = config.head_dim, config.n_heads, config.n_kv_heads
         self.n_heads, self.n_kv_heads, self.head_dim = hq, hkv, d
@@ -168,7 +180,7 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.w1 = nn.Linear(config.dim, config.hidden_dim, bias=False)  # gate
         self.w3 = nn.Linear(config.dim, config.hidden_dim, bias=False)  # up
@@ -179,7 +191,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.attention = Attention(config)
@@ -194,7 +206,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """The Llama-family decoder. ``forward`` returns the logits of the last token only."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
@@ -226,7 +238,7 @@ class Transformer(nn.Module):
         return self.output(last).float()  # (B, vocab)
 
 
-def random_model(config: ModelConfig, seed: int = 0) -> Transformer:
+def random_model(config: LlamaConfig, seed: int = 0) -> Transformer:
     """A model with seeded random weights (the ``debug`` flavour), scaled to stay well-mixed."""
     gen = torch.Generator().manual_seed(seed)
     model = Transformer(config)
@@ -251,7 +263,7 @@ def check_finite(state: dict[str, torch.Tensor], source: str) -> None:
             raise ModelError(f"{source}: tensor {name} holds NaN or infinite values")
 
 
-def assemble(config: ModelConfig, state: dict[str, torch.Tensor], source: str) -> Transformer:
+def assemble(config: LlamaConfig, state: dict[str, torch.Tensor], source: str) -> Transformer:
     """The one way a checkpoint becomes a model: GGUF, safetensors and snapshots all end here.
 
     ``state`` maps :class:`Transformer` parameter names to tensors (it is consumed). Two extra

@@ -14,7 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from treeattn.llm.errors import ModelError
-from treeattn.llm.model import ModelConfig, Transformer, assemble
+from treeattn.llm.model import LlamaConfig, Transformer, assemble
 from treeattn.llm.tokenizer import Tokenizer
 
 MARKER = "treeattn-snapshot.json"
@@ -58,7 +58,7 @@ def load_snapshot(path: Path) -> tuple[Transformer, Tokenizer, str]:
         state = load_file(str(path / WEIGHTS))
     except Exception as exc:
         raise ModelError(f"cannot read the model snapshot in {path}: {exc}") from None
-    model = assemble(ModelConfig(**meta["config"]), state, str(path))
+    model = assemble(LlamaConfig(**meta["config"]), state, str(path))
     tok = Tokenizer(HFTokenizer.from_str(meta["tokenizer"]), meta["bos_id"], meta["eos_id"],
                     meta["chat_template"], meta["add_bos"])
     return model, tok, meta["source"]

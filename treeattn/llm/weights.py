@@ -22,7 +22,7 @@ import torch
 
 from treeattn.llm.errors import ModelError
 from treeattn.llm.fetch import DEFAULT_ALIASES, fetch_default_model
-from treeattn.llm.model import ModelConfig, Transformer, assemble, random_model
+from treeattn.llm.model import LlamaConfig, Transformer, assemble, random_model
 from treeattn.llm.snapshot import is_snapshot, load_snapshot
 from treeattn.llm.tokenizer import Tokenizer
 
@@ -66,8 +66,8 @@ def load_gguf(path: Path) -> LoadedModel:
     return LoadedModel(model, tokenizer, str(path))
 
 
-def config_from_hf(conf: dict, source: str) -> ModelConfig:
-    """A :class:`ModelConfig` from a Hugging Face ``config.json`` of a Llama model."""
+def config_from_hf(conf: dict, source: str) -> LlamaConfig:
+    """A :class:`LlamaConfig` from a Hugging Face ``config.json`` of a Llama model."""
     if conf.get("model_type") != "llama":
         raise ModelError(f"unsupported architecture {conf.get('model_type')!r} in {source} "
                          "(supported: llama)")
@@ -75,7 +75,7 @@ def config_from_hf(conf: dict, source: str) -> ModelConfig:
     if scaling and scaling.get("rope_type", scaling.get("type")) != "llama3":
         raise ModelError(f"unsupported rope_scaling {scaling} in {source} (supported: llama3)")
     heads = int(conf["num_attention_heads"])
-    return ModelConfig(
+    return LlamaConfig(
         dim=int(conf["hidden_size"]),
         n_layers=int(conf["num_hidden_layers"]),
         n_heads=heads,
@@ -143,7 +143,7 @@ def debug_model(seed: int = 0) -> LoadedModel:
     """The ``debug`` flavour: random weights, a 256-token byte tokenizer, no network."""
     from treeattn.llm.tokenizer import byte_tokenizer
 
-    return LoadedModel(random_model(ModelConfig.from_name("debug"), seed), byte_tokenizer(),
+    return LoadedModel(random_model(LlamaConfig.from_name("debug"), seed), byte_tokenizer(),
                        "debug")
 
 
