@@ -74,7 +74,7 @@ def test_run_json_reports_every_point(capsys) -> None:
             "--algorithm", "ring", "--algorithm", "allreduce3", "--native", "--steps", "2",
             "--warmup", "1", "--json", *SMALL]
     assert main(argv) == 0
-    points = json.loads(capsys.readouterr().out)
+    points = json.loads(capsys.readouterr().out)["rows"]
     assert [(p["seq_len"], p["requested"]) for p in points] == [
         (n, a) for n in (301, 1024) for a in ("tree", "ring", "allreduce3")
     ]
@@ -122,7 +122,7 @@ def test_check_predicts_then_gates_on_the_error(profile_path, capsys) -> None:
     base = ["run", "--nproc", "2", "--seq-len", "2k", "--algorithm", "tree", "--steps", "2",
             "--warmup", "0", "--check", "--profile", str(profile_path), "--json", *SMALL]
     assert main(base + ["--max-error", "1e9"]) == 0
-    (point,) = json.loads(capsys.readouterr().out)
+    (point,) = json.loads(capsys.readouterr().out)["rows"]
     assert point["predicted_s"] > 0
     ratio = point["predicted_s"] / point["measured_s"]
     assert point["error"] == pytest.approx(max(ratio, 1 / ratio) - 1)  # symmetric error

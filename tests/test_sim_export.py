@@ -68,3 +68,49 @@ def test_predict_json_is_tagged(capsys):
                  "--json"]) == 0
     data = check_tag(json.loads(capsys.readouterr().out), "predictions", "stdout")
     assert data["rows"]
+
+
+@pytest.mark.timeout(300)
+def test_run_executes_a_plan_file_and_traces_it(tmp_path, capsys):
+    """plan -o writes the schedule; run --plan executes exactly it on real ranks; --trace
+    puts predicted and measured steps side by side with the same names."""
+    plan_path, trace_path = tmp_path / "plan.json", tmp_path / "trace.json"
+    assert main(["plan", "--topology", "local:ranks=2", "--model", "debug", "--seq-len", "96",
+                 "-o", str(plan_path)]) == 0
+    planned = json.loads(plan_path.read_text())["schedule"]
+    capsys.readouterr()
+    assert main(["run", "--nproc", "2", "--plan", str(plan_path), "--steps", "2", "--warmup",
+                 "0", "--min-time", "0", "--check", "--max-error", "1e9", "--json",
+                 "--trace", str(trace_path)]) == 0
+    (point,) = check_tag(json.loads(capsys.readouterr().out), "run", "stdout")["rows"]
+    assert point["requested"] == "plan" and point["algorithm"] == planned["algorithm"]
+    assert point["seq_len"] == 96 and point["max_abs_diff"] < 1e-5
+    trace = check_tag(json.loads(trace_path.read_text()), "trace", "trace")
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert any(n.startswith("predicted:") for n in names)
+    assert any(n.startswith("measured:") for n in names)
+
+
+def test_run_refuses_a_plan_for_another_world(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", "--topology", "local:ranks=3", "--model", "debug", "--seq-len", "96",
+                 "-o", str(plan_path)]) == 0
+    capsys.readouterr()
+    assert main(["run", "--nproc", "2", "--plan", str(plan_path)]) == 2
+    assert "plan is for 3 ranks" in capsys.readouterr().err
+    plan_path.write_text('{"format": "treeattn.plan", "version": 7}')
+    assert main(["run", "--nproc", "2", "--plan", str(plan_path)]) == 2
+    assert "version" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_generate_runs_a_plan_file(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", "--topology", "local:ranks=2", "--model", "debug", "--seq-len", "64",
+                 "-o", str(plan_path)]) == 0
+    capsys.readouterr()
+    assert main(["generate", "--nproc", "2", "--model", "debug", "--prompt", "abc",
+                 "--max-new-tokens", "3", "--plan", str(plan_path), "--verify", "--json"]) == 0
+    record = check_tag(json.loads(capsys.readouterr().out), "generation", "stdout")
+    assert record["identical_to_single_process"] is True
+    assert record["algorithm"].startswith(json.loads(plan_path.read_text())["algorithm"])

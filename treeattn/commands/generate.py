@@ -61,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="tree",
                         help="how each layer's partials are reduced (default tree; auto: the "
                              "simulator's planner picks)")
+    parser.add_argument("--plan", metavar="PLAN.json", default=None,
+                        help="run every layer's merge with exactly this plan file's schedule "
+                             "(from `treeattn plan -o`); its world must be this run's")
     parser.add_argument("--model", default=None,
                         help="a .gguf file, a Hugging Face directory, 'debug', or the default "
                              "smollm2-135m-instruct (fetched on first use)")
@@ -243,8 +246,11 @@ def _distributed(args, loaded, prompt, segment, stream, world, sampling, topolog
 
     model, eos_id = loaded.model, loaded.tokenizer.eos_id
     cached = args.context_tokens + len(prompt)
-    schedule = make_schedule(args.algorithm, world, model.config, split_lengths(cached, world),
-                             dtype_of(args.dtype), topology)
+    if args.plan:
+        schedule = planned_schedule(args.plan, world)
+    else:
+        schedule = make_schedule(args.algorithm, world, model.config,
+                                 split_lengths(cached, world), dtype_of(args.dtype), topology)
     request = GenerateRequest(loaded.source, tuple(prompt), args.max_new_tokens, schedule, eos_id,
                               args.context_tokens, tuple(segment or ()), stream, args.dtype,
                               sampling)
@@ -256,6 +262,27 @@ def _distributed(args, loaded, prompt, segment, stream, world, sampling, topolog
     result = generate_distributed(request, world, timeout_s=args.timeout, loaded=loaded,
                                   device=args.device)
     return True, result, name
+
+
+def planned_schedule(path: str, world: int):
+    """The schedule of a plan file (``treeattn plan -o``), for a group of ``world`` ranks.
+
+    The schedule's steps are what run; message sizes follow this model's shapes, which is
+    what lets a plan made for a model's registry shape drive its real decode.
+    """
+    import json
+    from pathlib import Path
+
+    from treeattn.sim.export import check_tag, schedule_from_json
+
+    try:
+        record = check_tag(json.loads(Path(path).read_text()), "plan", path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read plan {path}: {exc}") from None
+    schedule = schedule_from_json(record.get("schedule"), path)
+    if schedule.world != world:
+        raise UserError(f"plan {path} is for {schedule.world} ranks; this run has {world}")
+    return schedule
 
 
 def _printer(tok):
@@ -286,7 +313,9 @@ def to_json(out: Outcome) -> dict:
     if out.identical is not None:
         record["identical_to_single_process"] = out.identical
         record["max_abs_logit_diff"] = out.max_logit_diff
-    return record
+    from treeattn.sim.export import tagged
+
+    return tagged("generation", record)
 
 
 def summary_lines(out: Outcome) -> list[str]:

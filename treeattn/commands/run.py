@@ -11,14 +11,18 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from treeattn import atomic
 from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
+from treeattn.errors import UserError
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
 from treeattn.sim.algorithms import CLI_CHOICES
+from treeattn.sim.export import tagged
 from treeattn.sim.workload import DTYPE_BYTES
 
 DEMO_SEQ_LENS = (16384, 65536, 262144)
@@ -46,8 +50,13 @@ def _add_group_options(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser("run", help="run a plan on real ranks and measure it")
     _add_group_options(run)
-    run.add_argument("--seq-len", type=parse_tokens, action="append", required=True,
-                     help="cached tokens (repeatable; 16k, 1M accepted)")
+    run.add_argument("--seq-len", type=parse_tokens, action="append", default=None,
+                     help="cached tokens (repeatable; 16k, 1M accepted; required without --plan)")
+    run.add_argument("--plan", metavar="PLAN.json", default=None,
+                     help="execute exactly this plan file (from `plan -o`): its schedule, "
+                          "model shape, batch and shard lengths")
+    run.add_argument("--trace", metavar="FILE", default=None,
+                     help="write predicted and measured timelines as a Chrome/Perfetto trace")
     run.add_argument("--algorithm", action="append", choices=ALGORITHMS, default=None,
                      help="algorithm (repeatable; default auto: the planner's choice)")
     run.add_argument("--shape", default=None, help="tree shape for tree/allreduce3 (tree)")
@@ -70,7 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--no-reference", action="store_true",
                      help="skip the single-process reference (max_abs_diff)")
-    run.add_argument("--json", action="store_true", help="print a JSON list, one per point")
+    run.add_argument("--json", action="store_true",
+                     help="print JSON (format treeattn.run): one row per point")
     run.set_defaults(func=guarded(handle_run))
 
     cal = subparsers.add_parser("calibrate", help="measure the local backend (microbenchmarks)")
@@ -180,10 +190,40 @@ def _local_ranks(args: argparse.Namespace, world: int) -> int:
     return world
 
 
+def _apply_plan(args: argparse.Namespace) -> tuple[dict | None, tuple[int, ...] | None]:
+    """Load ``--plan``: its schedule, and the shapes the run must take from it."""
+    if not args.plan:
+        if not args.seq_len:
+            raise UserError("run needs --seq-len (or --plan)")
+        return None, None
+    from treeattn.sim.export import check_tag
+    from treeattn.sim.workload import ModelConfig
+
+    try:
+        record = json.loads(Path(args.plan).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read plan {args.plan}: {exc}") from None
+    record = check_tag(record, "plan", args.plan)
+    if args.seq_len or args.algorithm:
+        raise UserError("--plan fixes the context and the algorithm: drop --seq-len and "
+                        "--algorithm")
+    try:
+        model = ModelConfig.from_name(record["model"])
+        lengths = tuple(int(n) for n in record["shard_lengths"])
+        args.seq_len, args.algorithm = [int(record["seq_len"])], ["plan"]
+        args.batch = int(record.get("batch", 1))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"plan {args.plan} is malformed ({exc})") from None
+    args.heads, args.kv_heads, args.head_dim = model.n_heads, model.n_kv_heads, model.head_dim
+    args.dtype = model.dtype
+    return record["schedule"], lengths
+
+
 def build_request(args: argparse.Namespace):
     from treeattn.runtime.calibrate import read_profile
     from treeattn.runtime.check import RunRequest
 
+    plan, plan_lengths = _apply_plan(args)
     profile = read_profile(args.profile) if args.profile else None
     params = {"shape": args.shape} if args.shape else {}
     return RunRequest(
@@ -193,7 +233,7 @@ def build_request(args: argparse.Namespace):
         min_time_s=args.min_time,
         check=args.check, profile=profile, native=args.native,
         reference=not args.no_reference, seed=args.seed, params=params,
-        topology=args.topology,
+        topology=args.topology, plan=plan, plan_lengths=plan_lengths,
     )
 
 
@@ -201,6 +241,8 @@ def handle_run(args: argparse.Namespace) -> int:
     from treeattn.runtime.check import mark_bands, validate
 
     world = _world(args)
+    if args.trace:
+        check_output_path(args.trace)
     req = build_request(args)
     validate(req, world, args.device, _local_ranks(args, world))
     chosen = args.algorithm or ["auto"]
@@ -215,8 +257,10 @@ def handle_run(args: argparse.Namespace) -> int:
     if not is_root:
         return 0
     mark_bands(points, args.max_error)
+    if args.trace:
+        write_trace(args.trace, points)
     if args.json:
-        sys.stdout.write(dumps(points) + "\n")
+        sys.stdout.write(dumps(tagged("run", points)) + "\n")
     else:
         print_points(Console(), points)
     outside = [p for p in points if p["within_band"] is False]
@@ -228,6 +272,19 @@ def handle_run(args: argparse.Namespace) -> int:
             f"by --max-error (error {p['error']:.1%} exceeds --max-error "
             f"{args.max_error:.1%})\n")
     return 1 if args.check and outside else 0
+
+
+def write_trace(path: str, points: list[dict]) -> None:
+    """Predicted and measured timelines of every point, side by side, one track per rank."""
+    from treeattn.sim.export import trace_json
+
+    timelines = []
+    for p in points:
+        label = f"{p['algorithm']} @ {p['seq_len']}"
+        if p.get("predicted_timeline"):
+            timelines.append((f"predicted: {label}", p["predicted_timeline"]))
+        timelines.append((f"measured: {label}", p.get("timeline") or []))
+    atomic.write_text(path, json.dumps(trace_json(timelines), allow_nan=False))
 
 
 def _fmt_bytes(n: float) -> str:

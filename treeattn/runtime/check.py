@@ -76,6 +76,10 @@ class RunRequest:
     seed: int = 0
     params: dict = field(default_factory=dict)  # generator parameters (tree shape, ...)
     topology: str | None = None  # predict on this topology (spec or file) instead
+    # A plan file's schedule (``run --plan``): executed as it is, under the name "plan", on
+    # the plan's own shard lengths.
+    plan: dict | None = None
+    plan_lengths: tuple[int, ...] | None = None
 
     @property
     def dims(self) -> AttnDims:
@@ -109,8 +113,11 @@ def validate(req: RunRequest, world: int, device: str = "cpu",
     including one whose KV cache cannot fit in this machine's memory (``device``: the
     ``--device`` choice; ``local_ranks``: how many of the ranks run here, default all)."""
     for name in req.algorithms:
-        if name not in ALGORITHMS:
+        if name not in ALGORITHMS and not (name == PLAN and req.plan is not None):
             raise RuntimeFailure(f"unknown algorithm {name!r} (known: {', '.join(ALGORITHMS)})")
+    if req.plan is not None and len(req.plan_lengths or ()) != world:
+        raise RuntimeFailure(f"the plan is for {len(req.plan_lengths or ())} ranks, the group "
+                             f"has {world}")
     for seq_len in req.seq_lens:
         if seq_len < world:
             raise RuntimeFailure(f"seq_len {seq_len} is smaller than the world size {world}")
@@ -132,7 +139,7 @@ def validate(req: RunRequest, world: int, device: str = "cpu",
     if world >= 2:  # let the generators reject bad parameters before any rank starts
         workload = workload_for(req.dims, shard_lengths(max(req.seq_lens), world))
         for name in req.algorithms:
-            if name != "auto":
+            if name not in ("auto", PLAN):
                 build(name, local_topology(world), workload, **params_for(req, name))
 
 
@@ -150,7 +157,8 @@ def largest_message_bytes(req: RunRequest, world: int) -> int:
     largest = 0
     for name in req.algorithms:
         name = "ring" if name == "auto" else name
-        schedule = build(name, local_topology(world), workload, **params_for(req, name))
+        schedule = (planned_schedule(req) if name == PLAN else
+                    build(name, local_topology(world), workload, **params_for(req, name)))
         largest = max([largest] + [s.nbytes for steps in schedule.steps for s in steps
                                    if isinstance(s, Send)])
     return largest
@@ -248,7 +256,10 @@ def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, wo
 
     topology, hardware, backend = predictor(profile, world, req.topology)
     workload = workload_for(dims, lengths)
-    schedule = build(algorithm, topology, workload, **params_for(req, algorithm))
+    if algorithm == PLAN:
+        schedule = planned_schedule(req)
+    else:
+        schedule = build(algorithm, topology, workload, **params_for(req, algorithm))
     if not req.check:
         return schedule, None, [], (None, None)
     sim = simulate(schedule, topology, workload, hardware, backend)
@@ -260,6 +271,16 @@ def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, wo
             topo, hw, be = predictor(profile_bound(profile, side), world)
             band.append(simulate(schedule, topo, workload, hw, be, timeline=False).makespan_s)
     return schedule, sim.makespan_s, sim.timeline, (min(band), max(band))
+
+
+PLAN = "plan"  # the algorithm name of a plan file's schedule
+
+
+def planned_schedule(req: RunRequest):
+    """The schedule of ``req.plan``, validated."""
+    from treeattn.sim.export import schedule_from_json
+
+    return schedule_from_json(req.plan, "the plan file")
 
 
 def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
@@ -275,7 +296,7 @@ def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
     q = make_query(req.seed, dims, ctx.device)  # (B, Hq, D)
     points, outputs = [], []
     for seq_len in req.seq_lens:
-        lengths = shard_lengths(seq_len, ctx.world)
+        lengths = list(req.plan_lengths) if req.plan else shard_lengths(seq_len, ctx.world)
         kv = make_shard(req.seed, ctx.rank, lengths[ctx.rank], dims, ctx.device)
         plans, steps, lasts = [], [], []
         for algorithm in req.algorithms:
