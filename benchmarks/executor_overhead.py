@@ -107,7 +107,7 @@ class OverheadJob:
             schedule = build(algorithm, local_topology(WORLD), workload_for(DIMS, list(LENGTHS)))
             executor = Executor(ctx, schedule, list(LENGTHS), DIMS)
             plan = _raw_plan(ctx, schedule, DIMS)
-            runners = {"executor": lambda: executor.run(q, kv),
+            runners = {"executor": lambda ex=executor: ex.run(q, kv),
                        "raw": _raw_runner(plan, q, kv, kernels=False),
                        "raw+kernels": _raw_runner(plan, q, kv, kernels=True)}
             times = {v: [] for v in VARIANTS}
