@@ -72,3 +72,17 @@ def test_concurrent_exchange_bandwidth_prices_the_links():
     assert lone.path_bandwidth(0, 1) == 4e9
     busy = topology_from_profile({**base, "exchange": {"bandwidth_Bps": 1.5e9}}, 3)
     assert busy.path_bandwidth(0, 2) == 1.5e9
+
+
+def test_executor_step_overhead_is_optional_and_charged_per_message_end():
+    from treeattn.sim.devices import backend_from_profile
+
+    base = {"version": 1, "backend": "gloo", "world": 2, "cores": 2,
+            "p2p": {"latency_s": 4e-5, "bandwidth_Bps": 1e9},
+            "attention": {"bandwidth_Bps": 1e10, "launch_s": 1e-5}}
+    old = backend_from_profile(base)  # a profile without the key: unchanged
+    assert old.send_s == old.recv_s == 2e-5
+    new = backend_from_profile({**base, "executor": {"step_overhead_s": 3e-6}})
+    assert new.send_s == pytest.approx(2.3e-5) and new.recv_s == pytest.approx(2.3e-5)
+    with pytest.raises(SimError):
+        backend_from_profile({**base, "executor": {"step_overhead_s": -1.0}})

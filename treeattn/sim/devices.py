@@ -54,11 +54,14 @@ Calibration profiles: measured gloo costs on this machine, turned into sim model
      "p2p": {"latency_s": α, "bandwidth_Bps": β, "sizes": [...], "times_s": [...]},
      "allreduce": {"latency_s": ..., "sizes": [...], "times_s": [...]},
      "attention": {"bandwidth_Bps": ..., "launch_s": ..., "threads_per_rank": 1},
+     "executor": {"step_overhead_s": ...},  # optional
      "machine": {...}}
 
 How α is split (so that latency is counted once): the one-way small-message time α of the
 ping-pong fit ``t(n) = α + n/β`` is all software on loopback, so it goes to the backend as
-``send_s = recv_s = α/2``, and the ``local`` topology gets link latency 0 and bandwidth β.
+``send_s = recv_s = α/2`` (plus the optional ``executor.step_overhead_s``, the executor's
+own cost per Send/Recv step beyond raw gloo, :func:`executor_step_overhead`), and the
+``local`` topology gets link latency 0 and bandwidth β.
 A message then costs ``α/2 + 0 + n/β + α/2 = α + n/β`` on its 2-hop loopback route
 (cut-through: the bottleneck bandwidth is paid once, see :mod:`treeattn.sim.network`).
 
@@ -286,8 +289,27 @@ def backend_from_profile(profile: dict) -> BackendModel:
         return replace(base, send_s=base.send_s * lat, recv_s=base.recv_s * lat,
                        calibration=calibration)
     alpha = float(profile["p2p"]["latency_s"])
-    return BackendModel(str(profile.get("backend", "gloo")), alpha / 2, alpha / 2,
+    step = executor_step_overhead(profile)
+    return BackendModel(str(profile.get("backend", "gloo")), alpha / 2 + step, alpha / 2 + step,
                         collectives=_collective_fits(profile))
+
+
+def executor_step_overhead(profile: dict) -> float:
+    """The runtime executor's host cost per Send or Recv step beyond raw ``isend``/``irecv``
+    (optional ``executor.step_overhead_s``; 0 when the profile predates it).
+
+    The ping-pong α is measured with raw gloo calls; the executor adds its own bookkeeping
+    to every step (``benchmarks/executor_overhead.py`` measures it). Charged to both ends of
+    every message, it is paid once per Send step and once per Recv step.
+
+    >>> executor_step_overhead({"executor": {"step_overhead_s": 2e-6}})
+    2e-06
+    """
+    if "executor" not in profile:
+        return 0.0
+    if not isinstance(profile["executor"], dict):
+        raise SimError("calibration profile: executor must be an object")
+    return _positive(profile, "executor", "step_overhead_s", allow_zero=True)
 
 
 def _collective_fits(profile: dict) -> tuple[tuple[str, int, float, float], ...]:
