@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import finalize_sums, partial_attention, rescale_to_max
-from treeattn.runtime.executor import RunStats, TensorMemory
 from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.run_state import RunStats, TensorMemory
 from treeattn.runtime.wire import AttnDims
 
 

@@ -16,9 +16,10 @@ from collections.abc import Callable
 import torch
 
 from treeattn.runtime.errors import RuntimeFailure
-from treeattn.runtime.executor import Executor, RunStats
+from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext
 from treeattn.runtime.native import run_allreduce3_native
+from treeattn.runtime.run_state import RunStats
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.algorithms import CLI_CHOICES
 from treeattn.sim.schedule import Compute, Schedule

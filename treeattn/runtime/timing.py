@@ -29,8 +29,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from treeattn.runtime.executor import RunStats
 from treeattn.runtime.group import RankContext, all_gather_objects, barrier, wait_work
+from treeattn.runtime.run_state import RunStats
 
 MAX_STEPS = 200
 
