@@ -187,3 +187,15 @@ def test_local_cache_grows_past_its_first_capacity():
     cache.store(0, k[:, :, 3:], k[:, :, 3:], 3)
     assert cache.length == 20
     torch.testing.assert_close(cache.k[0][:, :, :20], k)
+
+
+@pytest.mark.timeout(300)
+def test_demo_generation_section_runs(capsys):
+    """The generation part of `make demo`: SmolLM2 on 2 ranks, identical to one process."""
+    from rich.console import Console
+
+    from treeattn.commands.generate import demo_section
+
+    console = Console(record=True, width=120)
+    assert demo_section(console) == 0
+    assert "identical" in console.export_text()

@@ -353,11 +353,11 @@ def handle(args: argparse.Namespace) -> int:
 def demo_section(console: Console) -> int:
     """A short real SmolLM2 generation on 2 ranks, checked against one process."""
     console.rule("[bold]Real generation: SmolLM2-135M-Instruct, KV cache on 2 ranks")
-    args = argparse.Namespace(nproc=2, prompt=DEMO_PROMPT, chat=True, max_new_tokens=24,
-                              algorithm="tree", model=None, verify=True, json=False,
-                              context_tokens=0, timeout=DEFAULT_TIMEOUT_S, topology=None,
-                              dtype="fp32", device="auto", temperature=0.0, top_k=0,
-                              top_p=1.0, seed=None)
+    # Parsed by the command's own parser, so the demo gets every option's default.
+    parser = argparse.ArgumentParser(prog="treeattn")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["generate", "--nproc", "2", "--prompt", DEMO_PROMPT, "--chat",
+                              "--max-new-tokens", "24", "--algorithm", "tree", "--verify"])
     console.print(f"prompt: {DEMO_PROMPT!r} (chat template), greedy, tree merge of every layer")
     out = run_generation(args, stream=True)
     for line in summary_lines(out):
