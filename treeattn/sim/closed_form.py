@@ -257,12 +257,14 @@ def collective_schedule(cm: CostModel, schedule) -> float:
 
 def collective_steps(cm: CostModel, rank_steps: list[list], clock: list[float]) -> float:
     """:func:`collective_schedule` of per-rank step lists from per-rank start times."""
+    from treeattn.sim.payloads import GroupIds
     from treeattn.sim.schedule import Collective, Compute, Merge
 
     world = len(rank_steps)
     clock, pc = list(clock), [0] * world
-    calls: dict[tuple, list[int]] = {}  # (group, k-th call) -> members waiting at it
-    seen: dict[tuple, int] = {}  # (rank, group) -> collectives of the group reached
+    calls: dict[tuple, list[int]] = {}  # (group id, k-th call) -> members waiting at it
+    seen: dict[tuple, int] = {}  # (rank, group id) -> collectives of the group reached
+    group_id = GroupIds()
     ready = list(range(world))
     while ready:
         r = ready.pop()
@@ -273,9 +275,10 @@ def collective_steps(cm: CostModel, rank_steps: list[list], clock: list[float]) 
                 flops = step.flops if isinstance(step, Compute) else 0
                 clock[r] += cm.compute(r, step.nbytes, flops)
             elif isinstance(step, Collective):
-                k = seen.get((r, step.group), 0)
-                seen[(r, step.group)] = k + 1
-                waiting = calls.setdefault((step.group, k), [])
+                g = group_id(step.group)
+                k = seen.get((r, g), 0)
+                seen[(r, g)] = k + 1
+                waiting = calls.setdefault((g, k), [])
                 waiting.append(r)
                 if len(waiting) < len(step.group):
                     break  # the last member to arrive resolves it for everyone
@@ -286,9 +289,10 @@ def collective_steps(cm: CostModel, rank_steps: list[list], clock: list[float]) 
                     pc[m] += 1
                     if m != r:
                         ready.append(m)
-                del calls[(step.group, k)]
+                del calls[(g, k)]
                 continue
             else:
                 raise ValueError("collective_schedule: point-to-point steps present")
             pc[r] += 1
     return max(clock)
+

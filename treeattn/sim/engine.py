@@ -50,7 +50,14 @@ from dataclasses import dataclass, field
 import simpy
 
 from treeattn.sim.network import CostModel, LinkCalendar
-from treeattn.sim.payloads import COMPUTE_SETS, ComputeLabel, MergeOp, Payload, ScheduleError
+from treeattn.sim.payloads import (
+    COMPUTE_SETS,
+    ComputeLabel,
+    GroupIds,
+    MergeOp,
+    Payload,
+    ScheduleError,
+)
 from treeattn.sim.schedule import (
     Collective,
     Compute,
@@ -82,7 +89,8 @@ class _Run:
         # Collectives in flight: (group, k-th call of that group) -> arrivals and the event
         # that the last member to arrive fires with the finish time.
         self.calls: dict[tuple, dict] = {}
-        self.call_count: dict[tuple[int, tuple], int] = {}
+        self.call_count: dict[tuple[int, int], int] = {}
+        self.group_id = GroupIds()  # cheap keys for large groups (see payloads.GroupIds)
 
     def _core_pools(self, world: int) -> list:
         hw = self.c.hardware
@@ -164,9 +172,10 @@ class _Run:
         """Wait for every member, then take the collective's modelled time; the last member
         to arrive sets the start. Its links are booked for the transfer so that concurrent
         messages see it."""
-        k = self.call_count.get((r, step.group), 0)
-        self.call_count[(r, step.group)] = k + 1
-        call = self.calls.setdefault((step.group, k), {"arrivals": {}, "event": self.env.event()})
+        g = self.group_id(step.group)
+        k = self.call_count.get((r, g), 0)
+        self.call_count[(r, g)] = k + 1
+        call = self.calls.setdefault((g, k), {"arrivals": {}, "event": self.env.event()})
         call["arrivals"][r] = (t, i)
         if len(call["arrivals"]) == len(step.group):
             late_rank, (start, late_step) = max(call["arrivals"].items(),

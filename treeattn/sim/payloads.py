@@ -191,3 +191,25 @@ def shard_bounds(total: int, count: int) -> list[tuple[int, int]]:
     return out
 
 
+class GroupIds:
+    """Small integer ids for collective groups, without hashing a group's ranks every time.
+
+    A group is a tuple of up to tens of thousands of ranks, and tuples do not cache their
+    hash: keying dictionaries by the tuple itself made each lookup O(p) and the walk over a
+    16k-rank schedule O(p²). Generators share one tuple object per group, so the object's
+    identity is the fast key; equal tuples that are distinct objects (a schedule read from a
+    plan file) still get the same id, at one hash per object.
+    """
+
+    def __init__(self) -> None:
+        self._by_identity: dict[int, int] = {}
+        self._by_value: dict[tuple, int] = {}
+        self._keep: list[tuple] = []  # keep the objects alive, so identities stay unique
+
+    def __call__(self, group: tuple[int, ...]) -> int:
+        found = self._by_identity.get(id(group))
+        if found is None:
+            found = self._by_value.setdefault(group, len(self._by_value))
+            self._by_identity[id(group)] = found
+            self._keep.append(group)
+        return found
