@@ -25,7 +25,6 @@ Run: ``.venv/bin/python benchmarks/algorithms.py [--quick]``. Writes
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -34,6 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from results_io import write_results  # noqa: E402  (benchmarks/, beside this script)
+
 from treeattn.runtime.calibrate import calibrate_in_group, machine_info  # noqa: E402
 from treeattn.runtime.check import (  # noqa: E402
     RunRequest,
@@ -48,7 +49,6 @@ from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 from treeattn.runtime.plans import shard_lengths, workload_for  # noqa: E402
 from treeattn.sim.algorithms import ALGORITHM_NAMES, BASELINES, SOURCES  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 K = 1024
 SEQ_LENS = (16 * K, 64 * K, 256 * K)
 QUICK_SEQ_LENS = (16 * K, 64 * K)
@@ -230,13 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     for res in result.values():
         for p in res["points"]:
             p.pop("timeline", None), p.pop("predicted_timeline", None)  # keep the file small
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = "algorithms"  # the mode is in the file
-    (RESULTS / f"{stem}.json").write_text(json.dumps(
-        {"meta": meta, "worlds": {str(w): r for w, r in result.items()}}, indent=2,
-        default=str) + "\n")
     text = markdown(result, meta)
-    (RESULTS / f"{stem}.md").write_text(text)
+    write_results("algorithms", {"meta": meta, "worlds": {str(w): r for w, r in result.items()}},
+                  text)  # the mode is in the file
     print(text)
     return 0
 

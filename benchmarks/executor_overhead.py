@@ -24,7 +24,6 @@ Run: ``.venv/bin/python benchmarks/executor_overhead.py [--reps N]``. Writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -36,6 +35,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from results_io import write_results  # noqa: E402  (benchmarks/, beside this script)
+
 from treeattn.kernels import merge, partial_attention  # noqa: E402
 from treeattn.runtime.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.executor import Executor  # noqa: E402
@@ -45,7 +46,6 @@ from treeattn.runtime.plans import build, local_topology, workload_for  # noqa: 
 from treeattn.runtime.wire import AttnDims, kv_message_lengths, message_numel  # noqa: E402
 from treeattn.sim.schedule import Compute, Merge, Recv, Send  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 WORLD = 2
 DIMS = AttnDims(1, 1, 1, 8)
 LENGTHS = (4, 4)
@@ -206,12 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(raw)
     meta = {"machine": machine_info(), "reps": args.reps, "inner": INNER,
             "load_avg_start": load_start, "load_avg_end": os.getloadavg()}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(
-        json.dumps({"meta": meta, "rows": rows, "profile": profile_section(rows), "raw": raw},
-                   indent=2) + "\n")
     text = markdown(rows, meta)
-    (RESULTS / f"{args.out}.md").write_text(text)
+    write_results(args.out, {"meta": meta, "rows": rows, "profile": profile_section(rows),
+                             "raw": raw}, text)
     print(text)
     return 0
 
