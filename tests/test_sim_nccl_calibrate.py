@@ -115,3 +115,39 @@ def test_cli_refuses_world_mismatch_and_unknown_op(tmp_path, capsys):
     assert code == 0, err
     code, _, err = _run(capsys, "calibrate", "--nccl-tests", str(anonymous))
     assert code == 2 and "--topology" in err
+
+
+def test_sweep_and_run_check_take_a_gpu_profile(tmp_path, capsys):
+    profile = tmp_path / "h100.json"
+    assert _run(capsys, "calibrate", "--nccl-tests", str(H100_2NODE), "--topology",
+                "dgx-h100:nodes=2", "-o", str(profile))[0] == 0
+    out = tmp_path / "sweep"
+    code, _, err = _run(capsys, "sweep", "--topology", "dgx-h100:nodes=2", "--seq-len", "32k",
+                        "--profile", str(profile), "-o", str(out))
+    assert code == 0, err
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    plain = tmp_path / "plain"
+    assert _run(capsys, "sweep", "--topology", "dgx-h100:nodes=2", "--seq-len", "32k",
+                "-o", str(plain))[0] == 0
+    unprofiled = json.loads((plain / "results.json").read_text())["rows"]
+    by = {r["algorithm"]: r["latency_s"] for r in unprofiled}
+    # collective-based plans are priced from the measured tables now, so they move
+    assert any(r["latency_s"] != pytest.approx(by[r["algorithm"]], rel=1e-6) for r in rows
+               if r["algorithm"] in ("oneshot", "helix", "allreduce2"))
+    code, _, err = _run(capsys, "sweep", "--topology", "dgx-h100", "--seq-len", "32k",
+                        "--profile", str(profile), "-o", str(tmp_path / "bad"))
+    assert code == 2 and "calibrated on 16 GPUs" in err
+
+
+def test_run_check_predicts_a_gpu_cluster_from_its_profile():
+    from treeattn.commands.nccl_calibrate import calibration_profile
+    from treeattn.runtime.check import predictor
+    from treeattn.sim.devices import load_profile
+
+    profile = load_profile(calibration_profile([str(H100_2NODE)], "dgx-h100:nodes=2"))
+    topology, hardware, backend = predictor(profile, 16, "dgx-h100:nodes=2")
+    assert topology.num_gpus == 16 and backend.calibration is not None
+    from treeattn.runtime.errors import RuntimeFailure
+
+    with pytest.raises(RuntimeFailure, match="give --topology"):
+        predictor(profile, 16)

@@ -83,9 +83,9 @@ def handle(args: argparse.Namespace) -> int:
     topology = Topology.load(args.topology)
     calibration = None
     if args.profile:
-        from treeattn.commands.predict import profile_overrides
+        from treeattn.sim.devices import plan_overrides
 
-        backend = profile_overrides(args.profile, topology).get("backend")
+        backend = plan_overrides(args.profile, topology).get("backend")
         calibration = getattr(backend, "calibration", None)
         if calibration is None:
             raise UserError(f"{args.profile} calibrates CPU ranks, not a GPU cluster's "

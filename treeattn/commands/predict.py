@@ -18,6 +18,7 @@ from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
+from treeattn.sim.devices import plan_overrides
 from treeattn.sim.export import schedule_to_json, tagged, trace_json
 from treeattn.sweep.rows import PICK, algorithm_rows
 
@@ -68,28 +69,7 @@ def _load(args: argparse.Namespace, seq_len: int):
         raise SimError(f"topology {args.topology!r} has one GPU: there is no reduction to plan")
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
                               include_model=args.include_model, layout=args.layout, tp=args.tp)
-    return topo, workload, profile_overrides(args.profile, topo)
-
-
-def profile_overrides(path: str | None, topology) -> dict:
-    """``plan()`` overrides from a calibration profile: this CPU's ranks (``calibrate``), or a
-    GPU cluster's collectives (``calibrate --nccl-tests``), which must match the topology."""
-    if not path:
-        return {}
-    from treeattn.sim.devices import (
-        backend_from_profile,
-        hardware_from_profile,
-        is_gpu_profile,
-        load_profile,
-    )
-
-    profile = load_profile(path)
-    if is_gpu_profile(profile):
-        if profile["world"] != topology.num_gpus:
-            raise SimError(f"profile {path} was calibrated on {profile['world']} GPUs, the "
-                           f"topology has {topology.num_gpus}")
-        return {"backend": backend_from_profile(profile)}
-    return {"hardware": hardware_from_profile(profile), "backend": backend_from_profile(profile)}
+    return topo, workload, plan_overrides(args.profile, topo)
 
 
 def handle_predict(args: argparse.Namespace) -> int:

@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tp", type=int, default=1,
                         help="tensor-parallel size: heads over this many GPUs, sequence over "
                              "the rest")
+    parser.add_argument("--profile", default=None,
+                        help="calibration profile: CPU ranks, or a GPU cluster's (calibrate "
+                             "--nccl-tests; every topology must then have its GPU count)")
     parser.add_argument("--nodes", type=int, action="append", default=None,
                         help="node count applied to each topology (repeatable)")
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHM_NAMES,
@@ -77,7 +80,14 @@ def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
         raise UserError("--batch and --tp must be at least 1")
     points = expand_grid(args.topology or ["dgx-h100"], models, seq_lens, args.nodes,
                          args.batch or [1], args.tp)
-    check_points(points)  # fail on bad input before any work or progress output
+    topologies = check_points(points)  # fail on bad input before any work or progress output
+    profile = None
+    if args.profile:
+        from treeattn.sim.devices import load_profile, plan_overrides
+
+        profile = load_profile(args.profile)
+        for topology in topologies.values():
+            plan_overrides(profile, topology)  # a GPU profile must fit every topology
     columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
@@ -87,7 +97,7 @@ def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
             progress.update(task, advance=1,
                             description=f"{point.topology} {point.model} {point.seq_len}")
 
-        return run_sweep(points, args.algorithms, progress=advance)
+        return run_sweep(points, args.algorithms, progress=advance, profile=profile)
 
 
 def _measure(args, seq_lens: list[int], console: Console) -> list[dict]:

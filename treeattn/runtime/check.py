@@ -224,16 +224,30 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
     """``(topology, hardware, backend)`` for the simulator.
 
     With a topology spec (a multi-node GPU cluster, say) the simulator uses that topology and
-    its devices' datasheet models; otherwise the calibrated ``local`` topology and ``cpu``
-    model from the profile; with neither, the uncalibrated ``local`` defaults.
+    its devices' datasheet models, and the cluster's collectives calibration when the profile
+    is one (``calibrate --nccl-tests``); otherwise the calibrated ``local`` topology and
+    ``cpu`` model from the profile; with neither, the uncalibrated ``local`` defaults.
     """
+    from treeattn.sim.devices import is_gpu_profile
+
+    gpu_profile = profile is not None and is_gpu_profile(profile)
     if topology is not None:
         from treeattn.topo import Topology
 
         topo = Topology.load(topology)
         if topo.num_gpus != world:
             raise RuntimeFailure(f"topology {topology} has {topo.num_gpus} GPUs, world is {world}")
+        if gpu_profile:
+            from treeattn.sim.devices import backend_from_profile
+
+            if profile["world"] != world:
+                raise RuntimeFailure(f"the profile was calibrated on {profile['world']} GPUs, "
+                                     f"world is {world}")
+            return topo, None, backend_from_profile(profile)
         return topo, None, None
+    if gpu_profile:
+        raise RuntimeFailure("an nccl-tests profile describes a GPU cluster: give --topology "
+                             "with it")
     if profile is None:
         return local_topology(world), None, None
     from treeattn.sim.devices import (
@@ -259,7 +273,8 @@ def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, wo
     if algorithm == PLAN:
         schedule = planned_schedule(req)
     else:
-        schedule = build(algorithm, topology, workload, **params_for(req, algorithm))
+        schedule = build(algorithm, topology, workload, (hardware, backend),
+                         **params_for(req, algorithm))
     if not req.check:
         return schedule, None, [], (None, None)
     sim = simulate(schedule, topology, workload, hardware, backend)
@@ -333,6 +348,9 @@ def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
 def _profile_summary(profile: dict, point: dict) -> dict:
     """What of the profile a point's prediction rests on, and whether its largest message
     was beyond the calibrated sizes (then the bandwidth is extrapolated, and says so)."""
+    if profile.get("kind") == "nccl-tests":  # a GPU cluster's collectives calibration
+        return {"kind": "nccl-tests", "scales": profile["nccl_tests"]["scales"],
+                "world": profile["world"]}
     exchange = profile.get("exchange") or {}
     top = max(exchange.get("sizes") or [0])
     return {"p2p_latency_s": profile["p2p"]["latency_s"],

@@ -140,8 +140,10 @@ def local_topology(world: int):
     return Topology.from_spec(f"local:ranks={world}")
 
 
-def build(algorithm: str, topology, workload: DecodeWorkload, **params) -> Schedule:
-    """The schedule of ``algorithm`` (``auto``: the planner's choice) on ``topology``."""
+def build(algorithm: str, topology, workload: DecodeWorkload, models: tuple = (None, None),
+          **params) -> Schedule:
+    """The schedule of ``algorithm`` (``auto``: the planner's choice) on ``topology``;
+    ``models`` is the ``(hardware, backend)`` the planner prices with (calibrated ones)."""
     from treeattn.sim import build_schedule
 
     if algorithm not in ALGORITHMS:
@@ -149,7 +151,7 @@ def build(algorithm: str, topology, workload: DecodeWorkload, **params) -> Sched
     if algorithm == "auto":
         from treeattn.sim import plan
 
-        return plan(topology, workload).schedule
+        return plan(topology, workload, *models).schedule
     return build_schedule(algorithm, topology, workload, **params)
 
 

@@ -266,6 +266,21 @@ def is_gpu_profile(profile: dict) -> bool:
     return load_profile(profile).get("kind") == NCCL_TESTS_KIND
 
 
+def plan_overrides(profile, topology) -> dict:
+    """``plan()``'s ``hardware``/``backend`` from a calibration profile (a path or a dict):
+    this CPU's ranks (``calibrate``), or a GPU cluster's collectives (``calibrate
+    --nccl-tests``), which must have been measured on as many GPUs as ``topology`` has."""
+    if not profile:
+        return {}
+    profile = load_profile(profile)
+    if profile.get("kind") == NCCL_TESTS_KIND:
+        if profile["world"] != topology.num_gpus:
+            raise SimError(f"the profile was calibrated on {profile['world']} GPUs, the "
+                           f"topology has {topology.num_gpus}")
+        return {"backend": backend_from_profile(profile)}
+    return {"hardware": hardware_from_profile(profile), "backend": backend_from_profile(profile)}
+
+
 def hardware_from_profile(profile: dict) -> HardwareModel:
     """The ``cpu`` model: memory bandwidth and launch from the attention calibration."""
     profile = load_profile(profile)

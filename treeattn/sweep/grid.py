@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, ModelConfig, SimError, plan
+from treeattn.sim.devices import plan_overrides
 from treeattn.sweep.rows import PICK, algorithm_rows
 from treeattn.topo import Topology
 
@@ -83,7 +84,7 @@ def _check_point(point: SweepPoint, topology: Topology) -> None:
 
 def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHM_NAMES,
                   model: ModelConfig | None = None,
-                  topology: Topology | None = None) -> list[dict]:
+                  topology: Topology | None = None, profile: dict | None = None) -> list[dict]:
     """One row per algorithm for ``point``, with its speedup over ring.
 
     ``model`` overrides the registry lookup of ``point.model`` (synthetic models);
@@ -93,7 +94,7 @@ def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHM_NAMES
     _check_point(point, topology)
     workload = DecodeWorkload(model or point.model, point.seq_len, batch=point.batch,
                               tp=point.tp)
-    chosen = plan(topology, workload, simulate_each=True)
+    chosen = plan(topology, workload, simulate_each=True, **plan_overrides(profile, topology))
     rows = [r.to_json() for r in algorithm_rows(chosen, point.topology)
             if r.algorithm in algorithms or r.algorithm == PICK]
     for row in rows:
@@ -109,14 +110,15 @@ def _short_name(spec: str) -> str:
 
 
 def run_sweep(points: list[SweepPoint], algorithms: Iterable[str] = ALGORITHM_NAMES,
-              progress: Callable[[SweepPoint], None] | None = None) -> list[dict]:
+              progress: Callable[[SweepPoint], None] | None = None,
+              profile: dict | None = None) -> list[dict]:
     """Check the whole grid first, then predict every point; ``progress`` is called after
     each one."""
     topologies = check_points(points)
     rows: list[dict] = []
     for point in points:
         rows.extend(predict_point(point, tuple(algorithms),
-                                  topology=topologies[point.topology]))
+                                  topology=topologies[point.topology], profile=profile))
         if progress:
             progress(point)
     return rows
