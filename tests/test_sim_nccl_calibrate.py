@@ -151,3 +151,29 @@ def test_run_check_predicts_a_gpu_cluster_from_its_profile():
 
     with pytest.raises(RuntimeFailure, match="give --topology"):
         predictor(profile, 16)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_to_all", "sendrecv",
+                                "broadcast"])
+def test_every_nccl_tests_op_parses_and_calibrates(tmp_path, capsys, op):
+    """Synthetic tables (the model's own times, ×1.3) in nccl-tests' layout for each op."""
+    from treeattn.sim.collectives import collective_cost
+    from treeattn.sim.nccl_tests import NCCL_TESTS_OPS
+
+    shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+    rows = []
+    for size in (1024, 65536, 1 << 22):
+        t = 1.3 * collective_cost(op, size, shape).time_s * 1e6
+        rows.append(f"{size:>12} {size // 4:>12}  float  none  -1  {t:9.2f}  0.00  0.00  0"
+                    f"  {t:9.2f}  0.00  0.00  0")
+    ranks = "".join(f"#  Rank {r} Group 0 Pid {r} on h device {r} [0x1] NVIDIA H100\n"
+                    for r in range(8))
+    path = tmp_path / f"{NCCL_TESTS_OPS[op]}.txt"
+    path.write_text("# nThread 1 nGpus 1 minBytes 1024 maxBytes 4194304\n" + ranks
+                    + "\n".join(rows) + "\n")
+    assert read_nccl_tests(path).op == op
+    profile = tmp_path / "p.json"
+    assert _run(capsys, "calibrate", "--nccl-tests", str(path), "--topology", "dgx-h100",
+                "-o", str(profile))[0] == 0
+    saved = json.loads(profile.read_text())["nccl_tests"]
+    assert op in saved["tables"] and len(saved["residuals"]) == 3
