@@ -25,8 +25,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from treeattn import atomic
-from treeattn.sim.collectives import GroupShape, busbw_factor, collective_cost
+from treeattn.sim.collectives import GroupShape, collective_cost
 from treeattn.sim.nccl_tests import read_nccl_tests
+from treeattn.sim.payloads import busbw_factor
 from treeattn.topo import Topology
 
 ROOT = Path(__file__).resolve().parent

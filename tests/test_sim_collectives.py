@@ -18,11 +18,11 @@ from treeattn.sim import SimError
 from treeattn.sim.collectives import (
     OPS,
     GroupShape,
-    busbw_factor,
     candidates,
     collective_cost,
     p2p_cost,
 )
+from treeattn.sim.payloads import busbw_factor
 from treeattn.topo import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,8 +192,26 @@ def test_comm_cli_bad_input(capsys, argv, needle):
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
 
 
-def test_comm_cli_refuses_a_topology_without_gpus(capsys):
+def test_comm_cli_refuses_cpu_ranks_and_single_gpus(capsys):
     from treeattn.cli import main
 
     assert main(["comm", "--topology", "local:ranks=2", "--op", "all_reduce"]) == 2
-    assert "error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no NCCL/RCCL model" in err and len(err.strip().splitlines()) == 1
+    assert main(["comm", "--topology", "local:ranks=1", "--op", "all_reduce"]) == 2
+    assert "needs at least 2" in capsys.readouterr().err
+
+
+def test_collectives_count_the_bytes_nccl_tests_busbw_implies():
+    """Each member of an all-reduce sends 2(p−1)/p of the buffer; of an all-gather (p−1)/p."""
+    from treeattn.sim import DecodeWorkload, build_schedule, simulate
+
+    topo = Topology.from_spec("dgx-h100")
+    w = DecodeWorkload("llama-3.1-8b", 65536)
+    two = simulate(build_schedule("allreduce2", topo, w), topo, w)
+    buffers = w.max_bytes + w.buffer_bytes("numden")
+    assert two.comm_bytes == 8 * int(2 * 7 / 8 * w.max_bytes) + 8 * int(
+        2 * 7 / 8 * w.buffer_bytes("numden"))
+    assert two.comm_bytes == pytest.approx(8 * 2 * 7 / 8 * buffers, abs=16)
+    gather = simulate(build_schedule("oneshot", topo, w), topo, w)
+    assert gather.comm_bytes == 8 * int(7 / 8 * 8 * w.partial_bytes)

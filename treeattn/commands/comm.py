@@ -19,8 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 from treeattn.errors import UserError
-from treeattn.sim.collectives import OPS, GroupShape, busbw_factor, collective_cost
+from treeattn.sim.collectives import OPS, GroupShape, collective_cost
 from treeattn.sim.export import tagged
+from treeattn.sim.payloads import busbw_factor
 
 SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_BYTES = 1 << 44  # 16 TiB: far past any real buffer, small enough to stay exact

@@ -46,16 +46,6 @@ from treeattn.sim.payloads import SimError
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 
 
-def busbw_factor(op: str, nranks: int) -> float:
-    """nccl-tests' bus-bandwidth factor: busbw = algbw × factor (doc/PERFORMANCE.md)."""
-    n = nranks
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
-
-
 @dataclass(frozen=True)
 class GroupShape:
     """A communicator as the tuning model sees it. Bandwidths in GB/s, as in NCCL."""

@@ -65,7 +65,6 @@ from treeattn.sim.schedule import (
     Recv,
     Schedule,
     Send,
-    bus_factor,
     sent_bytes,
     step_name,
 )
@@ -192,7 +191,7 @@ class _Run:
     def _book_collective(self, step: Collective, start: float, end: float) -> None:
         """Hold each ring link of the group (member i -> member i+1) while the data moves."""
         group, net = step.group, self.c.net
-        moved = step.nbytes * bus_factor(step.op, len(group))  # what each member sends
+        moved = sent_bytes(step)  # what each member sends, over each ring link
         for a, b in zip(group, group[1:] + group[:1]):
             for edge, bw, _lat in net.hops(a, b):
                 self.link_bytes[edge] = self.link_bytes.get(edge, 0) + int(moved)

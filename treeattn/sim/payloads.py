@@ -87,6 +87,18 @@ class CollectiveOp(_Name):
         return "all_reduce" if self.value.startswith("all_reduce") else self.value
 
 
+def busbw_factor(op: str, nranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor (its doc/PERFORMANCE.md): busbw = algbw × factor, which
+    is also the bytes each member sends per byte of the op's nccl-tests size. ``op`` is a
+    library op name (:attr:`CollectiveOp.library_op`)."""
+    n = nranks
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
 PAYLOADS = tuple(Payload)
 COMPUTE_LABELS = tuple(ComputeLabel)
 MERGE_OPS = tuple(MergeOp)

@@ -127,6 +127,7 @@ from treeattn.sim.payloads import (
     MergeOp,
     Payload,
     ScheduleError,
+    busbw_factor,
 )
 
 
@@ -278,17 +279,9 @@ def sent_bytes(step) -> int:
     if isinstance(step, Send):
         return step.nbytes
     if isinstance(step, Collective):
-        return int(step.nbytes * bus_factor(step.op, len(step.group)))
+        p = len(step.group)
+        return int(step.nbytes * busbw_factor(CollectiveOp(step.op).library_op, p)) if p > 1 else 0
     return 0
-
-
-def bus_factor(op, p: int) -> float:
-    """Bytes each member sends per byte of a collective's nccl-tests size (nccl-tests' busbw
-    factor: 2(p−1)/p for all-reduce, 1 for broadcast, (p−1)/p for the rest)."""
-    if p < 2:
-        return 0.0
-    return 2 * (p - 1) / p if str(op).startswith("all_reduce") else (
-        1.0 if str(op) == "broadcast" else (p - 1) / p)
 
 
 # -- validation --------------------------------------------------------------------------
