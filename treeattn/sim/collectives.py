@@ -133,22 +133,20 @@ def _intra_channels(topology, local, family, arch, intra, nvswitch, links_out):
     (12 × 30 on a DGX H100, as its logs show); over direct NVLinks or xGMI each link to the
     next GPU carries a channel at the library's per-link figure; over PCIe it runs 2 channels.
     """
+    a, b = local[0], local[1]
+    direct = int(topology.graph.edges[a, b].get("count", 1)) if topology.graph.has_edge(a, b) else 1
     if intra == "nvlink" and family == "amd":
         peers = min(len(local) - 1, max(1, links_out))
         per_link = T.RCCL_XGMI_BW.get(arch, 48.0)
-        direct = topology.edge(local[0], local[1]) if topology.graph.has_edge(
-            local[0], local[1]) else {"count": 1}
-        return peers, per_link, per_link * int(direct.get("count", 1))
+        return peers, per_link, per_link * direct
     if intra == "nvlink":
         per_link = T.NCCL_NVLINK_BW.get(arch, 20.0)
         total = links_out * per_link
         if nvswitch:
             nch = T.NCCL_SEARCH_CHANNELS_NVSWITCH
             return nch, _largest_at_most(_speeds(T.NCCL_SPEEDS_INTRA, arch), total / nch), total
-        count = int(topology.edge(local[0], local[1]).get("count", 1)) if topology.graph.has_edge(
-            local[0], local[1]) else 1
-        return count, per_link, count * per_link
-    path_bw = topology.path_bandwidth(local[0], local[1]) / 1e9
+        return direct, per_link, direct * per_link
+    path_bw = topology.path_bandwidth(a, b) / 1e9
     return 2, _largest_at_most(_speeds(T.NCCL_SPEEDS_INTRA, arch), path_bw / 2), path_bw
 
 
