@@ -32,23 +32,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from treeattn.kernels import partial_attention, reference  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kernels_gpu  # noqa: E402  (benchmarks/, beside this file)
+
+from treeattn.kernels import reference  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 B, HQ, HKV, D = 1, 32, 8, 128
-T_SWEEP = [4096, 16384, 65536, 262144, 1048576]
 # CPU configurations: (name, Hq, Hkv, D); T values per configuration.
 CPU_SHAPES = [("mha-d128", 8, 8, 128), ("smollm2-gqa3", 9, 3, 64)]
 T_SWEEP_CPU = [16384, 131072, 1048576]
-T_SWEEP_GPU = [4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576]
-# Peak memory bandwidth, bytes/s, from the vendors' datasheets (treeattn/topo/hardware.py for
-# H100/MI300X/4090; NVIDIA H200 datasheet: 4.8 TB/s; A100 datasheet: 2.039 TB/s for 80GB
-# SXM, 1.555 for 40GB).
-PEAK_BW = {
-    "H200": 4.8e12, "H100 80GB HBM3": 3.35e12, "H100 SXM": 3.35e12, "H100 PCIe": 2.0e12,
-    "H100 NVL": 3.9e12, "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12,
-    "MI300X": 5.3e12, "RTX 4090": 1.008e12,
-}  # fmt: skip
 
 
 def machine_info() -> dict:
@@ -214,78 +207,6 @@ def _cpu_row(name: str, hq: int, hkv: int, d: int, t: int, dtype: torch.dtype) -
     return row
 
 
-def gpu_peak_bandwidth() -> tuple[float | None, str]:
-    name = torch.cuda.get_device_name()
-    for key, bw in PEAK_BW.items():
-        if key.lower() in name.lower():
-            return bw, f"datasheet ({key})"
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    clock_khz = getattr(props, "memory_clock_rate", 0)
-    bus_bits = getattr(props, "memory_bus_width", 0)
-    if clock_khz and bus_bits:
-        return 2 * clock_khz * 1e3 * bus_bits / 8, "memory clock x bus width (double data rate)"
-    return None, "unknown"
-
-
-def _gpu_copy_bandwidth(do_bench, nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * nbytes / (do_bench(lambda: dst.copy_(src), return_mode="median") / 1e3)
-
-
-def _naive_torch(q, k, v):
-    g = q.shape[1] // k.shape[1]
-    kr, vr = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)  # (B, Hq, T, D)
-    s = torch.einsum("bhd,bhtd->bht", q.float(), kr.float()) / q.shape[-1] ** 0.5
-    return torch.einsum("bht,bhtd->bhd", torch.softmax(s, -1), vr.float())
-
-
-def _sdpa(q, k, v):
-    f = torch.nn.functional.scaled_dot_product_attention
-    try:
-        return f(q[:, :, None], k, v, enable_gqa=True)
-    except TypeError:  # torch < 2.5: no enable_gqa, repeat K and V (counted in the time)
-        g = q.shape[1] // k.shape[1]
-        return f(q[:, :, None], k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
-
-
-def run_gpu(t_values: list[int]) -> dict:
-    from triton.testing import do_bench
-
-    peak, peak_source = gpu_peak_bandwidth()
-    copy_bw = _gpu_copy_bandwidth(do_bench)
-    impls = {"triton": lambda q, k, v: partial_attention(q, k, v), "sdpa": _sdpa,
-             "naive": _naive_torch}  # fmt: skip
-    rows, checks = [], []
-    for t in t_values:
-        q, k, v = (_fill(s, torch.bfloat16, "cuda", i)
-                   for i, s in enumerate([(B, HQ, D), (B, HKV, t, D), (B, HKV, t, D)]))  # fmt: skip
-        kv_bytes = 2 * k.numel() * k.element_size()
-        for name, fn in impls.items():
-            if name == "naive" and t > 262144:
-                continue  # the repeated K/V copies dominate; enough points already
-            ms = do_bench(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v), return_mode="median")
-            bw = kv_bytes / (ms / 1e3)
-            rows.append({"impl": name, "T": t, "kv_bytes": kv_bytes, "ms": ms, "GBps": bw / 1e9,
-                         "frac_of_peak": bw / peak if peak else None,
-                         "frac_of_copy": bw / copy_bw})  # fmt: skip
-            print(f"gpu {name:6s} T={t:8d} {bw / 1e9:8.1f} GB/s "
-                  f"({100 * bw / peak if peak else float('nan'):.0f}% of peak)", flush=True)
-        checks.append(_check_gpu(q, k, v, t))
-        del q, k, v
-    return {"peak_GBps": peak / 1e9 if peak else None, "peak_source": peak_source,
-            "copy_GBps": copy_bw / 1e9, "rows": rows, "checks": checks}  # fmt: skip
-
-
-def _check_gpu(q, k, v, t: int) -> dict:
-    """Triton against the torch reference on the same device (fp32 math on bf16 inputs)."""
-    o, lse = partial_attention(q, k, v)
-    ro, rlse = reference.partial_attention(q, k, v)
-    return {"T": t, "max_abs_err_o": (o - ro).abs().max().item(),
-            "max_abs_err_lse": (lse - rlse).abs().max().item()}  # fmt: skip
-
-
 def markdown(result: dict) -> str:
     m = result["machine"]
     lines = ["# Partial attention throughput", "",
@@ -313,18 +234,7 @@ def markdown(result: dict) -> str:
                   for r in result["cpu"]["rows"]]  # fmt: skip
         lines.append("")
     if "gpu" in result:
-        gpu = result["gpu"]
-        peak = f"{gpu['peak_GBps']:.0f}" if gpu["peak_GBps"] else "unknown"
-        lines += [f"## CUDA, bf16, Hq={HQ}, Hkv={HKV}, D={D} (peak {peak} GB/s from "
-                  f"{gpu['peak_source']}; "
-                  f"measured copy {gpu['copy_GBps']:.0f} GB/s)", "",
-                  "| impl | T | ms | GB/s | of peak | of copy |", "|---|---:|---:|---:|---:|---:|"]
-        for r in gpu["rows"]:
-            fp = f"{100 * r['frac_of_peak']:.0f}%" if r["frac_of_peak"] else "n/a"
-            lines.append(f"| {r['impl']} | {r['T']} | {r['ms']:.4f} | {r['GBps']:.0f} | {fp} | "
-                         f"{100 * r['frac_of_copy']:.0f}% |")
-        worst = max(c["max_abs_err_o"] for c in gpu["checks"])
-        lines += ["", f"Triton vs torch reference, worst max |Δo| over the sweep: {worst:.2e}."]
+        lines += kernels_gpu.markdown(result["gpu"])
     return "\n".join(lines) + "\n"
 
 
@@ -345,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         result["cpu"] = run_cpu(CPU_SHAPES, t_cpu, [torch.float32, torch.bfloat16])
     tag = "cpu"
     if torch.cuda.is_available():
-        result["gpu"] = run_gpu([t for t in T_SWEEP_GPU if cap is None or t <= cap])
+        result["gpu"] = kernels_gpu.run_gpu(
+            [t for t in kernels_gpu.T_SWEEP if cap is None or t <= cap], explore=not args.quick)
         tag = torch.cuda.get_device_name().lower().replace(" ", "-")
     tag = args.tag or tag
     RESULTS.mkdir(parents=True, exist_ok=True)

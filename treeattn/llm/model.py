@@ -219,15 +219,20 @@ class Transformer(nn.Module):
         self.inv_freq = rope_inv_freq(config)
 
     def forward(
-        self, tokens: torch.Tensor, start: int, backend: AttentionBackend
+        self, tokens: torch.Tensor, start: int, backend: AttentionBackend,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run ``tokens`` (B, T) at positions ``start..`` and return logits (B, vocab) fp32.
 
         Positions past ``config.max_seq_len`` are allowed (long-context runs); the caller
         decides whether that is sensible (:func:`treeattn.llm.generate.check_request`).
+        ``positions`` (T,), a tensor on the model's device, replaces ``start`` for the
+        rotations: a captured CUDA graph reads the position from it at every replay
+        (:mod:`treeattn.llm.static_decode`), where a Python int would be frozen in.
         """
         bsz, t = tokens.shape
-        positions = torch.arange(start, start + t, device=tokens.device)
+        if positions is None:
+            positions = torch.arange(start, start + t, device=tokens.device)
         cos, sin = rope_cos_sin(self.inv_freq.to(tokens.device), positions)  # (T, D/2) each
         # the embedding and head may stay fp32 while the blocks run in bf16/fp16
         # (treeattn.llm.options.place_model); in an all-fp32 model both casts are no-ops

@@ -69,6 +69,9 @@ def place_model(model, device: torch.device | str, dtype: torch.dtype):
             child.to(device=device, dtype=torch.float32)
         else:
             child.to(device=device, dtype=dtype)
+    # fp32 rotation frequencies, a plain attribute: on the device, so that a decode step makes
+    # no host-to-device copy (which a captured CUDA graph could not hold)
+    model.inv_freq = model.inv_freq.to(device=device, dtype=torch.float32)
     return model
 
 
