@@ -24,6 +24,7 @@ from treeattn.kernels import partial_attention, reference
 B, HQ, HKV, D = 1, 32, 8, 128
 T_SWEEP = [4096, 16384, 65536, 131072, 262144, 524288, 1048576]
 T_EXPLORE = [65536, 1048576]
+GRAPHED = ("triton", "sdpa")  # also timed as CUDA-graph replays (device time)
 NAIVE_MAX_T = 262144  # the naive path repeats K and V per query head in fp32: enough points
 # Peak memory bandwidth, bytes/s, from the vendors' datasheets (treeattn/topo/hardware.py for
 # H100/MI300X/4090; NVIDIA H200 datasheet: 4.8 TB/s; A100 datasheet: 2.039 TB/s for 80GB
@@ -90,12 +91,18 @@ IMPLS = {
 class Recorder:
     """Times one callable with ``do_bench`` and turns it into a row for the current T."""
 
-    def __init__(self, do_bench, peak: float | None, copy_bw: float) -> None:
-        self.do_bench, self.peak, self.copy_bw = do_bench, peak, copy_bw
+    def __init__(self, peak: float | None, copy_bw: float) -> None:
+        from triton.testing import do_bench, do_bench_cudagraph
+
+        self.do_bench, self.do_bench_graph = do_bench, do_bench_cudagraph
+        self.peak, self.copy_bw = peak, copy_bw
         self.t, self.kv_bytes = 0, 0
 
-    def __call__(self, name: str, fn, **extra) -> dict:
-        ms = self.do_bench(fn, return_mode="median")
+    def __call__(self, name: str, fn, graph: bool = False, **extra) -> dict:
+        if graph:  # replays of a captured graph: the GPU's time, no host launch in the way
+            ms = self.do_bench_graph(fn, return_mode="median")
+        else:  # eager launches back to back: the host's time when it is the slower side
+            ms = self.do_bench(fn, return_mode="median")
         bw = self.kv_bytes / (ms / 1e3)
         frac = bw / self.peak if self.peak else None
         print(f"gpu {name:17s} T={self.t:8d} {bw / 1e9:8.1f} GB/s "
@@ -110,7 +117,7 @@ def run_gpu(t_values: list[int] | None = None, explore: bool = True) -> dict:
 
     peak, peak_source = gpu_peak_bandwidth()
     copy_bw = copy_bandwidth(do_bench)
-    record = Recorder(do_bench, peak, copy_bw)
+    record = Recorder(peak, copy_bw)
     out = {"rows": [], "checks": [], "explore": []}
     for t in t_values or T_SWEEP:
         _sweep_point(t, record, out, explore and t in T_EXPLORE)
@@ -140,6 +147,8 @@ def _sweep_point(t: int, record: Recorder, out: dict, explore: bool) -> None:
                      "autotuned": str(best) if best is not None else None,
                      "merge_ms": _merge_ms(record, splits) if splits > 1 else 0.0}
         out["rows"].append(record(name, lambda fn=fn: fn(q, k, v), **extra))
+        if name in GRAPHED:
+            out["rows"].append(record(f"{name}-graph", lambda fn=fn: fn(q, k, v), graph=True))
     o, lse = partial_attention(q, k, v)
     ro, rlse = reference.partial_attention(q, k, v)
     out["checks"].append({"T": t, "max_abs_err_o": (o - ro).abs().max().item(),
@@ -154,18 +163,20 @@ def _merge_ms(record: Recorder, splits: int) -> float:
 
     o = torch.randn(splits, B, HQ, D, device="cuda")  # (n, B, Hq, D)
     lse = torch.randn(splits, B, HQ, device="cuda")  # (n, B, Hq)
-    return record.do_bench(lambda: triton_merge.merge_partials(o, lse), return_mode="median")
+    return record.do_bench_graph(lambda: triton_merge.merge_partials(o, lse),
+                                 return_mode="median")
 
 
 def _explore(tp, q, k, v, auto: int, record: Recorder) -> list[dict]:
-    """The kernel at forced (splits, block) around the automatic split count ``auto``."""
+    """The kernel at forced (splits, block) around the automatic split count ``auto``, timed
+    as graph replays (device time)."""
     rows = []
     for splits in sorted({max(1, auto // 4), max(1, auto // 2), auto, 2 * auto, 4 * auto}):
         for block_n in (32, 64, 128):
             fn = lambda s=splits, n=block_n: tp.partial_attention(  # noqa: E731
                 q, k, v, num_splits=s, block_n=n)
-            rows.append(record("triton-forced", fn, splits=splits, block_n=block_n,
-                               auto_splits=auto))  # fmt: skip
+            rows.append(record("triton-forced", fn, graph=True, splits=splits,
+                               block_n=block_n, auto_splits=auto))  # fmt: skip
     return rows
 
 
@@ -175,8 +186,10 @@ def markdown(gpu: dict) -> list[str]:
     lines = [f"## CUDA, {s['dtype']}, B={s['B']}, Hq={s['Hq']}, Hkv={s['Hkv']}, D={s['D']} "
              f"(peak {peak} GB/s from {gpu['peak_source']}; measured copy "
              f"{gpu['copy_GBps']:.0f} GB/s, {gpu['sm_count']} SMs)", "",
-             "`merge ms` is the Triton merge kernel alone over that many splits (part of the "
-             "Triton time); `torch-reference` is the path CPU runs take.", "",
+             "`merge ms` is the Triton merge kernel alone over that many splits (device time, "
+             "part of the Triton time); `-graph` rows are CUDA-graph replays (device time), the "
+             "others eager launches (host included); `torch-reference` is the path CPU runs "
+             "take.", "",
              "| impl | T | ms | GB/s | of peak | of copy | splits | merge ms | autotuned |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in gpu["rows"]:
@@ -189,6 +202,7 @@ def markdown(gpu: dict) -> list[str]:
     lines += ["", f"Triton vs the torch reference, worst max |Δo| over the sweep: {worst:.2e}."]
     if gpu["explore"]:
         lines += ["", "### Forced split counts and blocks", "",
+                  "Timed as CUDA-graph replays (device time).", "",
                   "| T | splits (auto) | block | GB/s | of peak |", "|---:|---:|---:|---:|---:|"]
         for r in gpu["explore"]:
             fp = f"{100 * r['frac_of_peak']:.0f}%" if r["frac_of_peak"] else "n/a"

@@ -29,8 +29,7 @@ def model():
 def test_static_cache_decodes_the_tokens_of_the_growing_cache(model):
     want = generate_local(model, PROMPT, 10)
     got = generate_static(model, PROMPT, 10)
-    assert got.tokens == want.tokens
-    assert len(got.step_s) == len(got.tokens) - 1
+    assert got.tokens == want.tokens and got.steps == len(got.tokens) - 1
     for a, b in zip(got.logits, want.logits, strict=True):
         # only the split of the cache differs (full buffer with kv_len against a slice)
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
@@ -69,7 +68,7 @@ def test_cuda_graph_replays_the_eager_step_exactly(dtype):
     gpu = place_model(load_model("debug").model, torch.device("cuda"), dtype)
     eager = generate_static(gpu, PROMPT, 12)
     graphed = generate_static(gpu, PROMPT, 12, graph=True)
-    assert graphed.graph and graphed.tokens == eager.tokens
+    assert graphed.tokens == eager.tokens
     for a, b in zip(graphed.logits, eager.logits, strict=True):
         assert torch.equal(a, b)  # the same kernels on the same buffers: bit for bit
 
@@ -83,3 +82,28 @@ def test_cuda_static_decoding_matches_the_cpu_model():
     assert got.tokens == want.tokens
     for a, b in zip(got.logits, want.logits, strict=True):
         torch.testing.assert_close(a.cpu(), b, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--nproc", "2"], "use --nproc 1 and no --context-tokens"),
+    (["--nproc", "1", "--device", "cpu"], "needs the model on a CUDA device"),
+])
+def test_cuda_graph_option_refuses_what_it_cannot_run(extra, message, capsys):
+    from treeattn.cli import main
+
+    rc = main(["generate", "--model", "debug", "--prompt", "hi", "--cuda-graph", *extra])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+@needs_cuda
+def test_generate_cli_with_a_cuda_graph_matches_eager(capsys):
+    import json
+
+    from treeattn.cli import main
+
+    rc = main(["generate", "--model", "debug", "--prompt", "hello there", "--nproc", "1",
+               "--device", "cuda", "--cuda-graph", "--verify", "--json", "--max-new-tokens", "8"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["identical_to_single_process"] is True
+    assert out["algorithm"] == "local, CUDA graph" and 1 <= len(out["tokens"]) <= 8

@@ -71,6 +71,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also decode in one process and compare the tokens (exact for "
                              "greedy decoding)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="with --nproc 1 on CUDA: capture the decode step once and replay "
+                             "it as one CUDA graph per token (a small model's step is bound by "
+                             "the host launching its kernels; --verify compares with eager)")
     parser.add_argument("--context-tokens", type=parse_tokens, default=0, metavar="L",
                         help="first fill the cache with L tokens of a repeated document")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
@@ -115,6 +119,9 @@ def _check_args(args: argparse.Namespace) -> int:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.context_tokens < 0:
         raise UserError(f"--context-tokens must not be negative, got {args.context_tokens}")
+    if args.cuda_graph and (world != 1 or args.context_tokens):
+        raise UserError("--cuda-graph decodes in one process from a prompt: use --nproc 1 "
+                        "and no --context-tokens")
     if args.context_tokens and args.context_tokens < world:
         raise UserError(f"--context-tokens {args.context_tokens} is below the world size "
                         f"{world}")
@@ -160,7 +167,10 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome | None:
     stream = stream and rank_of_this_process() == 0
     printer = _printer(tok) if stream else None
     ranks_agree = None
-    if world == 1:
+    if world == 1 and args.cuda_graph:
+        gen = _graphed(placed(loaded, args), prompt, args, tok.eos_id, printer, sampling)
+        algorithm = "local, CUDA graph"
+    elif world == 1:
         gen = generate_local(placed(loaded, args), prompt, args.max_new_tokens, tok.eos_id,
                              printer, args.context_tokens, segment, Sampler(sampling))
         algorithm = "local"
@@ -177,7 +187,7 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome | None:
                   args.context_tokens, loaded.source, sampling=sampling, dtype=args.dtype,
                   ranks_agree=ranks_agree)
     if args.verify:
-        ref = gen if world == 1 else generate_local(
+        ref = gen if world == 1 and not args.cuda_graph else generate_local(
             placed(loaded, args), prompt, args.max_new_tokens, tok.eos_id, None,
             args.context_tokens, segment, Sampler(sampling))
         steps = min(len(ref.logits), len(gen.logits))
@@ -187,6 +197,18 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome | None:
         out.identical = ref.tokens == gen.tokens and math.isfinite(diff)
         out.max_logit_diff = diff if math.isfinite(diff) else None
     return out
+
+
+def _graphed(model, prompt: list[int], args: argparse.Namespace, eos_id, printer, sampling):
+    """One process, each decode step replayed from a captured CUDA graph."""
+    from treeattn.llm.local_cache import model_device
+    from treeattn.llm.options import Sampler
+    from treeattn.llm.static_decode import generate_static
+
+    if model_device(model).type != "cuda":
+        raise UserError("--cuda-graph needs the model on a CUDA device (--device cuda)")
+    return generate_static(model, prompt, args.max_new_tokens, graph=True, eos_id=eos_id,
+                           on_token=printer, choose=Sampler(sampling))
 
 
 def check_memory(args: argparse.Namespace, model, prompt_tokens: int, world: int) -> None:

@@ -74,6 +74,11 @@ def _merge_kernel(
 def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge n stacked partials (n, B, Hq, D), (n, B, Hq) into (B, Hq, D), (B, Hq) fp32."""
     check_partials(o, lse, stacked=True)
+    return merge_partials_checked(o, lse)
+
+
+def merge_partials_checked(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`merge_partials` for inputs already checked (the split kernel's own outputs)."""
     n, b, hq, d = o.shape
     if n == 0 or b * hq * d == 0:
         return identity_partial(b, hq, d, o.device)
@@ -83,8 +88,8 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, to
     lse_out = torch.empty(b, hq, dtype=torch.float32, device=o.device)  # (B, Hq)
     block_s = min(64, max(2, triton.next_power_of_2(n)))
     d_pad = max(16, triton.next_power_of_2(d))
-    launch_on = torch.cuda.device(o.device) if o.is_cuda else contextlib.nullcontext()
-    with launch_on:
+    on_other_device = o.is_cuda and o.device.index != torch.cuda.current_device()
+    with torch.cuda.device(o.device) if on_other_device else contextlib.nullcontext():
         _merge_kernel[(b * hq,)](
             o, lse, o_out, lse_out,
             n, hq,

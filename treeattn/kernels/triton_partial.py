@@ -177,10 +177,21 @@ def partial_attention(
     interpreter fast and to force several splits); the compiled path autotunes ``block_n``.
     """
     scale = check_partial_inputs(q, k, v, scale, kv_len)
+    return partial_attention_checked(q, k, v, scale, kv_len, num_splits, block_n)
+
+
+def partial_attention_checked(q, k, v, scale: float, kv_len=None, num_splits=None,
+                              block_n=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`partial_attention` for inputs already checked (``scale`` resolved).
+
+    The public dispatcher checks once and calls this: at decode sizes on a GPU the host's
+    Python is the bottleneck (``benchmarks/decode_step.py``), so it is not done twice.
+    """
     b, hq, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    sms = _sm_count(_device_index(q.device)) if q.is_cuda and not INTERPRETED else 4
+    compiled = q.is_cuda and not INTERPRETED
+    sms = _sm_count(_device_index(q.device)) if compiled else 4
     splits, per_split = num_splits_for(b, hkv, t, sms)
     if num_splits is not None:
         splits = max(1, int(num_splits))
@@ -190,6 +201,7 @@ def partial_attention(
     o_split = torch.empty(splits, b, hq, d, dtype=torch.float32, device=q.device)
     lse_split = torch.empty(splits, b, hq, dtype=torch.float32, device=q.device)
     g = hq // hkv
+    d_pad = max(16, triton.next_power_of_2(d))
     args = (
         q, k, v, kv_len if kv_len is not None else q, o_split, lse_split,
         q.stride(0), q.stride(1),
@@ -200,16 +212,48 @@ def partial_attention(
         hkv, t, per_split, scale * LOG2E, max(0, per_split.bit_length()),
     )  # fmt: skip
     meta = dict(
-        G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d,
-        D_PAD=max(16, triton.next_power_of_2(d)), HAS_KV_LEN=kv_len is not None,
-        UPCAST=INTERPRETED or q.dtype == torch.float32,
+        G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, D_PAD=d_pad,
+        HAS_KV_LEN=kv_len is not None, UPCAST=INTERPRETED or q.dtype == torch.float32,
     )  # fmt: skip
     grid = (b * hkv, splits)
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        if INTERPRETED or block_n is not None:
+    with _on_device_of(q):
+        if INTERPRETED:
             _partial_split_kernel[grid](*args, BLOCK_N=block_n or 64, **meta)
+        elif block_n is not None:
+            smem = _smem_bytes(_device_index(q.device))
+            stages = stages_for(block_n, d_pad, q.element_size(), smem)
+            _partial_split_kernel[grid](*args, BLOCK_N=block_n, num_stages=stages, **meta)
         else:
             _tuned_kernel[grid](*args, **meta)
     if splits == 1:
         return o_split[0], lse_split[0]
-    return triton_merge.merge_partials(o_split, lse_split)
+    return triton_merge.merge_partials_checked(o_split, lse_split)
+
+
+def _on_device_of(x: torch.Tensor):
+    """A CUDA device context only when ``x`` is not on the current device (it costs µs)."""
+    if x.is_cuda and x.device.index != torch.cuda.current_device():
+        return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
+
+
+SMEM_FALLBACK_BYTES = 99 * 1024  # shared memory per block when torch cannot tell (sm_86/89)
+
+
+@functools.lru_cache(maxsize=16)
+def _smem_bytes(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or SMEM_FALLBACK_BYTES)
+
+
+def stages_for(block_n: int, d_pad: int, itemsize: int, smem_bytes: int) -> int:
+    """Pipeline depth for a forced block: up to 3 stages of K and V blocks that fit in
+    shared memory. (The autotuner simply skips configurations that do not fit; a forced
+    block has no such fallback: fp32 with 128-token blocks of D=128 fits only one stage.)
+
+    >>> h100 = 232448  # bytes of shared memory per block, opted in
+    >>> stages_for(128, 128, 4, h100), stages_for(128, 128, 2, h100), stages_for(64, 64, 4, h100)
+    (1, 3, 3)
+    """
+    per_stage = 2 * block_n * d_pad * itemsize  # one K block and one V block
+    return max(1, min(3, smem_bytes // per_stage))

@@ -22,12 +22,12 @@ graph of the step on CUDA when asked to.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from treeattn.kernels import partial_attention
 from treeattn.llm.errors import ModelError
+from treeattn.llm.generate import Generation
 from treeattn.llm.local_cache import causal_attention, model_device, prefill
 from treeattn.llm.model import Transformer
 from treeattn.llm.options import body_dtype
@@ -76,21 +76,6 @@ class StaticCache:
         self.v[layer].index_copy_(2, self.position, v)
         o, _ = partial_attention(q[:, :, 0], self.k[layer], self.v[layer], kv_len=self.kv_len)
         return o.to(q.dtype)[:, :, None]  # (B, Hq, 1, D)
-
-
-@dataclass
-class StaticGeneration:
-    """Greedy tokens from :func:`generate_static`, with the logits behind each and timings."""
-
-    tokens: list[int]
-    logits: list[torch.Tensor]
-    prefill_s: float
-    step_s: list[float] = field(default_factory=list)  # wall time of each decode step, synced
-    graph: bool = False
-
-    @property
-    def tokens_per_s(self) -> float:
-        return len(self.step_s) / sum(self.step_s) if self.step_s else float("nan")
 
 
 class StaticDecoder:
@@ -151,30 +136,34 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def generate_static(model: Transformer, prompt_ids: list[int], max_new_tokens: int,
-                    graph: bool = False, eos_id: int | None = None) -> StaticGeneration:
-    """Greedy decoding over a :class:`StaticCache`, eager or (CUDA) by graph replay.
+                    graph: bool = False, eos_id: int | None = None, on_token=None,
+                    choose=None) -> Generation:
+    """Decoding over a :class:`StaticCache`, eager or (CUDA) by graph replay.
 
-    The same tokens as :func:`treeattn.llm.generate.generate_local`: only the attention's
-    split of the cache differs, so logits agree to rounding. Each step's wall time is taken
-    after a device sync (the argmax needs the logits on the host anyway).
+    The tokens of :func:`treeattn.llm.generate.generate_local` (greedy unless ``choose``,
+    logits (1, V) -> token, picks otherwise): only the attention's split of the cache
+    differs, so logits agree to rounding. The attention of a replayed graph cannot be timed
+    apart from the rest of the step, so ``attention_s`` is NaN (reported as unknown).
     """
     if not prompt_ids or max_new_tokens <= 0:
         raise ModelError("need a non-empty prompt and a positive --max-new-tokens")
+    choose = choose or (lambda lg: int(torch.argmax(lg[0])))
     device = model_device(model)
     decoder = StaticDecoder(model, len(prompt_ids) + max_new_tokens, graph=graph)
     t0 = time.perf_counter()
     logits = decoder.prefill(prompt_ids)
     _sync(device)
-    out = StaticGeneration([], [], time.perf_counter() - t0, graph=graph)
+    t1 = time.perf_counter()
+    tokens, seen = [], []
     position = len(prompt_ids)
     for step in range(max_new_tokens):
-        token = int(torch.argmax(logits[0]))
-        out.tokens.append(token)
-        out.logits.append(logits[0].clone())
+        token = choose(logits)
+        tokens.append(token)
+        seen.append(logits[0].clone())
+        if on_token is not None:
+            on_token(token)
         if token == eos_id or step == max_new_tokens - 1:
             break
-        t0 = time.perf_counter()
         logits = decoder.step(token, position + step)
-        _sync(device)
-        out.step_s.append(time.perf_counter() - t0)
-    return out
+    _sync(device)
+    return Generation(tokens, seen, t1 - t0, time.perf_counter() - t1, float("nan"))

@@ -81,7 +81,9 @@ def init_group(
     if use_cuda:
         os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # wait(timeout) blocks the host
         torch.cuda.set_device(local_rank)
-        dev, backend = torch.device("cuda", local_rank), "nccl"
+        # NCCL for the CUDA tensors of the schedule; gloo beside it for the few CPU tensors of
+        # the control path (step counts, flags, objects), which NCCL alone refuses
+        dev, backend = torch.device("cuda", local_rank), "cpu:gloo,cuda:nccl"
     else:
         dev, backend = torch.device("cpu"), "gloo"
     ctx = RankContext(rank, world, local_rank, dev, backend, float(timeout_s))
