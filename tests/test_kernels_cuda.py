@@ -85,12 +85,11 @@ def test_empty_and_single_token_shards(dtype):
 
 
 def test_long_shard_many_splits_and_the_merge_kernel(tp):
-    t = 200_003  # hundreds of splits, so the merge kernel reduces more than one tile of them
+    t = 200_003  # the automatic split count, then 300 splits: more than one merge tile of 64
     q, k, v = make_qkv(1, 32, 8, t, 128, torch.bfloat16, seed=5, device=CUDA)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    splits, _ = tp.num_splits_for(1, 8, t, sms)
-    assert splits > 64
     assert_matches(partial_attention(q, k, v), q, k, v, torch.bfloat16)
+    assert_matches(tp.partial_attention(q, k, v, num_splits=300, block_n=64), q, k, v,
+                   torch.bfloat16)
 
 
 def test_shards_merge_to_full_attention_and_views_are_read_in_place():

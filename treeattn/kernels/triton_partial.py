@@ -40,7 +40,8 @@ LOG2E = 1.4426950408889634
 SPLIT_QUANTUM = 128  # tokens per split are a multiple of this, so every BLOCK_N tiles it
 MIN_SPLIT_TOKENS = 256  # below this a split is not worth its share of the merge
 MAX_SPLITS = 512
-PROGRAMS_PER_SM = 4  # target grid: several resident programs per SM to hide HBM latency
+PROGRAMS_PER_SM = 2  # target grid; measured on an H200 (benchmarks/results/kernels-h200.md):
+# at T=64k, 2 programs per SM read K+V at 82% of peak, 4 at 70%; at 1M both reach 94%
 
 
 @triton.jit
@@ -146,10 +147,10 @@ def num_splits_for(b: int, hkv: int, t: int, sm_count: int) -> tuple[int, int]:
     splitting below ``MIN_SPLIT_TOKENS`` tokens, with split lengths a multiple of
     ``SPLIT_QUANTUM`` so that every split but the last is made of whole blocks.
 
-    >>> num_splits_for(1, 8, 65536, 132)  # H100 SXM, 132 SMs: 64 splits of 1024 tokens
-    (64, 1024)
+    >>> num_splits_for(1, 8, 65536, 132)  # H100/H200 SXM, 132 SMs: 32 splits of 2048 tokens
+    (32, 2048)
     >>> num_splits_for(64, 8, 4096, 132)  # a big batch already fills the GPU
-    (2, 2048)
+    (1, 4096)
     >>> num_splits_for(1, 8, 0, 132)
     (1, 128)
     """
