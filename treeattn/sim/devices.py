@@ -12,7 +12,13 @@ memory-bound, so the first term wins in practice).
 
 ``launch_s``: a decode attention is two kernels (split-K partial + combine); a CUDA/HIP
 launch costs a few µs from the host (CUDA C++ Best Practices Guide, "kernel launch overhead").
-We take 4 µs per Compute step on GPUs; this is an estimate, not a datasheet figure.
+We take 4 µs per Compute step on GPUs. The H200 run agrees: treeattn's kernel at T=4k (16.8 MB
+of K+V) takes 8.2 µs as a graph replay, 3.9 µs of reading at the copy bandwidth plus about
+4 µs (``benchmarks/results/kernels-h200.md``).
+
+Memory efficiency: no kernel reads HBM at the datasheet peak. :data:`MEMORY_EFFICIENCY` holds
+the fraction treeattn's own decode kernel reached where it was measured, and a GPU's model
+reads at ``datasheet × efficiency``. GPUs not measured keep the datasheet figure (1.0).
 
 The ``cpu`` profile is a placeholder until the runtime calibrates it
 (:func:`hardware_from_profile`). ``cores`` is the number of compute
@@ -120,10 +126,16 @@ class HardwareModel:
 
 GPU_LAUNCH_S = 4e-6
 CPU_LAUNCH_S = 20e-6  # placeholder: `treeattn calibrate` measures it
+# Fraction of the datasheet memory bandwidth at which treeattn's Triton decode kernel reads
+# K+V, as measured. Source: benchmarks/results/kernels-h200.json (NVIDIA H200, 2026-11-30,
+# bf16, B=1, Hq=32, Hkv=8, D=128, CUDA-graph replays): 0.82 at T=64k, 0.88 at 128k, 0.90 at
+# 256k, 0.93 at 512k, 0.94 at 1M; we take the median, 0.90. The H100 has the same SM, memory
+# controller design and kernel, so it takes the H200's figure until it is measured itself.
+MEMORY_EFFICIENCY = {"H200": 0.90, "H100": 0.90}
 # One model per row of THE GPU table, so every GPU a topology can name has one.
 HARDWARE: dict[str, HardwareModel] = {
-    name: HardwareModel(name, spec.memory_bandwidth, spec.peak_flops,
-                        CPU_LAUNCH_S if name == "cpu" else GPU_LAUNCH_S,
+    name: HardwareModel(name, spec.memory_bandwidth * MEMORY_EFFICIENCY.get(name, 1.0),
+                        spec.peak_flops, CPU_LAUNCH_S if name == "cpu" else GPU_LAUNCH_S,
                         memory_bytes=float(spec.memory_capacity))
     for name, spec in GPU_SPECS.items()
 }
