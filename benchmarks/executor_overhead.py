@@ -17,7 +17,9 @@ lines the ranks up, not timed) and takes the max over ranks; per-run time is tha
 median and p10–p90 over repetitions, and the ratio executor / raw computed per repetition
 (so both sides of a ratio saw the same machine load).
 
-Run: ``.venv/bin/python benchmarks/executor_overhead.py [--reps N]``. Writes
+The timing lives in :mod:`treeattn.runtime.overhead`, which ``treeattn calibrate`` also uses
+to record ``executor.step_overhead_s`` in the profile. Run:
+``.venv/bin/python benchmarks/executor_overhead.py [--reps N]``. Writes
 ``benchmarks/results/executor_overhead.json`` and ``.md``.
 """
 
@@ -26,70 +28,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_io import write_results  # noqa: E402  (benchmarks/, beside this script)
 
-from treeattn.kernels import merge, partial_attention  # noqa: E402
 from treeattn.runtime.calibrate import machine_info  # noqa: E402
-from treeattn.runtime.executor import Executor  # noqa: E402
-from treeattn.runtime.group import all_gather_objects  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
-from treeattn.runtime.plans import build, local_topology, workload_for  # noqa: E402
-from treeattn.runtime.wire import AttnDims, kv_message_lengths, message_numel  # noqa: E402
-from treeattn.sim.schedule import Compute, Merge, Recv, Send  # noqa: E402
+from treeattn.runtime.overhead import INNER, overhead_per_message, time_variants  # noqa: E402
 
 WORLD = 2
-DIMS = AttnDims(1, 1, 1, 8)
-LENGTHS = (4, 4)
 ALGORITHMS = ("butterfly", "tree")
-VARIANTS = ("executor", "raw", "raw+kernels")
-INNER = 10
-
-
-def _raw_plan(ctx, schedule, dims):
-    """This rank's messages in step order: (is_send, peer, tag, buffer)."""
-    steps = schedule.steps[ctx.rank]
-    kv_lengths = kv_message_lengths(schedule, list(LENGTHS))
-    plan = []
-    for index, step in enumerate(steps):
-        if isinstance(step, (Send, Recv)):
-            n = message_numel(dims, step.payload, step.chunk, kv_lengths.get((ctx.rank, index), 0))
-            buf = torch.zeros(n, dtype=dims.dtype(step.payload))
-            peer = step.dst if isinstance(step, Send) else step.src
-            plan.append((isinstance(step, Send), peer, step.tag, buf))
-        elif isinstance(step, Compute) and step.label == "attention":
-            plan.append(("attention", None, None, None))
-        elif isinstance(step, Merge) and step.op == "partial":
-            plan.append(("merge", None, None, None))
-    return plan
-
-
-def _raw_runner(plan, q, kv, kernels: bool):
-    o = torch.zeros(DIMS.batch, DIMS.n_heads, DIMS.head_dim)
-    lse = torch.zeros(DIMS.batch, DIMS.n_heads)
-
-    def run():
-        sends = []
-        for kind, peer, tag, buf in plan:
-            if kind is True:
-                sends.append(dist.isend(buf, peer, tag=tag))
-            elif kind is False:
-                dist.irecv(buf, peer, tag=tag).wait()
-            elif kernels and kind == "attention":
-                partial_attention(q, kv[0], kv[1])
-            elif kernels and kind == "merge":
-                merge((o, lse), (o, lse))
-        for work in sends:
-            work.wait()
-    return run
 
 
 @dataclass
@@ -97,38 +49,7 @@ class OverheadJob:
     reps: int
 
     def __call__(self, ctx):
-        g = torch.Generator().manual_seed(ctx.rank)
-        q = torch.randn(DIMS.batch, DIMS.n_heads, DIMS.head_dim, generator=g)
-        kv = torch.randn(2, DIMS.batch, DIMS.n_kv_heads, LENGTHS[ctx.rank], DIMS.head_dim,
-                         generator=g)
-        line_up = torch.zeros(1)
-        out = {}
-        for algorithm in ALGORITHMS:
-            schedule = build(algorithm, local_topology(WORLD), workload_for(DIMS, list(LENGTHS)))
-            executor = Executor(ctx, schedule, list(LENGTHS), DIMS)
-            plan = _raw_plan(ctx, schedule, DIMS)
-            runners = {"executor": lambda ex=executor: ex.run(q, kv),
-                       "raw": _raw_runner(plan, q, kv, kernels=False),
-                       "raw+kernels": _raw_runner(plan, q, kv, kernels=True)}
-            times = {v: [] for v in VARIANTS}
-            for rep in range(self.reps + 5):  # the first 5 are warm-up
-                for i in range(len(VARIANTS)):
-                    variant = VARIANTS[(rep + i) % len(VARIANTS)]
-                    dist.all_reduce(line_up)
-                    run = runners[variant]
-                    t0 = time.perf_counter()
-                    for _ in range(INNER):
-                        run()
-                    if rep >= 5:
-                        times[variant].append((time.perf_counter() - t0) / INNER)
-            everyone = all_gather_objects(ctx, times)
-            steps = max(len(s) for s in schedule.steps)
-            messages = max(sum(isinstance(x, (Send, Recv)) for x in s) for s in schedule.steps)
-            out[algorithm] = {
-                "steps_busiest_rank": steps, "messages_busiest_rank": messages,
-                "per_run_s": {v: np.max([r[v] for r in everyone], axis=0).tolist()
-                              for v in VARIANTS},
-            }
+        out = {algorithm: time_variants(ctx, algorithm, self.reps) for algorithm in ALGORITHMS}
         return out if ctx.rank == 0 else None
 
 
@@ -150,8 +71,7 @@ def summarize(raw: dict) -> dict:
             "ratio_executor_raw": _stats(per_run["executor"] / per_run["raw"]),
             "ratio_executor_raw_kernels": _stats(per_run["executor"] / per_run["raw+kernels"]),
             "overhead_per_step_s": _stats((per_run["executor"] - per_run["raw+kernels"]) / steps),
-            "overhead_per_message_s": _stats((per_run["executor"] - per_run["raw+kernels"])
-                                             / max(1, r["messages_busiest_rank"])),
+            "overhead_per_message_s": _stats(overhead_per_message(r)),
         }
     return rows
 

@@ -36,6 +36,9 @@ def _error_line(capsys) -> str:
         (["run", "--nproc", "2", "--seq-len", "64", "--algorithm", "tree", "--shape", "blob"],
          "blob"),
         (["calibrate", "--nproc", "1"], "at least 2"),
+        (["calibrate", "--nproc", "2", "--max-bytes", "2G"], "above the largest exchange"),
+        (["calibrate", "--nproc", "2", "--max-bytes", "0"], "must be positive"),
+        (["calibrate", "--nproc", "2", "--max-bytes", "lots"], "not a byte count"),
         (["run", "--nproc", "2", "--seq-len", "64", "--topology", "dgx-h100"], "8 GPUs"),
         (["run", "--nproc", "2", "--seq-len", "64", "--device", "cuda"], "CUDA"),
     ],
@@ -97,7 +100,7 @@ def test_run_json_reports_every_point(capsys) -> None:
 @pytest.fixture(scope="module")
 def profile_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("cal") / "profile.json"
-    assert main(["calibrate", "--nproc", "2", "-o", str(path), *SMALL]) == 0
+    assert main(["calibrate", "--nproc", "2", "-o", str(path), "--max-bytes", "80M", *SMALL]) == 0
     return path
 
 
@@ -113,8 +116,16 @@ def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
         assert len(profile[section]["sizes"]) == len(profile[section]["times_s"])
         assert all(t > 0 for t in profile[section]["times_s"])
     assert profile["p2p"]["bandwidth_Bps"] > 0 and profile["p2p"]["latency_s"] >= 0
+    assert profile["exchange"]["sizes"][-1] == 80 << 20  # --max-bytes: measured, not guessed
     assert profile["attention"]["threads_per_rank"] == 1
     assert hardware_from_profile(profile).cores == os.cpu_count()
+    # the executor's own per-message cost, measured against raw gloo, reaches the simulator
+    from treeattn.sim.devices import backend_from_profile
+
+    step = profile["executor"]["step_overhead_s"]
+    assert 0 <= step < 0.05 and profile["executor"]["ratio_executor_raw"] > 0
+    alpha = profile["p2p"]["latency_s"]
+    assert backend_from_profile(profile).send_s == pytest.approx(alpha / 2 + step)
 
 
 @pytest.mark.timeout(240)

@@ -20,3 +20,25 @@ def parse_tokens(text: str) -> int:
         return int(digits) * scale
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not a token count: {text!r}") from exc
+
+
+BYTE_SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """``"4096"``, ``"64M"``, ``"1G"`` (binary multiples; a trailing ``B``/``iB`` is allowed)
+    to a positive byte count.
+
+    >>> parse_bytes("64M"), parse_bytes("1GiB"), parse_bytes("512")
+    (67108864, 1073741824, 512)
+    """
+    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
+    scale = BYTE_SUFFIX.get(raw[-1:], 1)
+    digits = raw[:-1] if raw[-1:] in BYTE_SUFFIX else raw
+    try:
+        value = int(digits) * scale
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r}") from exc
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a byte count must be positive, got {text!r}")
+    return value

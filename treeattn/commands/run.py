@@ -18,7 +18,7 @@ from rich.table import Table
 
 from treeattn import atomic
 from treeattn.atomic import check_output_path
-from treeattn.commands._args import parse_tokens
+from treeattn.commands._args import parse_bytes, parse_tokens
 from treeattn.errors import UserError
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
 from treeattn.sim.algorithms import CLI_CHOICES
@@ -90,6 +90,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="calibrate a GPU cluster from nccl-tests/rccl-tests outputs instead")
     cal.add_argument("--topology", default=None,
                      help="with --nccl-tests: the cluster (spec or file) they were run on")
+    cal.add_argument("--max-bytes", type=parse_bytes, default=None, metavar="SIZE",
+                     help="measure the concurrent exchange up to messages of SIZE (e.g. 1G; "
+                          "default 64M, at most 1G): a profile for runs whose schedules move "
+                          "bigger blocks (a ring's KV) then prices them from measurements, "
+                          "not an extrapolation; `run --check` does this by itself")
     cal.set_defaults(func=guarded(handle_calibrate))
 
 
@@ -340,13 +345,14 @@ def print_points(console: Console, points: list[dict]) -> None:
 class CalibrateJob:
     """Picklable job: calibrate in the group, rank 0 returns the profile."""
 
-    def __init__(self, dims) -> None:
+    def __init__(self, dims, max_bytes: int | None = None) -> None:
         self.dims = dims  # a treeattn.runtime.wire.AttnDims
+        self.max_bytes = max_bytes
 
     def __call__(self, ctx):
         from treeattn.runtime.calibrate import calibrate_in_group
 
-        return calibrate_in_group(ctx, self.dims)
+        return calibrate_in_group(ctx, self.dims, self.max_bytes)
 
 
 def handle_calibrate(args: argparse.Namespace) -> int:
@@ -354,7 +360,7 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         from treeattn.commands import nccl_calibrate
 
         return nccl_calibrate.handle(args)
-    from treeattn.runtime.calibrate import write_profile
+    from treeattn.runtime.calibrate import EXCHANGE_CAP, write_profile
     from treeattn.runtime.check import RunRequest, validate
 
     world = _world(args)
@@ -365,7 +371,11 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     validate(req, world)
     if args.output:
         check_output_path(args.output)  # before the calibration, not after it
-    is_root, profile = _execute(CalibrateJob(req.dims), args, world)
+    if args.max_bytes is not None and args.max_bytes > EXCHANGE_CAP:
+        raise RuntimeFailure(f"--max-bytes {args.max_bytes} is above the largest exchange "
+                             f"calibrated, {EXCHANGE_CAP} bytes (1 GiB); larger messages are "
+                             "extrapolated from it")
+    is_root, profile = _execute(CalibrateJob(req.dims, args.max_bytes), args, world)
     if not is_root:
         return 0
     if args.output:

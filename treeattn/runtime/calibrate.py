@@ -1,6 +1,6 @@
 """Calibrate the local backend with microbenchmarks only, and write the profile (version 1).
 
-Three measurements, run inside an existing process group (every rank calls
+The measurements, run inside an existing process group (every rank calls
 :func:`calibrate_in_group`; rank 0 returns the profile):
 
 - **p2p**: ping-pong between ranks 0 and 1 over message sizes: α is the half round trip of
@@ -38,6 +38,9 @@ give each section a ``spread`` ``[p10/median, p90/median]`` (max over ranks) fro
   is the median of ``bytes / (t − launch)`` over shards of 128 and 512 MiB (fp32, the
   default shape), the memory-bound regime of long-context decode. A straight-line fit over
   all sizes would let noise in the large times swing the intercept by milliseconds.
+- **executor**: the schedule executor's own host cost per Send/Recv step beyond raw gloo
+  (:func:`treeattn.runtime.overhead.measure_step_overhead`), which the simulator adds to
+  both ends of every message.
 
 The profile::
 
@@ -49,6 +52,7 @@ The profile::
      "exchange": {"latency_s": ..., "bandwidth_Bps": ..., "aggregate_Bps": ..., "ranks": N,
                   "sizes": [...], "times_s": [...]},
      "attention": {"bandwidth_Bps": ..., "launch_s": ..., "threads_per_rank": 1, ...},
+     "executor": {"step_overhead_s": ..., "ratio_executor_raw": ...},
      "machine": {...}}
 """
 
@@ -69,6 +73,7 @@ from treeattn.runtime.fitting import (  # noqa: F401  (fit_latency_bandwidth: re
     message_section,
 )
 from treeattn.runtime.group import RankContext, barrier, wait_work
+from treeattn.runtime.overhead import measure_step_overhead
 from treeattn.runtime.profile_io import (  # noqa: F401  (re-exported)
     PROFILE_VERSION,
     machine_info,
@@ -357,6 +362,7 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
         att_rounds.append(attention_stats(ctx, dims, floor=-(-MIN_SAMPLES // ROUNDS)))
     ex_stats = combine_rounds(ex_rounds)
     attention = attention_section(ctx, dims, combine_rounds(att_rounds))
+    executor = measure_step_overhead(ctx)  # the executor's own cost beyond raw gloo
     if ctx.rank != 0:
         return None
     exchange = message_section(list(ex_sizes), ex_stats)
@@ -378,5 +384,6 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
         "exchange": exchange,  # bandwidth per message, all ranks exchanging at once
         "collectives": collectives,
         "attention": attention,
+        "executor": executor,
         "machine": machine_info(),
     }

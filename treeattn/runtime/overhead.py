@@ -1,0 +1,137 @@
+"""The executor's own host cost per message step, measured against raw ``isend``/``irecv``.
+
+The ping-pong latency that calibration measures is raw gloo: ``dist.isend``/``irecv`` of a
+preallocated buffer and a wait. The executor does more per step: it looks up the step's
+buffers, slices payloads, posts receives ahead, records its timeline. That fixed cost is
+invisible in the ping-pong and matters wherever messages are tiny (a tree's partials).
+
+:func:`time_variants` runs one schedule's messages three ways in the same process group,
+interleaved within every repetition (the order rotates), so each ratio compares runs that saw
+the same machine load:
+
+- ``executor``: :meth:`treeattn.runtime.executor.Executor.run`, the whole step;
+- ``raw``: the same messages (sizes, order, peers, tags) as plain ``isend``/``irecv`` of
+  preallocated buffers, the sends waited for at the end: the floor any executor pays;
+- ``raw+kernels``: ``raw`` plus the same kernel calls (``partial_attention`` per attention
+  Compute, ``merge`` per partial Merge) on preallocated tensors: the floor with the work.
+
+:func:`measure_step_overhead` turns that into the profile key the simulator charges on every
+Send and Recv step (``executor.step_overhead_s``, read by
+:func:`treeattn.sim.devices.executor_step_overhead`); ``treeattn calibrate`` records it, and
+``benchmarks/executor_overhead.py`` reports the full comparison.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from treeattn.kernels import merge, partial_attention
+from treeattn.runtime.executor import Executor
+from treeattn.runtime.group import RankContext, all_gather_objects
+from treeattn.runtime.plans import build, local_topology, workload_for
+from treeattn.runtime.wire import AttnDims, kv_message_lengths, message_numel
+from treeattn.sim.schedule import Compute, Merge, Recv, Send
+
+VARIANTS = ("executor", "raw", "raw+kernels")
+TINY = AttnDims(1, 1, 1, 8)  # data costs nothing: what is left is the per-step host cost
+TINY_TOKENS = 4  # per shard
+INNER = 10  # back-to-back runs per timed sample
+WARMUP_REPS = 5
+CALIBRATION_REPS = 40  # about a second at world 2 on a CPU
+
+
+def raw_plan(ctx: RankContext, schedule, dims: AttnDims, lengths: list[int]) -> list[tuple]:
+    """This rank's steps as ``(kind, peer, tag, buffer)``: kind True for a send, False for a
+    receive, or ``"attention"``/``"merge"`` for the kernel steps."""
+    kv_lengths = kv_message_lengths(schedule, list(lengths))
+    plan = []
+    for index, step in enumerate(schedule.steps[ctx.rank]):
+        if isinstance(step, (Send, Recv)):
+            n = message_numel(dims, step.payload, step.chunk, kv_lengths.get((ctx.rank, index), 0))
+            buf = torch.zeros(n, dtype=dims.dtype(step.payload))
+            peer = step.dst if isinstance(step, Send) else step.src
+            plan.append((isinstance(step, Send), peer, step.tag, buf))
+        elif isinstance(step, Compute) and step.label == "attention":
+            plan.append(("attention", None, None, None))
+        elif isinstance(step, Merge) and step.op == "partial":
+            plan.append(("merge", None, None, None))
+    return plan
+
+
+def raw_runner(plan: list[tuple], dims: AttnDims, q: torch.Tensor, kv: torch.Tensor,
+               kernels: bool):
+    """A callable that sends and receives ``plan``'s messages raw (and runs its kernels)."""
+    o = torch.zeros(dims.batch, dims.n_heads, dims.head_dim)  # (B, Hq, D)
+    lse = torch.zeros(dims.batch, dims.n_heads)  # (B, Hq)
+
+    def run() -> None:
+        sends = []
+        for kind, peer, tag, buf in plan:
+            if kind is True:
+                sends.append(dist.isend(buf, peer, tag=tag))
+            elif kind is False:
+                dist.irecv(buf, peer, tag=tag).wait()
+            elif kernels and kind == "attention":
+                partial_attention(q, kv[0], kv[1])
+            elif kernels and kind == "merge":
+                merge((o, lse), (o, lse))
+        for work in sends:
+            work.wait()
+    return run
+
+
+def time_variants(ctx: RankContext, algorithm: str, reps: int) -> dict:
+    """Seconds per run of each variant, one sample per repetition (max over ranks), for the
+    tiny-payload schedule of ``algorithm`` at this group's world size; every rank returns it."""
+    lengths = [TINY_TOKENS] * ctx.world
+    dims = TINY
+    g = torch.Generator().manual_seed(ctx.rank)
+    q = torch.randn(dims.batch, dims.n_heads, dims.head_dim, generator=g)  # (B, Hq, D)
+    kv = torch.randn(2, dims.batch, dims.n_kv_heads, TINY_TOKENS, dims.head_dim,
+                     generator=g)  # (2, B, Hkv, T, D)
+    schedule = build(algorithm, local_topology(ctx.world), workload_for(dims, lengths))
+    executor = Executor(ctx, schedule, lengths, dims)
+    plan = raw_plan(ctx, schedule, dims, lengths)
+    runners = {"executor": lambda: executor.run(q, kv),  # as `run` and `generate` call it
+               "raw": raw_runner(plan, dims, q, kv, kernels=False),
+               "raw+kernels": raw_runner(plan, dims, q, kv, kernels=True)}
+    line_up = torch.zeros(1)
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for rep in range(reps + WARMUP_REPS):
+        for i in range(len(VARIANTS)):
+            variant = VARIANTS[(rep + i) % len(VARIANTS)]
+            dist.all_reduce(line_up)  # line the ranks up; not timed
+            run = runners[variant]
+            t0 = time.perf_counter()
+            for _ in range(INNER):
+                run()
+            if rep >= WARMUP_REPS:
+                times[variant].append((time.perf_counter() - t0) / INNER)
+    everyone = all_gather_objects(ctx, times)
+    return {
+        "steps_busiest_rank": max(len(s) for s in schedule.steps),
+        "messages_busiest_rank": max(sum(isinstance(x, (Send, Recv)) for x in s)
+                                     for s in schedule.steps),
+        "per_run_s": {v: np.max([r[v] for r in everyone], axis=0).tolist() for v in VARIANTS},
+    }  # fmt: skip
+
+
+def overhead_per_message(result: dict) -> np.ndarray:
+    """Per repetition: (executor − raw+kernels) / messages of the busiest rank, seconds."""
+    runs = {v: np.asarray(t) for v, t in result["per_run_s"].items()}
+    return (runs["executor"] - runs["raw+kernels"]) / max(1, result["messages_busiest_rank"])
+
+
+def measure_step_overhead(ctx: RankContext, reps: int = CALIBRATION_REPS) -> dict:
+    """The profile section ``{"step_overhead_s": …, "ratio_executor_raw": …}`` from the tree
+    schedule at this world size: the median extra host time per Send/Recv step (never below
+    zero), and the median executor/raw time ratio, for the record."""
+    result = time_variants(ctx, "tree", reps)
+    runs = {v: np.asarray(t) for v, t in result["per_run_s"].items()}
+    return {"step_overhead_s": max(0.0, float(np.median(overhead_per_message(result)))),
+            "ratio_executor_raw": float(np.median(runs["executor"] / runs["raw"])),
+            "schedule": "tree", "reps": reps}  # fmt: skip
