@@ -46,7 +46,7 @@ def partial_attention(
     scale = check_partial_inputs(q, k, v, scale, kv_len)
     if choose_backend(q.device) == "triton":
         return triton_module("triton_partial").partial_attention_checked(q, k, v, scale, kv_len)
-    return reference.partial_attention(q, k, v, scale=scale, kv_len=kv_len)
+    return reference.partial_attention_checked(q, k, v, scale, kv_len)
 
 
 def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
