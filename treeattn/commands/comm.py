@@ -14,6 +14,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import replace
 
 from rich.console import Console
 from rich.table import Table
@@ -51,11 +52,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--profile", default=None,
                         help="a GPU cluster's calibration (calibrate --nccl-tests)")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead")
+    parser.add_argument("--rccl-msccl", action="store_true",
+                        help="MI300X: price RCCL 2.21.5-2.2x (ROCm 6.3 to MSCCL's removal), "
+                             "whose small all-reduces on one 8-GPU node run MSCCL's all-pairs "
+                             "schedule instead of the tuner's pick")
     parser.set_defaults(func=handle)
 
 
 def comm_rows(topology, op: str, min_bytes: int, max_bytes: int,
-              calibration=None) -> list[dict]:
+              calibration=None, rccl_msccl: bool = False) -> list[dict]:
     """One row per doubling size, with the keys the issue's JSON contract names."""
     if min_bytes < 1:
         raise UserError(f"--min-bytes must be at least 1, got {min_bytes}")
@@ -64,7 +69,7 @@ def comm_rows(topology, op: str, min_bytes: int, max_bytes: int,
     if topology.num_gpus < 2:
         raise UserError(f"topology {topology.name!r} has {topology.num_gpus} GPU(s); "
                         "a collective needs at least 2")
-    shape = GroupShape.of(topology, range(topology.num_gpus))
+    shape = replace(GroupShape.of(topology, range(topology.num_gpus)), rccl_msccl=rccl_msccl)
     factor = busbw_factor(op, shape.nranks)
     rows, size = [], min_bytes
     while size <= max_bytes:
@@ -91,7 +96,8 @@ def handle(args: argparse.Namespace) -> int:
         if calibration is None:
             raise UserError(f"{args.profile} calibrates CPU ranks, not a GPU cluster's "
                             "collectives (use calibrate --nccl-tests)")
-    rows = comm_rows(topology, args.op, args.min_bytes, args.max_bytes, calibration)
+    rows = comm_rows(topology, args.op, args.min_bytes, args.max_bytes, calibration,
+                     args.rccl_msccl)
     if args.json:
         sys.stdout.write(json.dumps(tagged("comm", rows), indent=2, allow_nan=False) + "\n")
         return 0

@@ -66,6 +66,10 @@ class GroupShape:
     # inside a node (base and hop latencies) and on its network hop latency. 1 = as sourced.
     lat_scale: float = 1.0
     net_lat_scale: float = 1.0
+    # RCCL 2.21.5 – 2.2x (ROCm 6.3 up to MSCCL's removal): small all-reduces on one 8-GPU
+    # MI300X node run MSCCL's all-pairs schedule, not the tuner's choice. Off: the current
+    # library. :func:`_rccl_msccl_allreduce` has the rule.
+    rccl_msccl: bool = False
 
     def scaled(self, lat: float = 1.0, net_lat: float = 1.0, bw: float = 1.0,
                net_bw: float = 1.0) -> GroupShape:
@@ -302,7 +306,35 @@ def _bus_to_alg(op: str, algo: str, s: GroupShape) -> float:
     return 1.0
 
 
+def _rccl_msccl_allreduce(nbytes: int, s: GroupShape) -> CollectiveCost | None:
+    """The all-pairs MSCCL schedule RCCL runs instead of the tuner, where it applies.
+
+    It applies (``mscclEnqueueCheck``) on one node of exactly 8 gfx942 GPUs, within the XML's
+    size range, and only when the element count divides into its chunks per loop (256
+    floats: from 1 KiB, in steps of 1 KiB); anything else falls through to the tuner. Two
+    dependent direct hops: every GPU sends bytes/8 to each peer, reduces, and sends its
+    reduced eighth to each peer again, each pair on its own xGMI link.
+    """
+    x = T.RCCL_MSCCL_ALLREDUCE
+    count, rest = divmod(nbytes, x["element_bytes"])
+    if (not s.rccl_msccl or s.nnodes != 1 or s.nranks != x["ranks"] or s.arch != x["arch"]
+            or rest or count % x["chunks_per_loop"]
+            or not x["min_bytes"] <= nbytes <= x["max_bytes"]):
+        return None
+    p = T.PROTOCOLS.index(x["protocol"])
+    latency = (T.RCCL_BASE_LAT["ring"][p]
+               + x["hops"] * T.RCCL_HW_LAT[s.intra]["ring"][p]) * s.lat_scale
+    per_link = x["hops"] * nbytes / s.nranks  # bytes each link carries
+    efficiency = 0.5 if x["protocol"] == "LL" else 1.0  # LL's flags take half of each line
+    alg_bw = nbytes / per_link * s.p2p_intra_GBps * efficiency
+    return _priced("all_reduce", nbytes, "msccl_allpairs", p, latency, alg_bw)
+
+
 def _amd_costs(op: str, nbytes: int, s: GroupShape) -> list[CollectiveCost]:
+    if op == "all_reduce":
+        msccl = _rccl_msccl_allreduce(nbytes, s)
+        if msccl is not None:
+            return [msccl]
     algos = ["ring"] + (["tree"] if op == "all_reduce" else [])
     row = 0 if s.nnodes <= 2 else 1
     per_channel = s.intra_speed if s.nnodes <= 2 else s.inter_speed

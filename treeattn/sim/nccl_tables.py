@@ -22,6 +22,15 @@ RCCL      ROCm/rocm-systems ``projects/rccl/src/graph/tuning.cc`` (commit 03a891
           latencies, bandwidth ratios and correction factors; ``rccl_wrap.cc``: the
           per-rank LL size limits applied after the model; ``topo.h``:
           ``GFX94X_XGMI_WIDTH`` 48 GB/s, MI200 36 GB/s.
+MSCCL     ROCm/rccl ``src/misc/msccl/msccl_lifecycle.cc`` (``mscclEnqueueCheck``: an
+          all-reduce first tries a loaded MSCCL schedule and never reaches the tuner if one
+          matches), ``src/graph/rome_models.cc`` (the 8×MI300X model sets ``mscclEnabled=1``),
+          and the XML headers in ``tools/msccl-algorithms/`` as of ROCm 6.3 (rccl PR #1375):
+          the all-pairs all-reduce ``allreduce-allpairs-8n-ll-32tb(-op)``, LL, 4 channels,
+          256 chunks per loop, 0–65536 bytes, two dependent direct hops. On by default for
+          one 8-GPU gfx942 node from RCCL 2.21.5 (ROCm 6.3, MSCCL allowed in single-process
+          runs) until MSCCL's removal (ROCm/rocm-systems PR #4340, 2026; TheRock builds
+          already set ``ENABLE_MSCCL_KERNEL=OFF``).
 logs      Channel counts NCCL's search reports on a DGX H100 (ring/tree ``nChannels 12,
           bw 30``, NVLS ``nChannels 8, bw 40/60``) in NVIDIA/nccl issues #1197 and #1410.
 ========  =============================================================================
@@ -120,6 +129,12 @@ RCCL_LL_MAX_PER_RANK_MULTINODE = {"all_reduce": 524288, "all_gather": 98304,
                                   "reduce_scatter": 655360, "broadcast": 8192}
 RCCL_LL_MAX_PER_RANK_RS_ONE_NODE = 352128
 RCCL_XGMI_BW = {"cdna3": 48.0, "cdna2": 36.0}  # GB/s per xGMI link as RCCL models it
+# RCCL's MSCCL all-pairs all-reduce on one 8-GPU gfx942 node (ROCm 6.3 XML set). It has no
+# cost of its own in RCCL: we price it with the tuner's ring LL base and xGMI hop latency,
+# two hops, and each link carrying 2 × bytes/8 (our structural assumption).
+RCCL_MSCCL_ALLREDUCE = {"arch": "cdna3", "ranks": 8, "protocol": "LL", "hops": 2,
+                        "chunks_per_loop": 256, "element_bytes": 4,
+                        "min_bytes": 0, "max_bytes": 65536}
 
 # --- GPU model -> family and architecture ---------------------------------------------------
 ARCH_OF_MODEL = {
