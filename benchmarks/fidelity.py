@@ -100,6 +100,14 @@ MISSES = {
     "H100 1 node": "No published nccl-tests table of small messages on 8×H100 was found, so "
                    "only the large NVLS points are scored. At 128 MB the prediction is 15% "
                    "fast; from 1 GB it is within 2%.",
+    "H100 1 node, 4 GPUs (not scored)": "The one single-node small-message table found is "
+                                        "4 GPUs driven by one process (-g 4): flat at 23 µs "
+                                        "from 8 B to 64 KB, where NCCL's tables give ring LL "
+                                        "at 10.2 µs, 2.2× less. Part of the gap is the one "
+                                        "host thread launching 4 kernels per call; how much "
+                                        "cannot be told from this run, so an 8-GPU, "
+                                        "one-process-per-GPU table is still needed to score "
+                                        "one DGX H100.",
     "H100 2-4 nodes": "Small messages run on NCCL's tree with LL on both clusters, within 25% "
                       "per point. The 1 MB points are predicted 7-16% fast, 128 MB 17-18% fast.",
     "MI300X 1 node": "From 8 to 512 B RCCL's tables (ring LL: 12 µs base + 14 xGMI hops × "
