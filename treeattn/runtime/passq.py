@@ -86,10 +86,20 @@ def attend(bufs: dict, own_kv: torch.Tensor, rank: int, j: int, dims: AttnDims,
     origin = (rank - j) % p
     if own_kv.shape[3] == 0:  # an empty shard contributes the identity the slot holds
         return
-    seqs = [(i * p + origin) % b for i in range(bq)]  # dummies read a real sequence's KV
-    kv = own_kv[:, seqs]  # (2, Bq, Hkv, T, D)
     block = bufs["qblock"].view(bq, dims.n_heads, dims.head_dim)  # (Bq, Hq, D)
-    o, lse = partial_attention(block, kv[0], kv[1], scale=scale)  # (Bq, Hq, D), (Bq, Hq)
+    # Real slots i hold sequences i·p + origin < B: a strided *view* of the shard (indexing
+    # with a list would copy the whole shard on every step, 3x the memory traffic priced).
+    real = max(0, -(-(b - origin) // p))  # slots with i·p + origin < B
+    parts = []
+    if real:
+        kv = own_kv[:, origin : origin + (real - 1) * p + 1 : p]  # (2, real, Hkv, T, D)
+        parts.append(partial_attention(block[:real], kv[0], kv[1], scale=scale))
+    for i in range(real, bq):  # padding: a dummy reads a real sequence's KV, as priced
+        seq = (i * p + origin) % b
+        kv = own_kv[:, seq : seq + 1]  # (2, 1, Hkv, T, D)
+        parts.append(partial_attention(block[i : i + 1], kv[0], kv[1], scale=scale))
+    o = torch.cat([part[0] for part in parts])  # (Bq, Hq, D)
+    lse = torch.cat([part[1] for part in parts])  # (Bq, Hq)
     piece = torch.cat([o.float().reshape(-1), lse.float().reshape(-1)])
     bufs["outbox"] = _with_slot(bufs["outbox"], dims, origin, piece)
 
