@@ -158,10 +158,11 @@ def markdown(result: dict, meta: dict) -> str:
     load = lambda avg: "/".join(f"{x:.1f}" for x in avg)  # noqa: E731
     lines = [
         "# Every algorithm, local CPU ranks (gloo): measured vs predicted", "",
-        f"**Taken on a shared, loaded machine** ({meta['machine']['cpu']}, "
-        f"{meta['machine']['cpu_count']} cores shared with other users; load average "
-        f"1/5/15 min {load(meta['load_avg_start'])} at start, {load(meta['load_avg_end'])} at "
-        "end): absolute times are noisy; the interleaved ratios are the robust part.", "",
+        f"Machine: {meta['machine']['cpu']}, {meta['machine']['cpu_count']} cores; load "
+        f"average 1/5/15 min {load(meta['load_avg_start'])} at start, "
+        f"{load(meta['load_avg_end'])} at end (the benchmark's own ranks count in it; far above "
+        "the core count means others shared the machine). Absolute times move with the load; "
+        "the interleaved ratios are the robust part.", "",
         f"Hq=32, Hkv=8, D=128, fp32, batch 1, one torch thread per rank. Mode: "
         f"{meta['mode']}; at least {meta['steps']} timed steps per algorithm and point (more "
         f"until {meta['min_time_s']} s each), algorithms interleaved. Measured: median "
@@ -225,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"machine": machine_info(), "mode": "quick" if args.quick else "full", **settings,
             "wall_s": time.time() - t0, "load_avg_start": load_start,
             "load_avg_end": os.getloadavg(), "geo_mean_error": geo_mean_error(points),
-            "in_band": sum(bool(p["within_band"]) for p in points), "points": len(points),
-            "shared_loaded_machine": True}
+            "in_band": sum(bool(p["within_band"]) for p in points), "points": len(points)}
     for res in result.values():
         for p in res["points"]:
             p.pop("timeline", None), p.pop("predicted_timeline", None)  # keep the file small

@@ -57,28 +57,33 @@ class Generation:
 
 @torch.no_grad()
 def greedy_decode(model, backend, first_logits, start, max_new_tokens, eos_id=None,
-                  on_token: Callable[[int], None] | None = None, choose=None):
+                  on_token: Callable[[int], None] | None = None, choose=None, step=None):
     """Decode loop from ``first_logits`` (1, V); the next token sits at position ``start``.
 
     ``choose(logits) -> int`` picks the token (default: argmax; a sampler draws instead, and
-    the distributed path makes every rank agree on rank 0's choice). Returns ``(tokens,
-    logits, attention_steps)``, the last from the growth of ``backend.attention_s`` over each
+    the distributed path makes every rank agree on rank 0's choice). ``step(token,
+    position) -> logits`` replaces the model's forward over ``backend`` (the CUDA-graph
+    decoder of :mod:`treeattn.llm.static_decode`). Returns ``(tokens, logits,
+    attention_steps)``, the last from the growth of ``backend.attention_s`` over each
     forward.
     """
     choose = choose or (lambda lg: int(torch.argmax(lg[0])))
     tokens, logits_seen, attention_steps = [], [], []
     logits = first_logits
-    for step in range(max_new_tokens):
+    for index in range(max_new_tokens):
         token = choose(logits)
         tokens.append(token)
         logits_seen.append(logits[0].clone())
         if on_token is not None:
             on_token(token)
-        if token == eos_id or step == max_new_tokens - 1:
+        if token == eos_id or index == max_new_tokens - 1:
             break
-        ids = torch.tensor([[token]], dtype=torch.long, device=model_device(model))  # (1, 1)
         before = backend.attention_s
-        logits = model(ids, start + step, backend)  # (1, V)
+        if step is None:
+            ids = torch.tensor([[token]], dtype=torch.long, device=model_device(model))  # (1, 1)
+            logits = model(ids, start + index, backend)  # (1, V)
+        else:
+            logits = step(token, start + index)  # (1, V)
         attention_steps.append(backend.attention_s - before)
     return tokens, logits_seen, attention_steps
 

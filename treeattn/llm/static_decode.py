@@ -27,7 +27,7 @@ import torch
 
 from treeattn.kernels import partial_attention
 from treeattn.llm.errors import ModelError
-from treeattn.llm.generate import Generation
+from treeattn.llm.generate import Generation, greedy_decode
 from treeattn.llm.local_cache import causal_attention, model_device, prefill
 from treeattn.llm.model import Transformer
 from treeattn.llm.options import body_dtype
@@ -147,23 +147,13 @@ def generate_static(model: Transformer, prompt_ids: list[int], max_new_tokens: i
     """
     if not prompt_ids or max_new_tokens <= 0:
         raise ModelError("need a non-empty prompt and a positive --max-new-tokens")
-    choose = choose or (lambda lg: int(torch.argmax(lg[0])))
     device = model_device(model)
     decoder = StaticDecoder(model, len(prompt_ids) + max_new_tokens, graph=graph)
     t0 = time.perf_counter()
     logits = decoder.prefill(prompt_ids)
     _sync(device)
     t1 = time.perf_counter()
-    tokens, seen = [], []
-    position = len(prompt_ids)
-    for step in range(max_new_tokens):
-        token = choose(logits)
-        tokens.append(token)
-        seen.append(logits[0].clone())
-        if on_token is not None:
-            on_token(token)
-        if token == eos_id or step == max_new_tokens - 1:
-            break
-        logits = decoder.step(token, position + step)
+    tokens, seen, _ = greedy_decode(model, decoder.cache, logits, len(prompt_ids),
+                                    max_new_tokens, eos_id, on_token, choose, step=decoder.step)
     _sync(device)
     return Generation(tokens, seen, t1 - t0, time.perf_counter() - t1, float("nan"))

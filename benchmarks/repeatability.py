@@ -1,0 +1,142 @@
+"""The same checks, run several times: do the predictions and the measurements repeat?
+
+A user who runs ``run --check`` twice must get the same answer. This runs, ``--repeats``
+times each, on this machine:
+
+1. the large-block check ``treeattn run --nproc 2 --seq-len 262144 --algorithm ring --check``
+   (ring moves 1 GiB KV blocks, the case that once swung by 2x between runs), as a user would
+   type it, in a fresh process each time;
+2. the multi-algorithm benchmark in its quick mode (``benchmarks/algorithms.py``: every
+   algorithm at world 2 and 4, 16k and 64k tokens, calibrated afresh in each repeat).
+
+Per point it reports the spread of the predictions and of the measured medians across the
+repeats (the largest ``|x / median − 1|``) and the worst prediction error, against the
+targets: predictions within ±10% of each other, measured medians within ±15%, error ≤ 25%
+in every repeat. Each repeat calibrates again, so the prediction spread includes the
+calibration's own noise. No wall-clock value is asserted anywhere; these are reports.
+
+Run: ``.venv/bin/python benchmarks/repeatability.py [--repeats 5]``. Writes
+``benchmarks/results/repeatability.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import algorithms  # noqa: E402  (benchmarks/, beside this script)
+from results_io import write_results  # noqa: E402
+
+from treeattn.runtime.calibrate import machine_info  # noqa: E402
+
+RING_CHECK = ["run", "--nproc", "2", "--seq-len", "262144", "--algorithm", "ring", "--check",
+              "--json"]
+TARGETS = {"predicted": 0.10, "measured": 0.15, "error": 0.25}
+
+
+def ring_check() -> dict:
+    """One ``treeattn run ... --check --json`` in a fresh process: its only row."""
+    done = subprocess.run([sys.executable, "-m", "treeattn", *RING_CHECK], capture_output=True,
+                          text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"ring check failed: {done.stderr.strip()[-300:]}")
+    (row,) = json.loads(done.stdout)["rows"]
+    return {"key": "ring check, world 2, 256k", **_point(row)}
+
+
+def _point(p: dict) -> dict:
+    return {"predicted_s": p["predicted_s"], "measured_s": p["measured_s"],
+            "error": p["error"], "within_band": p["within_band"]}
+
+
+def algorithm_points() -> list[dict]:
+    """One quick multi-algorithm run: every (world, seq_len, algorithm) point."""
+    out = []
+    for world in algorithms.WORLDS:
+        res = algorithms.run_world(world, algorithms.QUICK_SEQ_LENS, quick=True)
+        for p in res["points"]:
+            key = f"world {world}, {p['seq_len'] // 1024}k, {p['requested']}"
+            out.append({"key": key, **_point(p)})
+    return out
+
+
+def spread(values: list[float]) -> float:
+    """The largest relative distance from the median."""
+    mid = statistics.median(values)
+    return max(abs(v / mid - 1) for v in values)
+
+
+def summarize(repeats: list[list[dict]]) -> list[dict]:
+    by_key: dict[str, list[dict]] = defaultdict(list)
+    for run in repeats:
+        for point in run:
+            by_key[point["key"]].append(point)
+    rows = []
+    for key, points in by_key.items():
+        row = {"key": key, "repeats": len(points),
+               "predicted_spread": spread([p["predicted_s"] for p in points]),
+               "measured_spread": spread([p["measured_s"] for p in points]),
+               "worst_error": max(p["error"] for p in points),
+               "predicted_s": [p["predicted_s"] for p in points],
+               "measured_s": [p["measured_s"] for p in points]}
+        row["meets"] = (row["predicted_spread"] <= TARGETS["predicted"]
+                        and row["measured_spread"] <= TARGETS["measured"]
+                        and row["worst_error"] <= TARGETS["error"])
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
+    lines = ["# Repeatability: the same checks, run again", "",
+             f"{meta['repeats']} repeats on {meta['machine']['cpu']} "
+             f"({meta['machine']['cpu_count']} cores); load average at start "
+             f"{meta['load_avg_start'][0]:.1f}, at end {meta['load_avg_end'][0]:.1f}; wall "
+             f"time {meta['wall_s']:.0f} s. Every repeat calibrates afresh. Spread: the largest "
+             "|x / median − 1| across repeats. Targets: predictions ±10%, measured ±15%, "
+             "error ≤ 25% in every repeat.", "",
+             "| point | predicted spread | measured spread | worst error | meets all |",
+             "|---|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['key']} | {pct(r['predicted_spread'])} | "
+                     f"{pct(r['measured_spread'])} | {pct(r['worst_error'])} | "
+                     f"{'yes' if r['meets'] else 'no'} |")
+    met = sum(r["meets"] for r in rows)
+    lines += ["", f"{met} of {len(rows)} points meet all three targets."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-algorithms", action="store_true",
+                        help="only the ring check (about 80 s a repeat)")
+    args = parser.parse_args(argv)
+    t0, load_start = time.time(), os.getloadavg()
+    repeats = []
+    for i in range(args.repeats):
+        points = [ring_check()] + ([] if args.no_algorithms else algorithm_points())
+        repeats.append(points)
+        print(f"repeat {i + 1}/{args.repeats} done after {time.time() - t0:.0f} s",
+              file=sys.stderr, flush=True)
+    rows = summarize(repeats)
+    meta = {"machine": machine_info(), "repeats": args.repeats, "wall_s": time.time() - t0,
+            "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+            "targets": TARGETS}
+    text = markdown(rows, meta)
+    write_results("repeatability", {"meta": meta, "rows": rows, "repeats": repeats}, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
