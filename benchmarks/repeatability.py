@@ -47,7 +47,7 @@ def ring_check() -> dict:
     """One ``treeattn run ... --check --json`` in a fresh process: its only row."""
     done = subprocess.run([sys.executable, "-m", "treeattn", *RING_CHECK], capture_output=True,
                           text=True, timeout=900, check=False)
-    if done.returncode != 0:
+    if done.returncode not in (0, 1):  # 1: a prediction outside its band, still reported
         raise RuntimeError(f"ring check failed: {done.stderr.strip()[-300:]}")
     (row,) = json.loads(done.stdout)["rows"]
     return {"key": "ring check, world 2, 256k", **_point(row)}

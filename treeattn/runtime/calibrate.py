@@ -86,6 +86,10 @@ from treeattn.runtime.wire import AttnDims
 P2P_SIZES = (4, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
 EXCHANGE_CAP = 1 << 30  # largest exchange calibrated: 2 such buffers per rank
 MIN_SAMPLES = 5  # floor on timed samples per point, however long one takes
+# The exchange's largest sizes set a ring's prediction, and one 1 GiB sample takes ~1 s, so
+# the floor alone decides how many there are: 2 per round (6 in all) left the bandwidth ±10%
+# from one calibration to the next (benchmarks/results/repeatability.md); 4 per round (12).
+EXCHANGE_FLOOR_PER_ROUND = 4
 ROUNDS = 3  # exchange and attention: bursts spread over the calibration, pooled
 ALLREDUCE_SIZES = (4, 256, 4096, 65536)
 COLLECTIVE_SIZES = (256, 4096, 65536, 1 << 20)  # bytes, nccl-tests' size convention
@@ -358,7 +362,7 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
     collectives = measure_collectives(ctx)
     ex_rounds, att_rounds = [], []
     for _ in range(ROUNDS):  # interleaved bursts: a load spike hits one, not all
-        ex_rounds.append(measure_exchange(ctx, ex_sizes, floor=-(-MIN_SAMPLES // ROUNDS)))
+        ex_rounds.append(measure_exchange(ctx, ex_sizes, floor=EXCHANGE_FLOOR_PER_ROUND))
         att_rounds.append(attention_stats(ctx, dims, floor=-(-MIN_SAMPLES // ROUNDS)))
     ex_stats = combine_rounds(ex_rounds)
     attention = attention_section(ctx, dims, combine_rounds(att_rounds))
