@@ -4,7 +4,8 @@ Decode merges move kilobytes, so their cost is almost all latency, and latency i
 collective and a chain of point-to-point sends differ most. This module follows the
 libraries' own tuning model (constants in :mod:`treeattn.sim.nccl_tables`, with sources):
 
-1. **Describe the group** as NCCL's search sees it (:class:`GroupShape`): ranks, nodes, GPUs
+1. **Describe the group** as NCCL's search sees it (:class:`GroupShape`, in
+   :mod:`treeattn.sim.group_shape`): ranks, nodes, GPUs
    per node, the link class inside a node (NVLink/xGMI or PCIe), NVSwitch or not, and the
    per-channel bandwidth its topology search would settle on. All of it is read off the
    topology graph.
@@ -36,134 +37,16 @@ analogy, stated as such in the fidelity report.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from treeattn.sim import nccl_tables as T
+from treeattn.sim.group_shape import GroupShape
 from treeattn.sim.payloads import SimError
 
+__all__ = ["OPS", "CollectiveCost", "GroupShape", "candidates", "check_op", "collective_cost",
+           "p2p_cost"]
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
-
-
-@dataclass(frozen=True)
-class GroupShape:
-    """A communicator as the tuning model sees it. Bandwidths in GB/s, as in NCCL."""
-
-    nranks: int
-    nnodes: int
-    ppn: int  # GPUs of the group per node (the largest host's share)
-    family: str  # "nvidia" or "amd"
-    arch: str  # key of nccl_tables.ARCH_OF_MODEL's values
-    intra: str  # "nvlink" (NVLink/xGMI) or "pci"
-    nvswitch: bool
-    channels: int  # search channels
-    intra_speed: float  # GB/s per channel inside a node
-    inter_speed: float  # GB/s per channel across nodes (0 on one node)
-    p2p_intra_GBps: float  # one GPU's bandwidth to a peer of its node
-    p2p_inter_GBps: float  # one GPU's network bandwidth
-    # Calibration (``treeattn calibrate --nccl-tests``): multipliers on the model's latency
-    # inside a node (base and hop latencies) and on its network hop latency. 1 = as sourced.
-    lat_scale: float = 1.0
-    net_lat_scale: float = 1.0
-    # RCCL 2.21.5 – 2.2x (ROCm 6.3 up to MSCCL's removal): small all-reduces on one 8-GPU
-    # MI300X node run MSCCL's all-pairs schedule, not the tuner's choice. Off: the current
-    # library. :func:`_rccl_msccl_allreduce` has the rule.
-    rccl_msccl: bool = False
-
-    def scaled(self, lat: float = 1.0, net_lat: float = 1.0, bw: float = 1.0,
-               net_bw: float = 1.0) -> GroupShape:
-        """This shape with calibrated multipliers on latencies and on bandwidths."""
-        return replace(self, lat_scale=self.lat_scale * lat,
-                       net_lat_scale=self.net_lat_scale * net_lat,
-                       intra_speed=self.intra_speed * bw, inter_speed=self.inter_speed * net_bw,
-                       p2p_intra_GBps=self.p2p_intra_GBps * bw,
-                       p2p_inter_GBps=self.p2p_inter_GBps * net_bw)
-
-    @classmethod
-    def of(cls, topology, ranks: Iterable[int]) -> GroupShape:
-        """Read the group's shape off ``topology`` (ranks in the topology's rank order)."""
-        from treeattn.topo.hardware import gpu_spec, normalize_model
-
-        gpus = [topology.gpu(r) for r in ranks]
-        if not gpus:
-            raise SimError("a collective needs at least one rank")
-        model = normalize_model(topology.gpu_model(gpus[0]))
-        arch = T.ARCH_OF_MODEL.get(model)
-        if arch is None:
-            raise SimError(f"no NCCL/RCCL model for {model!r} GPUs (CPU groups use gloo)")
-        family = "amd" if arch.startswith("cdna") else "nvidia"
-        per_host = Counter(topology.host_of(g) for g in gpus)
-        nnodes, ppn = len(per_host), max(per_host.values())
-        host = max(per_host, key=per_host.get)
-        local = [g for g in gpus if topology.host_of(g) == host]
-        intra, nvswitch, channels, speed, p2p_intra = "nvlink", False, 1, 0.0, 0.0
-        if len(local) > 1:
-            edges = topology.route(local[0], local[1])
-            kinds = {topology.edge(u, v)["kind"] for u, v in edges}
-            nvswitch = any(topology.graph.nodes[v].get("kind") == "nvswitch" for _, v in edges)
-            intra = "nvlink" if kinds <= {"nvlink", "xgmi"} else "pci"
-            line = gpu_spec(model).link_bandwidth or 1.0
-            links_out = round(topology.link_bandwidth_out(local[0]) / line)
-            channels, speed, p2p_intra = _intra_channels(
-                topology, local, family, arch, intra, nvswitch, links_out)
-        inter_speed, p2p_inter = 0.0, 0.0
-        if nnodes > 1:
-            nic_total = _nic_bandwidth(topology, host) / 1e9
-            p2p_inter = nic_total / max(1, ppn)
-            cap = speed if speed else nic_total
-            inter_speed = _largest_at_most(_speeds(T.NCCL_SPEEDS_INTER, arch),
-                                           min(cap, nic_total / channels))
-            if ppn == 1:  # one GPU per node: every channel crosses the network
-                speed, p2p_intra = inter_speed, p2p_inter
-        return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
-                   speed, inter_speed, p2p_intra, p2p_inter)
-
-
-def _speeds(table: dict, arch: str) -> tuple[float, ...]:
-    return table["hopper"] if arch in ("hopper", "blackwell") else table["other"]
-
-
-def _largest_at_most(speeds: tuple[float, ...], limit: float) -> float:
-    fitting = [s for s in speeds if s <= limit]
-    return max(fitting) if fitting else min(speeds)
-
-
-def _intra_channels(topology, local, family, arch, intra, nvswitch, links_out):
-    """(search channels, GB/s per channel, GB/s to one peer) inside one node.
-
-    Our reading of NCCL's graph search, per link layout: behind an NVSwitch it settles on 12
-    channels at the fastest search speed that 12 channels fit in the GPU's NVLink total
-    (12 × 30 on a DGX H100, as its logs show); over direct NVLinks or xGMI each link to the
-    next GPU carries a channel at the library's per-link figure; over PCIe it runs 2 channels.
-    """
-    a, b = local[0], local[1]
-    direct = int(topology.graph.edges[a, b].get("count", 1)) if topology.graph.has_edge(a, b) else 1
-    if intra == "nvlink" and family == "amd":
-        peers = min(len(local) - 1, max(1, links_out))
-        per_link = T.RCCL_XGMI_BW.get(arch, 48.0)
-        return peers, per_link, per_link * direct
-    if intra == "nvlink":
-        per_link = T.NCCL_NVLINK_BW.get(arch, 20.0)
-        total = links_out * per_link
-        if nvswitch:
-            nch = T.NCCL_SEARCH_CHANNELS_NVSWITCH
-            return nch, _largest_at_most(_speeds(T.NCCL_SPEEDS_INTRA, arch), total / nch), total
-        return direct, per_link, direct * per_link
-    path_bw = topology.path_bandwidth(a, b) / 1e9
-    return 2, _largest_at_most(_speeds(T.NCCL_SPEEDS_INTRA, arch), path_bw / 2), path_bw
-
-
-def _nic_bandwidth(topology, host: str) -> float:
-    """Bytes/s out of ``host``'s NICs into the network (sum over its rails)."""
-    total = 0.0
-    for node, data in topology.graph.nodes(data=True):
-        if data.get("kind") == "nic" and data.get("host") == host:
-            total += max((d["bandwidth"] for _, _, d in topology.graph.out_edges(node, data=True)
-                          if d.get("kind") == "ib"), default=0.0)
-    if total <= 0:
-        raise SimError(f"host {host}: no network interface to price a multi-node collective")
-    return total
 
 
 @dataclass(frozen=True)
