@@ -146,3 +146,26 @@ def test_sigkill_to_launcher_takes_ranks_down(tmp_path):
         os.kill(pid, signal.SIGKILL)
     assert not left, "ranks were orphaned by a SIGKILLed launcher"
 
+
+
+
+def test_stopping_the_heartbeat_waits_for_its_thread():
+    # A heartbeat thread still inside a store call at exit aborted finished ranks (SIGABRT,
+    # "terminate called without an active exception"), about one 2-rank run in ten: stop()
+    # must not return before the thread has left. Here the thread takes 0.3 s to leave.
+    import threading
+    from types import SimpleNamespace
+
+    from treeattn.runtime.group import _Heartbeat
+
+    halt = threading.Event()
+
+    def slow_beat():
+        halt.wait()
+        time.sleep(0.3)  # as if caught in a store call
+
+    thread = threading.Thread(target=slow_beat, daemon=True)
+    thread.start()
+    _Heartbeat.current = SimpleNamespace(halt=halt, thread=thread)
+    _Heartbeat.stop()
+    assert not thread.is_alive() and _Heartbeat.current is None

@@ -165,9 +165,13 @@ class _Heartbeat:
 
     @classmethod
     def stop(cls) -> None:
-        if cls.current is not None:
-            cls.current.halt.set()
-            cls.current = None
+        """Stop beating and wait for the thread: left running inside a store call while the
+        process exits, it can abort the process ("terminate called without an active
+        exception"), which the launcher then reports as a dead rank."""
+        beat, cls.current = cls.current, None
+        if beat is not None:
+            beat.halt.set()
+            beat.thread.join(timeout=HEARTBEAT_S + 6)  # one beat plus the store's timeout
 
 
 def silent_ranks_text() -> str:
