@@ -85,14 +85,29 @@ def _fill(shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int) ->
 
 
 _FLUSH = None
+MIN_FLUSH_BYTES = 256 << 20
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache Linux reports (sysfs), or 0 when it cannot tell."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in "KMG" else text
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
 
 
 def _flush_caches() -> None:
-    """Write 256 MiB so that the next run reads K and V from DRAM, not from the CPU caches
-    (a decode step reads a layer's cache once; at T=4k it would otherwise fit in L3)."""
+    """Write twice the last-level cache (at least 256 MiB) so that the next run reads K and V
+    from DRAM, not from a cache (a decode step reads a layer's cache once; some server CPUs
+    have an L3 of hundreds of MiB, which a fixed 256 MiB flush would leave warm)."""
     global _FLUSH
     if _FLUSH is None:
-        _FLUSH = torch.empty(1 << 26, dtype=torch.float32)
+        n = max(MIN_FLUSH_BYTES, 2 * last_level_cache_bytes()) // 4
+        _FLUSH = torch.empty(n, dtype=torch.float32)
     _FLUSH.fill_(1.0)
 
 
