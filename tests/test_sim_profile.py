@@ -86,3 +86,25 @@ def test_executor_step_overhead_is_optional_and_charged_per_message_end():
     assert new.send_s == pytest.approx(2.3e-5) and new.recv_s == pytest.approx(2.3e-5)
     with pytest.raises(SimError):
         backend_from_profile({**base, "executor": {"step_overhead_s": -1.0}})
+
+
+def test_attention_rate_follows_the_calibrated_shard_size():
+    # A shard a cache holds reads faster than one only DRAM holds: the profile's per-size
+    # times price each size at its own rate, and the spread bound scales them all alike.
+    from treeattn.sim.devices import profile_bound
+
+    launch = 10e-6
+    profile = json.loads(json.dumps(PROFILE))
+    profile["attention"].update(
+        bandwidth_Bps=6e9, launch_s=launch, spread=[0.9, 1.2],
+        sizes=[4096, 100 << 20, 400 << 20],  # the launch probe, a cached and a DRAM shard
+        times_s=[launch, launch + (100 << 20) / 8e9, launch + (400 << 20) / 4e9])
+    hw = hardware_from_profile(profile)
+    assert hw.compute_time(50 << 20) == pytest.approx((50 << 20) / 8e9 + launch)
+    assert hw.compute_time(1 << 30) == pytest.approx((1 << 30) / 4e9 + launch)
+    between = hw.bandwidth_at(200 << 20)
+    assert 4e9 < between < 8e9
+    slow = hardware_from_profile(profile_bound(profile, "hi"))
+    assert slow.bandwidth_at(1 << 30) == pytest.approx(4e9 / 1.2, rel=1e-3)  # launch moves too
+    flat = json.loads(json.dumps(PROFILE))  # no per-size times: one bandwidth, as before
+    assert hardware_from_profile(flat).bandwidth_at(1 << 30) == 8e9

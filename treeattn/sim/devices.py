@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -111,6 +112,11 @@ class HardwareModel:
     launch_s: float
     cores: int | None = None
     memory_bytes: float = 0.0  # device memory capacity; 0: unknown (no capacity check)
+    # ((bytes, factor), ...) sorted by bytes: the bandwidth at a step of ``bytes`` is
+    # ``memory_bandwidth_Bps × factor``, interpolated in log(bytes) and held flat beyond the
+    # ends. From calibration, where a CPU's caches make a small shard read faster than a large
+    # one (:func:`hardware_from_profile`); empty: one bandwidth for every size.
+    bandwidth_shape: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth_Bps <= 0 or self.peak_flops <= 0 or self.launch_s < 0:
@@ -118,9 +124,28 @@ class HardwareModel:
         if self.cores is not None and self.cores < 1:
             raise SimError(f"hardware {self.name}: cores must be at least 1")
 
+    def bandwidth_at(self, nbytes: float) -> float:
+        """Bytes/s for a step touching ``nbytes`` (see ``bandwidth_shape``).
+
+        >>> h = HardwareModel("toy", 1e9, 1e12, 0.0, bandwidth_shape=((1e6, 2.0), (1e8, 1.0)))
+        >>> h.bandwidth_at(1e3), h.bandwidth_at(1e7), h.bandwidth_at(1e9)
+        (2000000000.0, 1500000000.0, 1000000000.0)
+        """
+        if not self.bandwidth_shape or nbytes <= 0:
+            return self.memory_bandwidth_Bps
+        sizes = [math.log(b) for b, _ in self.bandwidth_shape]
+        factors = [f for _, f in self.bandwidth_shape]
+        x = math.log(nbytes)
+        if x <= sizes[0]:
+            return self.memory_bandwidth_Bps * factors[0]
+        for (x0, f0), (x1, f1) in zip(zip(sizes, factors), zip(sizes[1:], factors[1:])):
+            if x <= x1:
+                return self.memory_bandwidth_Bps * (f0 + (f1 - f0) * (x - x0) / (x1 - x0))
+        return self.memory_bandwidth_Bps * factors[-1]
+
     def compute_time(self, nbytes: float, flops: float = 0.0) -> float:
         """Seconds for a step touching ``nbytes`` and doing ``flops``."""
-        return max(nbytes / self.memory_bandwidth_Bps, flops / self.peak_flops) + self.launch_s
+        return max(nbytes / self.bandwidth_at(nbytes), flops / self.peak_flops) + self.launch_s
 
 
 
@@ -302,8 +327,30 @@ def hardware_from_profile(profile: dict) -> HardwareModel:
     bandwidth = float(attention["bandwidth_Bps"])
     flops = float(attention.get("flops_per_s", bandwidth * FLOPS_PER_BYTE_UNBOUND))
     threads = max(1, int(attention.get("threads_per_rank", 1)))
-    return HardwareModel("cpu", bandwidth, flops, float(attention["launch_s"]),
-                         cores=max(1, profile["cores"] // threads))
+    launch = float(attention["launch_s"])
+    return HardwareModel("cpu", bandwidth, flops, launch,
+                         cores=max(1, profile["cores"] // threads),
+                         bandwidth_shape=_bandwidth_shape(attention, launch))
+
+
+def _bandwidth_shape(attention: dict, launch: float) -> tuple:
+    """Each calibrated shard size's own rate relative to the profile's bandwidth.
+
+    A CPU whose last-level cache holds a small shard between steps reads it faster than a
+    shard that only DRAM holds (this box: 134 MB from a 480 MiB L3, 537 MB from DRAM); one
+    bandwidth for all sizes, their median, mispriced both. Relative factors keep
+    :func:`profile_bound` (which scales ``bandwidth_Bps``) scaling every size alike. The
+    first size is the launch measurement and is skipped.
+    """
+    sizes, times = attention.get("sizes") or [], attention.get("times_s") or []
+    rates = [(float(n), n / (t - launch))
+             for n, t in zip(sizes[1:], times[1:], strict=False) if t > launch and n > 0]
+    if len(rates) < 2:
+        return ()
+    # relative to the rates' own median (which calibration stores as bandwidth_Bps), so that
+    # a bound profile's scaled bandwidth_Bps scales every size and the shape stays put
+    mid = statistics.median(r for _, r in rates)
+    return tuple(sorted((n, r / mid) for n, r in rates))
 
 
 def backend_from_profile(profile: dict) -> BackendModel:

@@ -211,6 +211,7 @@ class CostModel:
         self.send_s = self.backend.send_s
         self.recv_s = self.backend.recv_s
         self.bw = np.array([h.memory_bandwidth_Bps for h in self.hardware])
+        self.shaped = any(h.bandwidth_shape for h in self.hardware)
         self.flops = np.array([h.peak_flops for h in self.hardware])
         self.launch = np.array([h.launch_s for h in self.hardware])
         self._pair_cache: dict = {}
@@ -224,7 +225,12 @@ class CostModel:
         """Per-rank compute times for arrays (or scalars) of bytes and FLOPs."""
         nbytes = np.asarray(nbytes, dtype=float)
         flops = np.asarray(flops, dtype=float)
-        return np.maximum(nbytes / self.bw, flops / self.flops) + self.launch
+        bw = self.bw
+        if self.shaped:  # a bandwidth per step size (calibrated caches): one per rank's bytes
+            per_rank = np.broadcast_to(nbytes, (self.world,))
+            bw = np.array([h.bandwidth_at(float(b)) for h, b in zip(self.hardware, per_rank,
+                                                                     strict=True)])
+        return np.maximum(nbytes / bw, flops / self.flops) + self.launch
 
     def attention_vec(self) -> np.ndarray:
         """Time of each rank's local partial over its own shard."""
