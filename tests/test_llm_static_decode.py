@@ -46,6 +46,19 @@ def test_static_steps_write_at_the_device_position(model):
     assert torch.equal(decoder.cache.k[0][:, :, len(PROMPT) + 1 :], untouched)  # nothing after
 
 
+def test_a_one_token_prefill_chunk_lands_at_its_own_position(model):
+    # A prompt one token longer than a whole number of prefill chunks ends on a one-token
+    # chunk; it must be stored at its host-side position, not at the decode step's slot.
+    from treeattn.llm.local_cache import LocalCache, prefill
+
+    prompt = PROMPT[:9]
+    want = prefill(model, prompt, LocalCache(model.config.n_layers), chunk=4)
+    cache = StaticCache(model, capacity=12)
+    got = prefill(model, prompt, cache, chunk=4)  # chunks of 4, 4 and 1 tokens
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert cache.k[0][:, :, 8].abs().sum() > 0
+
+
 def test_positions_outside_the_cache_are_refused(model):
     cache = StaticCache(model, capacity=8)
     with pytest.raises(ModelError, match="outside the cache's 8 slots"):

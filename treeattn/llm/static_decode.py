@@ -38,8 +38,9 @@ WARMUP_STEPS = 2  # eager runs before capture: Triton's autotuning and lazy init
 class StaticCache:
     """Every layer's K/V in buffers of a fixed ``capacity``; an :class:`AttentionBackend`.
 
-    Prefill (several tokens) is written and attended at the host-side ``start`` as in
-    ``LocalCache``. A one-token step is written at :attr:`position` and attends over
+    Prefill (any chunk, even of one token) is written and attended at the host-side ``start``
+    as in ``LocalCache``. A decode step (:attr:`stepping`) is written at :attr:`position` and
+    attends over
     ``kv_len`` = position + 1 tokens of the full buffer, both device tensors, so the step
     never changes shape; :meth:`set_position` moves them before each step.
     """
@@ -54,6 +55,7 @@ class StaticCache:
         self.position = torch.zeros(1, dtype=torch.long, device=device)  # (1,): next slot
         self.kv_len = torch.ones(batch, dtype=torch.int32, device=device)  # (B,): position + 1
         self.attention_s = 0.0  # unused here: a graph's attention cannot be timed apart
+        self.stepping = False  # inside a decode step: positions come from the device tensors
 
     def set_position(self, position: int) -> None:
         """Place the next one-token step at ``position`` (two tiny device fills, no sync)."""
@@ -64,7 +66,7 @@ class StaticCache:
 
     def attend(self, layer, q, k, v, start):
         t = q.shape[2]
-        if t > 1:  # prefill: eager, positions known on the host
+        if not self.stepping:  # prefill (a chunk may be one token): positions on the host
             end = start + t
             if end > self.capacity:
                 raise ModelError(f"{end} tokens do not fit the cache's {self.capacity} slots")
@@ -103,7 +105,11 @@ class StaticDecoder:
         return prefill(self.model, tokens, self.cache)
 
     def _forward(self) -> torch.Tensor:
-        return self.model(self.token, 0, self.cache, positions=self.cache.position)  # (1, V)
+        self.cache.stepping = True  # read while capturing; a replay runs no Python
+        try:
+            return self.model(self.token, 0, self.cache, positions=self.cache.position)  # (1,V)
+        finally:
+            self.cache.stepping = False
 
     @torch.no_grad()
     def step(self, token: int, position: int) -> torch.Tensor:
