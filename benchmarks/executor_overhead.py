@@ -2,14 +2,9 @@
 
 World 2 on this machine (gloo on loopback, one torch thread per rank), tiny payloads (B=1,
 Hq=Hkv=1, D=8, 4 tokens per shard) so data costs nothing. For each schedule (butterfly,
-tree) three variants run the same messages (sizes, order, peers, tags) in one process
-group, interleaved A/B/C within every repetition (the order rotates each repetition):
-
-- ``executor``: :meth:`treeattn.runtime.executor.Executor.run`, the whole step;
-- ``raw``: plain ``dist.isend`` / ``dist.irecv`` + ``wait`` of preallocated buffers, the
-  sends waited for at the end: the floor any executor pays for the messages alone;
-- ``raw+kernels``: ``raw`` plus the same kernel calls (``partial_attention`` per attention
-  Compute, ``merge`` per partial Merge) on preallocated tensors: the floor with the work.
+tree) the variants ``executor``, ``raw`` and ``raw+kernels`` of
+:func:`treeattn.runtime.overhead.time_variants` run the same messages in one process group,
+interleaved within every repetition.
 
 One repetition times ``INNER`` back-to-back runs of a variant (after a tiny all-reduce that
 lines the ranks up, not timed) and takes the max over ranks; per-run time is that over
@@ -17,8 +12,7 @@ lines the ranks up, not timed) and takes the max over ranks; per-run time is tha
 median and p10–p90 over repetitions, and the ratio executor / raw computed per repetition
 (so both sides of a ratio saw the same machine load).
 
-The timing lives in :mod:`treeattn.runtime.overhead`, which ``treeattn calibrate`` also uses
-to record ``executor.step_overhead_s`` in the profile. Run:
+``treeattn calibrate`` uses the same timing to record ``executor.step_overhead_s``. Run:
 ``.venv/bin/python benchmarks/executor_overhead.py [--reps N]``. Writes
 ``benchmarks/results/executor_overhead.json`` and ``.md``.
 """

@@ -71,19 +71,6 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _fill(shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int) -> torch.Tensor:
-    """A large tensor filled fast: one random 1M-element tile repeated (values are irrelevant
-    to the timing, but must be finite and not all equal)."""
-    gen = torch.Generator().manual_seed(seed)
-    tile = torch.randn(1 << 20, generator=gen).to(dtype=dtype, device=device)
-    out = torch.empty(shape, dtype=dtype, device=device)
-    flat = out.view(-1)
-    for start in range(0, flat.numel(), tile.numel()):
-        n = min(tile.numel(), flat.numel() - start)
-        flat[start : start + n].copy_(tile[:n])
-    return out
-
-
 _FLUSH = None
 MIN_FLUSH_BYTES = 256 << 20
 
@@ -188,9 +175,9 @@ def run_cpu(shapes: list[tuple], t_values: list[int], dtypes: list[torch.dtype])
 
 
 def _cpu_row(name: str, hq: int, hkv: int, d: int, t: int, dtype: torch.dtype) -> dict:
-    q = _fill((B, hq, d), dtype, "cpu", 1)
-    k = _fill((B, hkv, t, d), dtype, "cpu", 2)
-    v = _fill((B, hkv, t, d), dtype, "cpu", 3)
+    q = kernels_gpu.fill((B, hq, d), 1, dtype, "cpu")
+    k = kernels_gpu.fill((B, hkv, t, d), 2, dtype, "cpu")
+    v = kernels_gpu.fill((B, hkv, t, d), 3, dtype, "cpu")
     kv_bytes = 2 * k.numel() * k.element_size()
     reps = 5 if kv_bytes < 1 << 30 else 3
     new, old = reference.partial_attention(q, k, v), legacy_partial_attention(q, k, v)

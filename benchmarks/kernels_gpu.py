@@ -49,11 +49,13 @@ def gpu_peak_bandwidth() -> tuple[float | None, str]:
     return None, "unknown"
 
 
-def fill(shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """A large bf16 CUDA tensor filled fast: a random 1M-element tile repeated."""
+def fill(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.bfloat16,
+         device: str = "cuda") -> torch.Tensor:
+    """A large tensor filled fast: one random 1M-element tile repeated (the values do not
+    change the timing, but must be finite and not all equal). Shared with the CPU half."""
     gen = torch.Generator().manual_seed(seed)
-    tile = torch.randn(1 << 20, generator=gen).to(dtype=torch.bfloat16, device="cuda")
-    out = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+    tile = torch.randn(1 << 20, generator=gen).to(dtype=dtype, device=device)
+    out = torch.empty(shape, dtype=dtype, device=device)
     flat = out.view(-1)
     for start in range(0, flat.numel(), tile.numel()):
         n = min(tile.numel(), flat.numel() - start)

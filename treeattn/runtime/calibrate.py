@@ -366,7 +366,8 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
         att_rounds.append(attention_stats(ctx, dims, floor=-(-MIN_SAMPLES // ROUNDS)))
     ex_stats = combine_rounds(ex_rounds)
     attention = attention_section(ctx, dims, combine_rounds(att_rounds))
-    executor = measure_step_overhead(ctx)  # the executor's own cost beyond raw gloo
+    # the executor's own cost beyond raw gloo; its raw side is CPU tensors, so CPU ranks only
+    executor = measure_step_overhead(ctx) if ctx.device.type == "cpu" else None
     if ctx.rank != 0:
         return None
     exchange = message_section(list(ex_sizes), ex_stats)
@@ -388,6 +389,6 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
         "exchange": exchange,  # bandwidth per message, all ranks exchanging at once
         "collectives": collectives,
         "attention": attention,
-        "executor": executor,
+        **({"executor": executor} if executor else {}),
         "machine": machine_info(),
     }
