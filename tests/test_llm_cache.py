@@ -72,3 +72,30 @@ def test_last_policy_keeps_positions_contiguous() -> None:
     assert append_owner([4, 2, 2], "shortest") == 1
     with pytest.raises(RuntimeFailure):
         append_owner([1, 1], "random")
+
+
+@pytest.mark.parametrize("policy", ["last", "shortest"])
+def test_staging_a_layer_shows_the_token_only_on_its_owner_until_commit(policy) -> None:
+    """Decoding stages each layer's new K/V before that layer's attention; the staged shard
+    is the owner's shard plus the token, other ranks' shards are unchanged, and commit
+    leaves the same cache as ``append`` (growth included: the shards start full)."""
+    lengths, layers = [3, 2, 2], 2
+    gen = torch.Generator().manual_seed(0)
+    new = [tuple(torch.randn(1, 2, 1, 4, generator=gen) for _ in range(2)) for _ in range(layers)]
+    owner = append_owner(lengths, policy)
+    for rank in range(3):
+        staged, appended = (ShardedKVCache(rank, lengths, layers, 1, 2, 4, policy=policy)
+                            for _ in range(2))
+        for cache in (staged, appended):
+            for layer in range(layers):
+                cache.fill(layer, *(torch.full((1, 2, lengths[rank], 4), float(rank + layer)),) * 2)
+        for layer, (k, v) in enumerate(new):
+            shard = staged.stage(layer, k, v)  # (2, B, Hkv, T, D)
+            assert shard.shape[3] == lengths[rank] + (rank == owner)
+            if rank == owner:
+                assert torch.equal(shard[0, :, :, -1:], k) and torch.equal(shard[1, :, :, -1:], v)
+            assert staged.lengths == lengths  # not counted yet
+        assert staged.commit() == owner == appended.append(new)
+        assert staged.lengths == appended.lengths
+        for layer in range(layers):
+            assert torch.equal(staged.kv(layer), appended.kv(layer))

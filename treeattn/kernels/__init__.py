@@ -1,8 +1,10 @@
 """Local compute of Tree Attention: the partial attention of a KV shard, and the merge.
 
 A *partial* is ``(o, lse)``: ``o`` (B, Hq, D) fp32 and ``lse`` (B, Hq) fp32. Triton kernels
-run on CUDA tensors and the torch reference (:mod:`treeattn.kernels.reference`) on CPU
-tensors; ``TREEATTN_KERNEL=triton|torch`` forces one. Kernels know nothing of topology.
+run on CUDA tensors; on CPU tensors, dense 16-bit KV goes through torch's fused
+FlashAttention kernel (:mod:`treeattn.kernels.cpu_fused`) and everything else through the
+exact torch path (:mod:`treeattn.kernels.reference`); ``TREEATTN_KERNEL=triton|fused|torch``
+forces one (see :mod:`treeattn.kernels.dispatch`). Kernels know nothing of topology.
 
 >>> import torch
 >>> from treeattn.kernels import partial_attention, merge
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from treeattn.kernels import reference
+from treeattn.kernels import cpu_fused, reference
 from treeattn.kernels.checks import check_pair, check_partial_inputs, check_partials
 from treeattn.kernels.dispatch import choose_backend, triton_module
 from treeattn.kernels.errors import KernelError
@@ -44,8 +46,11 @@ def partial_attention(
     :func:`treeattn.kernels.reference.partial_attention` for the exact semantics.
     """
     scale = check_partial_inputs(q, k, v, scale, kv_len)
-    if choose_backend(q.device) == "triton":
+    backend = choose_backend(q.device)
+    if backend == "triton":
         return triton_module("triton_partial").partial_attention_checked(q, k, v, scale, kv_len)
+    if backend == "fused" and cpu_fused.applies(k, kv_len):
+        return cpu_fused.partial_attention_fused(q, k, v, scale)
     return reference.partial_attention_checked(q, k, v, scale, kv_len)
 
 

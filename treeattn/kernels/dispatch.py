@@ -1,6 +1,9 @@
 """Pick the backend for each call: Triton on CUDA tensors, torch on CPU tensors.
 
-``TREEATTN_KERNEL=triton|torch`` forces one backend (``auto`` or unset: by device). Triton
+On CPU tensors ``auto`` means ``fused``: torch's fused FlashAttention kernel for the partial
+attention of dense 16-bit KV (:mod:`treeattn.kernels.cpu_fused`), the exact torch path for
+everything else. ``TREEATTN_KERNEL=triton|fused|torch`` forces one backend (``auto`` or unset:
+by device); ``torch`` is the exact path everywhere, the oracle of the others. Triton
 on CPU tensors only runs in Triton's interpreter (``TRITON_INTERPRET=1``). Triton fixes that
 choice for each ``@triton.jit`` function when it is defined, including its own library
 functions (``tl.zeros``, ``tl.sum``) defined when ``triton`` is first imported, so the variable
@@ -20,7 +23,7 @@ import torch
 from treeattn.kernels.errors import KernelError
 
 ENV_BACKEND = "TREEATTN_KERNEL"
-BACKENDS = ("auto", "triton", "torch")
+BACKENDS = ("auto", "triton", "fused", "torch")
 
 
 def interpreter_enabled() -> bool:
@@ -53,13 +56,19 @@ def triton_is_interpreted() -> bool:
 
 
 def choose_backend(device: torch.device) -> str:
-    """Return ``"triton"`` or ``"torch"`` for tensors on ``device``, or raise KernelError."""
+    """Return ``"triton"``, ``"fused"`` or ``"torch"`` for tensors on ``device``, or raise
+    KernelError. ``"fused"`` is a CPU choice; callers take the exact path where the fused
+    kernel does not apply (:func:`treeattn.kernels.cpu_fused.applies`)."""
     name = requested_backend()
     on_cuda = device.type == "cuda"
     if name == "torch":
         return "torch"
+    if name == "fused":
+        return "torch" if on_cuda else "fused"
     if name == "auto":
-        return "triton" if on_cuda and _triton_available() else "torch"
+        if on_cuda:
+            return "triton" if _triton_available() else "torch"
+        return "fused"
     if not _triton_available():
         raise KernelError(f"{ENV_BACKEND}=triton but Triton is not installed")
     if not on_cuda and not interpreter_enabled():

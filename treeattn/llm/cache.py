@@ -109,14 +109,35 @@ class ShardedKVCache:
         """
         if len(new_kv) != self.n_layers:
             raise RuntimeFailure(f"append needs {self.n_layers} layers, got {len(new_kv)}")
-        owner = append_owner(self.lengths, self.policy)
-        if owner == self.rank:
-            if self.length == self.capacity:
-                self._grow(max(1, 2 * self.capacity))
-            pos = self.length
-            for store, (k, v) in zip(self._store, new_kv, strict=True):
-                store[0, :, :, pos : pos + 1] = k  # (B, Hkv, 1, D)
-                store[1, :, :, pos : pos + 1] = v
+        for layer, (k, v) in enumerate(new_kv):
+            self.stage(layer, k, v)
+        return self.commit()
+
+    def next_owner(self) -> int:
+        """The rank that stores the next token (the same answer on every rank)."""
+        return append_owner(self.lengths, self.policy)
+
+    def stage(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write the next token's K/V of ``layer`` (each (B, Hkv, 1, D)) where it will live,
+        before :meth:`commit` counts it, and return this rank's shard of ``layer`` with it:
+        (2, B, Hkv, length + 1, D) on the owner, (2, B, Hkv, length, D) elsewhere (views).
+
+        Decoding stages each layer's new K/V before that layer's attention, so the new
+        token's own key is attended as part of its owner's shard: no separate one-key
+        partial and merge per layer.
+        """
+        if self.next_owner() != self.rank:
+            return self.kv(layer)
+        if self.length == self.capacity:  # grows every layer at once, so only layer 0 can
+            self._grow(max(1, 2 * self.capacity))
+        pos = self.length
+        self._store[layer][0, :, :, pos : pos + 1] = k  # (B, Hkv, 1, D)
+        self._store[layer][1, :, :, pos : pos + 1] = v
+        return self._store[layer][:, :, :, : pos + 1]  # (2, B, Hkv, length + 1, D)
+
+    def commit(self) -> int:
+        """Count the staged token in every rank's length table; returns its owner."""
+        owner = self.next_owner()
         self.lengths[owner] += 1
         return owner
 

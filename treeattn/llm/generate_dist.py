@@ -7,12 +7,13 @@ Every rank runs the same model on the same tokens (everything but attention is r
   :class:`~treeattn.llm.cache.ShardedKVCache`. In long-context mode the local cache
   first receives the repeated document (:mod:`treeattn.llm.generate_context`, cheap),
   so each rank briefly holds the whole cache: memory, not time, bounds ``L`` there.
-* **Decode**: at every layer, the new query attends over the sharded cache through the
-  runtime's :class:`~treeattn.runtime.executor.Executor` running the plan's schedule (tree by
-  default; every algorithm leaves the merged partial on every rank). The new token's own
-  K/V are not in any shard yet, so each rank merges that one-key partial in locally
-  (the same value on every rank), and after the last layer the token is appended to the
-  cache (policy ``"last"``: the last rank stores it).
+* **Decode**: at every layer, the new token's K/V are first staged into the shard of the
+  rank that will keep them (policy ``"last"``: the last rank), then the new query attends
+  over the sharded cache through the runtime's
+  :class:`~treeattn.runtime.executor.Executor` running the plan's schedule (tree by default;
+  every algorithm leaves the merged partial on every rank). The owner's shard is one token
+  longer during that step, so the token's own key needs no separate partial and merge.
+  After the last layer every rank counts the token in its length table.
 * Rank 0 picks each token (greedy, or drawn by its seeded
   :class:`~treeattn.llm.options.Sampler`) and broadcasts it as one int64, so all ranks stay
   on the same sequence even if an algorithm leaves them with partials that differ in the
@@ -36,7 +37,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from treeattn.kernels import merge, partial_attention
 from treeattn.llm.cache import ShardedKVCache
 from treeattn.llm.generate import Generation, greedy_decode
 from treeattn.llm.generate_context import fill_document
@@ -87,7 +87,6 @@ class ShardBackend:
 
     def __init__(self, ctx: RankContext, cache: ShardedKVCache, schedule: Schedule, dims):
         self.ctx, self.cache, self.schedule, self.dims = ctx, cache, schedule, dims
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.attention_s = 0.0
         self.bytes_sent = 0
         self.executor: Executor | None = None
@@ -96,17 +95,16 @@ class ShardBackend:
         if q.shape[2] != 1:
             raise ValueError("the sharded backend decodes one token at a time")
         if layer == 0:  # shard lengths change once per token: one executor per step
-            self.executor = Executor(self.ctx, self.schedule, self.cache.lengths, self.dims)
+            lengths = list(self.cache.lengths)
+            lengths[self.cache.next_owner()] += 1  # the staged token's owner
+            self.executor = Executor(self.ctx, self.schedule, lengths, self.dims)
         t0 = time.perf_counter()
-        (o, lse), stats = self.executor.run(q[:, :, 0], self.cache.kv(layer))  # (B,Hq,D),(B,Hq)
-        own = partial_attention(q[:, :, 0], k, v)  # the new token's own key: (B,Hq,D),(B,Hq)
-        o, _ = merge((o, lse), own)  # (B, Hq, D)
+        shard = self.cache.stage(layer, k, v)  # (2, B, Hkv, T, D), the new token included
+        (o, _), stats = self.executor.run(q[:, :, 0], shard)  # (B, Hq, D), (B, Hq)
         self.attention_s += time.perf_counter() - t0
         self.bytes_sent += stats.bytes_sent
-        self.pending.append((k, v))
         if layer == self.cache.n_layers - 1:
-            self.cache.append(self.pending)
-            self.pending = []
+            self.cache.commit()
         return o.to(q.dtype)[:, :, None]  # (B, Hq, 1, D)
 
 

@@ -1,0 +1,54 @@
+"""Partial attention of 16-bit KV on a CPU through torch's fused FlashAttention kernel.
+
+Why a second CPU path: the exact torch path (:mod:`treeattn.kernels.reference`) upcasts
+16-bit K and V to fp32 block by block before its matmuls, because torch has no CPU matmul of
+bf16 inputs with an fp32 result. The upcast copy alone runs at about half the read
+bandwidth of ``sum()``, so that path cannot pass 30% of it in bf16
+(``benchmarks/results/kernels-cpu-1thread.md``). torch itself ships a fused CPU kernel,
+``aten._scaled_dot_product_flash_attention_for_cpu``, that reads 16-bit K and V in place
+with oneDNN's 16-bit GEMMs (fp32 accumulation) and returns the log-sum-exp next to the
+output: exactly a partial. No new dependency.
+
+Numerics are FlashAttention's, the same as the Triton kernel's on a GPU: the scores, their
+maximum, the exponentials and the log-sum-exp are fp32 (``lse`` matches the exact path to
+~1e-5); the softmax probabilities are rounded to the input dtype for the P·V product, and
+the output comes back in the input dtype. So ``o`` is held to the Triton 16-bit tolerances
+(``treeattn.kernels.testing.O_TOLERANCE``, key ``"fused"``), not the exact path's 1e-5.
+
+It applies to CPU tensors with 16-bit K/V, no ``kv_len`` (a decode shard is dense; ragged
+batches take the exact path) and at least one token. fp32 stays on the exact path, which
+measured as fast as this kernel in fp32. ``TREEATTN_KERNEL=torch`` forces the exact path
+everywhere (it is the oracle of every other kernel).
+"""
+
+from __future__ import annotations
+
+import torch
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def applies(k: torch.Tensor, kv_len: torch.Tensor | None) -> bool:
+    """Whether the fused kernel serves this call: CPU, 16-bit K/V, dense, non-empty."""
+    return (k.device.type == "cpu" and k.dtype in HALF_DTYPES and kv_len is None
+            and k.shape[2] > 0 and k.shape[0] > 0)
+
+
+def partial_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partial ``(o (B, Hq, D), lse (B, Hq))`` in fp32 for inputs already checked and
+    accepted by :func:`applies`.
+
+    The ``G = Hq / Hkv`` query heads of a KV head are passed as that head's G query rows, so
+    K and V are read once per KV head, never repeated per query head.
+    """
+    b, hq, d = q.shape
+    hkv = k.shape[1]
+    qg = q.reshape(b, hkv, hq // hkv, d).to(k.dtype)  # (B, Hkv, G, D)
+    # The kernel walks K and V by their strides but needs unit stride along D.
+    k = k if k.stride(-1) == 1 else k.contiguous()  # (B, Hkv, T, D)
+    v = v if v.stride(-1) == 1 else v.contiguous()  # (B, Hkv, T, D)
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        qg, k, v, 0.0, False, scale=scale)
+    o, lse = out[0], out[1]  # (B, Hkv, G, D) in K's dtype, (B, Hkv, G) fp32
+    return o.reshape(b, hq, d).to(torch.float32), lse.reshape(b, hq).to(torch.float32)
