@@ -1,10 +1,12 @@
-"""The executor's fixed host cost per schedule step, against raw gloo isend/irecv.
+"""The executor's fixed host cost per schedule step, against raw isend/irecv.
 
 World 2 on this machine (gloo on loopback, one torch thread per rank), tiny payloads (B=1,
 Hq=Hkv=1, D=8, 4 tokens per shard) so data costs nothing. For each schedule (butterfly,
-tree) the variants ``executor``, ``raw`` and ``raw+kernels`` of
+tree) the variants ``executor``, ``raw``, ``raw+kernels`` and ``raw-gloo`` of
 :func:`treeattn.runtime.overhead.time_variants` run the same messages in one process group,
-interleaved within every repetition.
+interleaved within every repetition. ``raw`` goes through the executor's transport (small
+messages between ranks of one host take shared memory, ``treeattn/runtime/shm.py``);
+``raw-gloo`` is the same loop on ``torch.distributed`` directly.
 
 One repetition times ``INNER`` back-to-back runs of a variant (after a tiny all-reduce that
 lines the ranks up, not timed) and takes the max over ranks; per-run time is that over
@@ -33,6 +35,7 @@ from results_io import write_results  # noqa: E402  (benchmarks/, beside this sc
 from treeattn.runtime.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 from treeattn.runtime.overhead import INNER, overhead_per_message, time_variants  # noqa: E402
+from treeattn.runtime.transport import transport_for  # noqa: E402
 
 WORLD = 2
 ALGORITHMS = ("butterfly", "tree")
@@ -44,6 +47,7 @@ class OverheadJob:
 
     def __call__(self, ctx):
         out = {algorithm: time_variants(ctx, algorithm, self.reps) for algorithm in ALGORITHMS}
+        out["transport"] = transport_for(ctx).kind
         return out if ctx.rank == 0 else None
 
 
@@ -63,6 +67,7 @@ def summarize(raw: dict) -> dict:
             "messages_busiest_rank": r["messages_busiest_rank"],
             "per_step_s": {v: _stats(t / steps) for v, t in per_run.items()},
             "ratio_executor_raw": _stats(per_run["executor"] / per_run["raw"]),
+            "ratio_executor_raw_gloo": _stats(per_run["executor"] / per_run["raw-gloo"]),
             "ratio_executor_raw_kernels": _stats(per_run["executor"] / per_run["raw+kernels"]),
             "overhead_per_step_s": _stats((per_run["executor"] - per_run["raw+kernels"]) / steps),
             "overhead_per_message_s": _stats(overhead_per_message(r)),
@@ -72,7 +77,7 @@ def summarize(raw: dict) -> dict:
 
 def profile_section(rows: dict) -> dict:
     """The optional profile key the simulator reads (``sim.devices.executor_step_overhead``):
-    the executor's cost beyond raw gloo + kernels, per Send/Recv step, the smallest median
+    the executor's cost beyond raw messages + kernels, per Send/Recv step, the smallest median
     over the schedules (never negative)."""
     per_msg = min(r["overhead_per_message_s"]["median"] for r in rows.values())
     return {"executor": {"step_overhead_s": max(0.0, per_msg)}}
@@ -82,27 +87,30 @@ def markdown(rows: dict, meta: dict) -> str:
     us = lambda s: f"{s['median'] * 1e6:.1f} ({s['p10'] * 1e6:.1f}–{s['p90'] * 1e6:.1f})"  # noqa: E731
     x = lambda s: f"{s['median']:.2f}× ({s['p10']:.2f}–{s['p90']:.2f})"  # noqa: E731
     lines = [
-        "# Executor overhead per schedule step, world 2, gloo on loopback", "",
+        "# Executor overhead per schedule step, world 2, CPU ranks of one host", "",
         f"Machine: {meta['machine']['cpu']}, {meta['machine']['cpu_count']} cores, "
         f"torch {meta['machine']['torch']}. B=1, Hq=Hkv=1, D=8, 4 tokens per shard (data "
         f"negligible). {meta['reps']} repetitions of {INNER} runs per variant, interleaved, "
         f"max over ranks. Load average at start {meta['load_avg_start'][0]:.1f}, at end "
         f"{meta['load_avg_end'][0]:.1f}: the machine is shared; compare ratios, not times.", "",
         "Per-step host time in µs, median (p10–p90); ratio per repetition, median (p10–p90).", "",
-        "| schedule | steps | msgs | executor | raw gloo | raw+kernels | exec/raw "
-        "| exec/(raw+kernels) | exec − (raw+kernels) per step |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| schedule | steps | msgs | executor | raw | raw+kernels | raw gloo | exec/raw "
+        "| exec/(raw+kernels) | exec/raw gloo | exec − (raw+kernels) per step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for algorithm, r in rows.items():
         p = r["per_step_s"]
         lines.append(
             f"| {algorithm} | {r['steps_busiest_rank']} | {r['messages_busiest_rank']} "
             f"| {us(p['executor'])} | {us(p['raw'])} | {us(p['raw+kernels'])} "
-            f"| {x(r['ratio_executor_raw'])} | {x(r['ratio_executor_raw_kernels'])} "
+            f"| {us(p['raw-gloo'])} | {x(r['ratio_executor_raw'])} "
+            f"| {x(r['ratio_executor_raw_kernels'])} | {x(r['ratio_executor_raw_gloo'])} "
             f"| {us(r['overhead_per_step_s'])} |")
-    lines += ["", "raw gloo: plain isend/irecv + wait of preallocated buffers, same sizes, "
-              "order, peers and tags. raw+kernels adds the same kernel calls "
-              "(partial_attention, merge) on preallocated tensors.", "",
+    lines += ["", f"raw: plain isend/irecv + wait of preallocated buffers, same sizes, "
+              f"order, peers and tags, through the executor's transport "
+              f"(`{meta['transport']}`). raw+kernels adds the same kernel calls "
+              "(partial_attention, merge) on preallocated tensors. raw gloo: raw through "
+              "torch.distributed's gloo directly.", "",
               "Profile key for the simulator (the JSON's `profile`): "
               f"`executor.step_overhead_s` = "
               f"{profile_section(rows)['executor']['step_overhead_s'] * 1e6:.1f} µs "
@@ -117,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load_start = os.getloadavg()
     raw = launch(OverheadJob(args.reps), WORLD, LaunchOptions(timeout_s=60.0))
+    transport = raw.pop("transport")
     rows = summarize(raw)
-    meta = {"machine": machine_info(), "reps": args.reps, "inner": INNER,
+    meta = {"machine": machine_info(), "reps": args.reps, "inner": INNER, "transport": transport,
             "load_avg_start": load_start, "load_avg_end": os.getloadavg()}
     text = markdown(rows, meta)
     write_results(args.out, {"meta": meta, "rows": rows, "profile": profile_section(rows),

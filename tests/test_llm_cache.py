@@ -99,3 +99,24 @@ def test_staging_a_layer_shows_the_token_only_on_its_owner_until_commit(policy) 
         assert staged.lengths == appended.lengths
         for layer in range(layers):
             assert torch.equal(staged.kv(layer), appended.kv(layer))
+
+
+@pytest.mark.parametrize("policy", ["last", "shortest"])
+def test_reserved_room_takes_a_generation_without_growing(policy) -> None:
+    """Only the ranks that will store appended tokens reserve room, exactly enough; the
+    others keep a shard with no spare room (one contiguous block)."""
+    lengths, tokens = [5, 4, 4], 7
+    owners = []
+    probe = list(lengths)
+    for _ in range(tokens):
+        owners.append(append_owner(probe, policy))
+        probe[owners[-1]] += 1
+    for rank in range(3):
+        cache = ShardedKVCache(rank, lengths, 1, 1, 1, 2, policy=policy, reserve=tokens)
+        assert cache.capacity == lengths[rank] + owners.count(rank)
+        assert cache.kv(0).is_contiguous() == (owners.count(rank) == 0)
+        storage = cache.tensors()[0].untyped_storage().data_ptr()
+        for _ in range(tokens):
+            cache.append([(torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2))])
+        assert cache.tensors()[0].untyped_storage().data_ptr() == storage  # never regrown
+        assert cache.lengths == probe

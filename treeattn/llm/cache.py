@@ -42,11 +42,31 @@ def append_owner(lengths: list[int], policy: str = "last") -> int:
     raise RuntimeFailure(f"unknown append policy {policy!r}; choose from {APPEND_POLICIES}")
 
 
+def appends_to(lengths: list[int], rank: int, tokens: int, policy: str = "last") -> int:
+    """How many of the next ``tokens`` appended tokens ``rank`` will store.
+
+    A cache reserves that much room up front (``reserve``): growing later copies every
+    layer of the shard, which stalls a generation's first token, and a shard without
+    spare room stays one contiguous block that can be sent without a copy.
+
+    >>> appends_to([3, 2, 2], 2, 4, "last"), appends_to([3, 2, 2], 1, 4, "shortest")
+    (4, 2)
+    """
+    lengths, mine = list(lengths), 0
+    for _ in range(max(0, tokens)):
+        owner = append_owner(lengths, policy)
+        lengths[owner] += 1
+        mine += owner == rank
+    return mine
+
+
 class ShardedKVCache:
     """This rank's shard of a multi-layer KV cache, plus every rank's shard length.
 
     Every rank calls :meth:`append` with the same new token; only the owner stores it, and all
     ranks update the shared length table, so they agree on the layout without communicating.
+    ``reserve`` is the number of tokens a generation will append: the ranks that will store
+    some of them allocate that room now (:func:`appends_to`).
     """
 
     def __init__(
@@ -60,13 +80,14 @@ class ShardedKVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         policy: str = "last",
+        reserve: int = 0,
     ) -> None:
         append_owner(lengths, policy)  # validates the policy
         if not 0 <= rank < len(lengths):
             raise RuntimeFailure(f"rank {rank} is outside the world of {len(lengths)}")
         self.rank, self.lengths, self.policy = rank, list(lengths), policy
         self.shape = (batch, n_kv_heads, head_dim)
-        cap = lengths[rank]
+        cap = lengths[rank] + appends_to(lengths, rank, reserve, policy)
         self._store = [
             torch.zeros(2, batch, n_kv_heads, cap, head_dim, dtype=dtype, device=device)
             for _ in range(n_layers)

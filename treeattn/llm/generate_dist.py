@@ -119,7 +119,8 @@ def _replicated_prefill(ctx, model, request: GenerateRequest):
     lo = sum(lengths[: ctx.rank])
     hi = lo + lengths[ctx.rank]
     cache = ShardedKVCache(ctx.rank, lengths, cfg.n_layers, 1, cfg.n_kv_heads, cfg.head_dim,
-                           dtype=local.k[0].dtype, device=ctx.device)
+                           dtype=local.k[0].dtype, device=ctx.device,
+                           reserve=request.max_new_tokens)
     for layer in range(cfg.n_layers):
         cache.fill(layer, local.k[layer][:, :, lo:hi], local.v[layer][:, :, lo:hi])
     return cache, logits

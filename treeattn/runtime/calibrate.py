@@ -81,6 +81,7 @@ from treeattn.runtime.profile_io import (  # noqa: F401  (re-exported)
     write_profile,
 )
 from treeattn.runtime.timing import combine_rounds, sample_stats, spread
+from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import AttnDims
 
 P2P_SIZES = (4, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
@@ -123,12 +124,13 @@ def _sync(ctx: RankContext) -> None:
 
 
 def _ping_pong_once(ctx: RankContext, buf: torch.Tensor, peer: int, first: bool) -> None:
+    p2p = transport_for(ctx)  # the executor's path for a message of this size
     if first:
-        wait_work(dist.isend(buf, peer, tag=1), ctx, peer, "ping")
-        wait_work(dist.irecv(buf, peer, tag=2), ctx, peer, "pong")
+        wait_work(p2p.isend(buf, peer, tag=1), ctx, peer, "ping")
+        wait_work(p2p.irecv(buf, peer, tag=2), ctx, peer, "pong")
     else:
-        wait_work(dist.irecv(buf, peer, tag=1), ctx, peer, "ping")
-        wait_work(dist.isend(buf, peer, tag=2), ctx, peer, "pong")
+        wait_work(p2p.irecv(buf, peer, tag=1), ctx, peer, "ping")
+        wait_work(p2p.isend(buf, peer, tag=2), ctx, peer, "pong")
     _sync(ctx)
 
 
@@ -183,10 +185,8 @@ def measure_exchange(ctx: RankContext, sizes=EXCHANGE_SIZES,
         inc = torch.full_like(send, 0.5)
 
         def exchange(send=send, inc=inc) -> None:
-            works = dist.batch_isend_irecv(
-                [dist.P2POp(dist.isend, send, nxt, tag=5),
-                 dist.P2POp(dist.irecv, inc, prv, tag=5)]
-            )
+            p2p = transport_for(ctx)
+            works = [p2p.isend(send, nxt, tag=5), p2p.irecv(inc, prv, tag=5)]
             for work, peer in zip(works, (nxt, prv), strict=True):
                 wait_work(work, ctx, peer, "exchange")
 
@@ -356,6 +356,7 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
     """
     if ctx.world < 2:
         raise RuntimeFailure("calibration needs at least 2 ranks (ping-pong)")
+    transport = transport_for(ctx)  # collective on first use, so every rank makes it here
     ex_sizes = exchange_sizes(max_bytes)
     p2p_stats = measure_p2p(ctx)
     ar_times = measure_allreduce(ctx)
@@ -378,6 +379,7 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
         "format": "treeattn.profile",
         "version": PROFILE_VERSION,
         "backend": ctx.backend,
+        "transport": transport.kind,  # "shm+gloo": small messages through shared memory
         "world": ctx.world,
         "cores": os.cpu_count() or 1,
         "p2p": message_section(list(P2P_SIZES), p2p_stats),

@@ -9,8 +9,9 @@ The semantics are those of ``treeattn/sim/schedule.py``, step for step:
 - ``Recv``: wait (with a timeout that names the peer) for a receive posted ahead: the next
   receive is posted as soon as the previous one completed, so at most one is in flight ahead.
   For ring this puts the next KV block on the wire while the current one is attended to.
-  On NCCL every send and receive goes through ``batch_isend_irecv`` (NCCL groups it); on
-  gloo, which posts a batch of one op as is, through plain ``isend``/``irecv``;
+  Messages go through :mod:`treeattn.runtime.transport`: small ones between CPU ranks of
+  one host through shared memory, the rest through ``isend``/``irecv`` (gloo) or
+  ``batch_isend_irecv`` (NCCL, which needs its point-to-point calls grouped);
 - ``Merge``: the log-sum-exp merge (``treeattn.kernels.merge``), a max, a sum or a
   log-sum-exp, of a received message or of what a collective kept;
 - ``Collective``: one library collective on a subgroup made once per run setup
@@ -23,9 +24,9 @@ including its KV shard; CUDA: ``torch.cuda.max_memory_allocated``).
 Per-step host cost is kept low (``benchmarks/executor_overhead.py``): each step is bound to
 its handler once per :class:`Executor`; receive buffers of non-KV messages are allocated once
 per executor and reused by every run (KV blocks come from the executor's pool); the timeline
-is stamped into a preallocated list; and the CPU memory walk, whose result is the same on
-every run of one executor with the same inputs, runs on the first run only (``memory=True``
-forces it on every run).
+is stamped into a preallocated list; the empty shard's identity partial is made once; and the
+CPU memory walk, whose result is the same on every run of one executor with the same inputs,
+runs on the first run only (``memory=True`` forces it on every run).
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ from treeattn.runtime.collectives import Groups
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
 from treeattn.runtime.run_state import KVPool, RunState, RunStats, handler_for
+from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import (
     AttnDims,
+    identity_partial,
     kv_message_lengths,
     message_numel,
     unpack_partial,
@@ -94,7 +97,7 @@ class Executor:
         # Once per executor, not per step: names, handlers, receive buffers.
         self.names = [step_name(s) for s in self.steps]
         self.handlers = [handler_for(s) for s in self.steps]
-        self.batch_p2p = ctx.backend != "gloo"  # NCCL needs batch_isend_irecv (groups)
+        self.transport = transport_for(ctx)  # collective the first time, as Groups is
         self.on_cuda = ctx.device.type == "cuda"
         self.recv_buffers: dict[int, torch.Tensor] = {}  # step index -> reused buffer (not KV)
         for index in self.recv_order:
@@ -103,7 +106,11 @@ class Executor:
                 numel = message_numel(self.dims, step.payload, step.chunk, 0)
                 self.recv_buffers[index] = torch.empty(
                     numel, dtype=self.dims.dtype(step.payload), device=ctx.device)
-        self.owned = {b.untyped_storage().data_ptr() for b in self.recv_buffers.values()}
+        # The empty shard's partial, shared by every run (nothing writes a buffer in place)
+        self.identity = identity_partial(self.dims, ctx.device)  # (B*Hq*(D+1),) packed
+        # Buffers a run must not hand out as its result: reused receive buffers, the identity
+        self.owned = {b.untyped_storage().data_ptr()
+                      for b in [*self.recv_buffers.values(), self.identity]}
         self.peaks: dict[tuple, int] = {}  # input signature -> CPU memory peak of a run
 
     # -- public ----------------------------------------------------------------------------

@@ -11,9 +11,13 @@ the same machine load:
 
 - ``executor``: :meth:`treeattn.runtime.executor.Executor.run`, the whole step;
 - ``raw``: the same messages (sizes, order, peers, tags) as plain ``isend``/``irecv`` of
-  preallocated buffers, the sends waited for at the end: the floor any executor pays;
+  preallocated buffers through the executor's transport (:mod:`treeattn.runtime.transport`:
+  shared memory for small messages between CPU ranks of one host), the sends waited for at
+  the end: the floor any executor pays;
 - ``raw+kernels``: ``raw`` plus the same kernel calls (``partial_attention`` per attention
-  Compute, ``merge`` per partial Merge) on preallocated tensors: the floor with the work.
+  Compute, ``merge`` per partial Merge) on preallocated tensors: the floor with the work;
+- ``raw-gloo``: ``raw`` through ``torch.distributed`` directly, what a hand-written gloo
+  loop pays (the transport's gain, for the record).
 
 :func:`measure_step_overhead` turns that into the profile key the simulator charges on every
 Send and Recv step (``executor.step_overhead_s``, read by
@@ -36,7 +40,7 @@ from treeattn.runtime.plans import build, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims, kv_message_lengths, message_numel
 from treeattn.sim.schedule import Compute, Merge, Recv, Send
 
-VARIANTS = ("executor", "raw", "raw+kernels")
+VARIANTS = ("executor", "raw", "raw+kernels", "raw-gloo")
 TINY = AttnDims(1, 1, 1, 8)  # data costs nothing: what is left is the per-step host cost
 TINY_TOKENS = 4  # per shard
 INNER = 10  # back-to-back runs per timed sample
@@ -63,8 +67,10 @@ def raw_plan(ctx: RankContext, schedule, dims: AttnDims, lengths: list[int]) -> 
 
 
 def raw_runner(plan: list[tuple], dims: AttnDims, q: torch.Tensor, kv: torch.Tensor,
-               kernels: bool):
-    """A callable that sends and receives ``plan``'s messages raw (and runs its kernels)."""
+               kernels: bool, p2p=dist):
+    """A callable that sends and receives ``plan``'s messages raw (and runs its kernels),
+    through ``p2p`` (``torch.distributed`` or a :class:`~treeattn.runtime.transport.Transport`:
+    anything with ``isend(tensor, peer, tag=)`` and ``irecv``)."""
     o = torch.zeros(dims.batch, dims.n_heads, dims.head_dim)  # (B, Hq, D)
     lse = torch.zeros(dims.batch, dims.n_heads)  # (B, Hq)
 
@@ -72,9 +78,9 @@ def raw_runner(plan: list[tuple], dims: AttnDims, q: torch.Tensor, kv: torch.Ten
         sends = []
         for kind, peer, tag, buf in plan:
             if kind is True:
-                sends.append(dist.isend(buf, peer, tag=tag))
+                sends.append(p2p.isend(buf, peer, tag=tag))
             elif kind is False:
-                dist.irecv(buf, peer, tag=tag).wait()
+                p2p.irecv(buf, peer, tag=tag).wait()
             elif kernels and kind == "attention":
                 partial_attention(q, kv[0], kv[1])
             elif kernels and kind == "merge":
@@ -97,8 +103,9 @@ def time_variants(ctx: RankContext, algorithm: str, reps: int) -> dict:
     executor = Executor(ctx, schedule, lengths, dims)
     plan = raw_plan(ctx, schedule, dims, lengths)
     runners = {"executor": lambda: executor.run(q, kv),  # as `run` and `generate` call it
-               "raw": raw_runner(plan, dims, q, kv, kernels=False),
-               "raw+kernels": raw_runner(plan, dims, q, kv, kernels=True)}
+               "raw": raw_runner(plan, dims, q, kv, False, executor.transport),
+               "raw+kernels": raw_runner(plan, dims, q, kv, True, executor.transport),
+               "raw-gloo": raw_runner(plan, dims, q, kv, kernels=False)}
     line_up = torch.zeros(1)
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for rep in range(reps + WARMUP_REPS):

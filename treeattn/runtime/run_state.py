@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from treeattn.kernels import finalize_sums, merge, partial_attention, rescale_to_max
 from treeattn.runtime import passq
@@ -20,7 +19,6 @@ from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import wait_work
 from treeattn.runtime.wire import (
     chunk_bounds,
-    identity_partial,
     message_numel,
     pack_partial,
     put_slice,
@@ -106,9 +104,8 @@ class RunState:
 
     def __init__(self, ex, q: torch.Tensor, kv: torch.Tensor, resident: list) -> None:
         self.ex, self.q, self.own_kv = ex, q, kv
-        dev = ex.ctx.device
         self.bufs: dict[str, torch.Tensor | None] = {
-            "partial": identity_partial(ex.dims, dev),
+            "partial": ex.identity,  # shared by every run: buffers are never written in place
             "kv": kv,  # (2, B, Hkv, T, D), the own shard until a KV Recv replaces it
             "max": None,
             "num": None,
@@ -169,11 +166,7 @@ class RunState:
         index = order[self.next_recv]
         step = self.ex.steps[index]
         buf = self._recv_buffer(index, step)
-        if self.ex.batch_p2p:
-            op = dist.P2POp(dist.irecv, buf, step.src, tag=step.tag)
-            work = dist.batch_isend_irecv([op])[0]
-        else:
-            work = dist.irecv(buf, step.src, tag=step.tag)
+        work = self.ex.transport.irecv(buf, step.src, step.tag)
         self.posted[index] = (work, buf)
         self.next_recv += 1
         return True
@@ -188,11 +181,7 @@ class RunState:
         flat = self._payload_flat(step.payload)
         tensor = take_slice(flat, self.ex.dims, step.payload, step.chunk)
         self.stats.bytes_sent += tensor.numel() * tensor.element_size()
-        if self.ex.batch_p2p:
-            op = dist.P2POp(dist.isend, tensor, step.dst, tag=step.tag)
-            work = dist.batch_isend_irecv([op])[0]
-        else:
-            work = dist.isend(tensor, step.dst, tag=step.tag)
+        work = self.ex.transport.isend(tensor, step.dst, step.tag)
         self.sends.append((work, tensor, step.dst))
 
     def recv(self, index: int, step: Recv) -> None:
@@ -261,7 +250,7 @@ class RunState:
 
     def _attend(self, kv: torch.Tensor) -> torch.Tensor:
         if kv.shape[3] == 0:
-            return identity_partial(self.ex.dims, self.ex.ctx.device)
+            return self.ex.identity
         o, lse = partial_attention(self.q, kv[0], kv[1], scale=self.ex.scale)  # (B,Hq,D),(B,Hq)
         return pack_partial(o, lse)
 

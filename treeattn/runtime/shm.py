@@ -1,0 +1,244 @@
+"""Small messages between CPU ranks on one host, through shared memory instead of gloo.
+
+Why: a decode step's messages are partials of a few KiB, and on CPU ranks gloo makes each
+one a socket write, a wake-up of gloo's I/O thread in the receiver and a wake-up of the
+waiting rank. With as many busy ranks as cores, those threads have to preempt a rank to
+run, and each message measured 0.1-0.5 ms where the copy takes a microsecond
+(``docs/performance.md``). Serving stacks that run tensor parallelism on CPUs move small
+messages through shared memory for the same reason.
+
+How: one shared file in ``/dev/shm`` holds a *mailbox* per (sender, receiver, tag), each a
+128-byte header and a :data:`SLOT_BYTES` payload. A header holds two counters on separate
+cache lines: messages *written* (only the sender stores it) and messages *read* (only the
+receiver stores it). A send waits for ``read == written`` (the slot is free), copies the
+payload, then stores ``written + 1``; a receive waits for ``written > read``, copies the
+payload out, then stores ``read + 1``. Each counter has one writer, so no lock is needed;
+on x86-64 (TSO) stores become visible in program order, so a receiver that sees the new
+count sees the payload. Other architectures keep gloo (no fences from Python).
+
+Matching is FIFO per (sender, receiver, tag), as gloo's is. A send whose slot is still
+full (the previous message with that tag not yet read) is kept and pushed by any later
+wait of this process (:meth:`ShmChannel.progress`), so a rank that moves on to receive
+cannot deadlock a peer that waits for it. Waiting spins, then yields the core, then sleeps
+50 µs at a time, so oversubscribed ranks (more ranks than cores) still progress; every wait
+has the run's timeout.
+
+Messages over :data:`SLOT_BYTES` or with a tag of :data:`MAX_TAGS` or more go through gloo
+(:mod:`treeattn.runtime.transport` decides, from the size, identically on both sides).
+``TREEATTN_SHM=0`` turns shared memory off.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import time
+import uuid
+from datetime import timedelta
+
+import numpy as np
+import torch
+
+from treeattn.runtime.group import RankContext, all_gather_objects
+
+ENV_SWITCH = "TREEATTN_SHM"
+SLOT_BYTES = 64 << 10  # a partial of B*Hq*(D+1) fp32 up to 64 KiB (B=1, Hq=128, D=127)
+MAX_TAGS = 8  # schedules tag rounds 0..p-2; higher tags take gloo
+HEADER_BYTES = 128  # written at byte 0, nbytes at 8, read at 64: two cache lines
+SHM_DIR = "/dev/shm"
+_SPIN = 2000  # checks before yielding the core (~1 ms of polling)
+_YIELD = 20000  # checks before sleeping between them
+_NAP_S = 50e-6
+
+
+def _box_bytes() -> int:
+    return HEADER_BYTES + SLOT_BYTES
+
+
+def segment_bytes(world: int) -> int:
+    """Size of the shared file for ``world`` ranks: one mailbox per ordered pair and tag."""
+    return world * world * MAX_TAGS * _box_bytes()
+
+
+class _Mailbox:
+    """One (sender, receiver, tag) slot: numpy views of its counters and its payload."""
+
+    def __init__(self, seg: np.ndarray, offset: int) -> None:
+        # [0] messages written, [1] bytes of the last one, [8] messages read
+        self.ctrl = seg[offset : offset + HEADER_BYTES].view(np.int64)
+        self.payload = torch.from_numpy(seg[offset + HEADER_BYTES : offset + _box_bytes()])
+        self.count = 0  # this process's own count: written (as sender) or read (as receiver)
+
+
+class ShmChannel:
+    """This rank's end of every mailbox of the shared segment."""
+
+    def __init__(self, ctx: RankContext, seg: np.ndarray) -> None:
+        self.ctx, self.seg = ctx, seg
+        self.boxes: dict[tuple[int, int, int], _Mailbox] = {}
+        self.deferred: list[_SendWork] = []  # sends whose mailbox was still full
+
+    def carries(self, nbytes: int, tag: int) -> bool:
+        """Whether a message of ``nbytes`` with ``tag`` goes through shared memory."""
+        return nbytes <= SLOT_BYTES and 0 <= tag < MAX_TAGS
+
+    def box(self, src: int, dst: int, tag: int) -> _Mailbox:
+        key = (src, dst, tag)
+        found = self.boxes.get(key)
+        if found is None:
+            index = (src * self.ctx.world + dst) * MAX_TAGS + tag
+            found = self.boxes[key] = _Mailbox(self.seg, index * _box_bytes())
+        return found
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> _SendWork:
+        work = _SendWork(self, self.box(self.ctx.rank, dst, tag), tensor)
+        if not work.try_push():
+            self.deferred.append(work)
+        return work
+
+    def irecv(self, buf: torch.Tensor, src: int, tag: int) -> _RecvWork:
+        return _RecvWork(self, self.box(src, self.ctx.rank, tag), buf)
+
+    def progress(self) -> None:
+        """Push the deferred sends whose mailbox has been read meanwhile: in order within a
+        mailbox, independently across mailboxes (one full mailbox must not hold up the
+        others, whose receiver may be waiting for them)."""
+        if not self.deferred:
+            return
+        blocked: set[int] = set()
+        still = []
+        for work in self.deferred:
+            if id(work.box) in blocked or not work.try_push():
+                blocked.add(id(work.box))
+                still.append(work)
+        self.deferred = still
+
+    def spin(self, done, timeout: timedelta | None) -> bool:
+        """Poll ``done()`` (pushing deferred sends) until it is true or the timeout passes."""
+        limit = timeout.total_seconds() if timeout is not None else self.ctx.timeout_s
+        deadline = time.perf_counter() + limit
+        checks = 0
+        while not done():
+            self.progress()
+            checks += 1
+            if checks > _SPIN:
+                if time.perf_counter() > deadline:
+                    return False
+                time.sleep(0 if checks < _YIELD else _NAP_S)  # 0: give the core up once
+        return True
+
+
+class _SendWork:
+    """An ``isend`` through a mailbox, with the ``wait``/``is_completed`` of a gloo Work."""
+
+    def __init__(self, channel: ShmChannel, box: _Mailbox, tensor: torch.Tensor) -> None:
+        self.channel, self.box = channel, box
+        self.data = tensor.reshape(-1).view(torch.uint8)  # (nbytes,), the snapshot to send
+        self.done = False
+
+    def try_push(self) -> bool:
+        box = self.box
+        if self.done or box.ctrl[8] != box.count:  # the previous message is still unread
+            return self.done
+        n = self.data.numel()
+        box.payload[:n].copy_(self.data)
+        box.ctrl[1] = n
+        box.count += 1
+        box.ctrl[0] = box.count  # publish last: the payload is visible before the count
+        self.done = True
+        return True
+
+    def is_completed(self) -> bool:
+        self.channel.progress()
+        return self.done
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return self.channel.spin(lambda: self.done, timeout)
+
+
+class _RecvWork:
+    """An ``irecv`` into ``buf`` from a mailbox, with the Work interface."""
+
+    def __init__(self, channel: ShmChannel, box: _Mailbox, buf: torch.Tensor) -> None:
+        self.channel, self.box = channel, box
+        self.out = buf.reshape(-1).view(torch.uint8)  # (nbytes,) view of the receive buffer
+        self.done = False
+
+    def try_pull(self) -> bool:
+        box = self.box
+        if self.done or box.ctrl[0] == box.count:  # nothing new written yet
+            return self.done
+        n = int(box.ctrl[1])
+        if n != self.out.numel():
+            raise RuntimeError(f"shared-memory message of {n} bytes for a {self.out.numel()}"
+                               "-byte receive: the ranks disagree on the schedule")
+        self.out.copy_(box.payload[:n])
+        box.count += 1
+        box.ctrl[8] = box.count  # hand the slot back after the copy
+        self.done = True
+        return True
+
+    def is_completed(self) -> bool:
+        self.channel.progress()
+        return self.try_pull()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return self.channel.spin(self.try_pull, timeout)
+
+
+def _eligible(ctx: RankContext) -> bool:
+    return (ctx.world >= 2 and ctx.device.type == "cpu" and ctx.backend == "gloo"
+            and os.environ.get(ENV_SWITCH, "1").strip() != "0"
+            and platform.machine().lower() in ("x86_64", "amd64")
+            and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK))
+
+
+def _host_id() -> str:
+    """This machine, as ranks on it see it: hostname plus boot id (containers share it)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _create(path: str, nbytes: int) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)  # fails cleanly on a full /dev/shm (no SIGBUS later)
+    finally:
+        os.close(fd)
+
+
+def open_channel(ctx: RankContext) -> ShmChannel | None:
+    """Map one shared segment on every rank, or return None everywhere (collective).
+
+    All ranks must be CPU gloo ranks on one x86-64 host with a writable ``/dev/shm``. Rank 0
+    creates the file; once every rank has mapped it, it is unlinked, so nothing is left
+    behind however the run ends.
+    """
+    votes = all_gather_objects(ctx, (_eligible(ctx), _host_id()))
+    if not all(ok for ok, _ in votes) or len({host for _, host in votes}) != 1:
+        return None
+    path, nbytes = None, segment_bytes(ctx.world)
+    if ctx.rank == 0:
+        path = os.path.join(SHM_DIR, f"treeattn-{uuid.uuid4().hex}")
+        try:
+            _create(path, nbytes)
+        except OSError:
+            path = None
+    path = all_gather_objects(ctx, path)[0]
+    if path is None:
+        return None
+    try:  # a plain ndarray view: memmap's own __getitem__ costs ~0.5 µs per counter read
+        seg = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,)).view(np.ndarray)
+    except OSError:
+        seg = None
+    mapped = all_gather_objects(ctx, seg is not None)
+    if ctx.rank == 0:
+        os.unlink(path)
+    if not all(mapped):
+        return None
+    return ShmChannel(ctx, seg)

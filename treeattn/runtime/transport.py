@@ -1,0 +1,68 @@
+"""Point-to-point messages as the executor sends them: shared memory or the process group.
+
+Every ``Send``/``Recv`` of the executor, and the calibration's ping-pong and exchange that
+price them, go through :func:`transport_for`, so the simulator is calibrated on the path the
+executor really takes:
+
+- a message of at most :data:`treeattn.runtime.shm.SLOT_BYTES` with a small tag, between CPU
+  gloo ranks on one host, goes through a shared-memory mailbox (:mod:`treeattn.runtime.shm`);
+- everything else through ``torch.distributed``: plain ``isend``/``irecv`` on gloo, and
+  ``batch_isend_irecv`` on NCCL, which needs its point-to-point calls grouped.
+
+Both ends choose the path from the message's size and tag alone, which they agree on (the
+receiver sizes its buffer from the schedule), so a message never waits on the wrong path.
+The transport of a process group is made once, collectively, at its first use.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from treeattn.runtime.group import RankContext
+from treeattn.runtime.shm import ShmChannel, open_channel
+
+
+class Transport:
+    """``isend``/``irecv`` returning Work objects (``wait(timeout)``, ``is_completed()``)."""
+
+    def __init__(self, ctx: RankContext, channel: ShmChannel | None) -> None:
+        self.ctx, self.channel = ctx, channel
+        self.batch_p2p = ctx.backend != "gloo"  # NCCL needs batch_isend_irecv (groups)
+
+    @property
+    def kind(self) -> str:
+        """``"shm+gloo"`` when small messages use shared memory, else the backend's name."""
+        return "shm+gloo" if self.channel is not None else self.ctx.backend
+
+    def _shm(self, tensor: torch.Tensor, tag: int) -> bool:
+        nbytes = tensor.numel() * tensor.element_size()
+        return self.channel is not None and self.channel.carries(nbytes, tag)
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int):
+        if self._shm(tensor, tag):
+            return self.channel.isend(tensor, dst, tag)
+        if self.batch_p2p:
+            return dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, dst, tag=tag)])[0]
+        return dist.isend(tensor, dst, tag=tag)
+
+    def irecv(self, buf: torch.Tensor, src: int, tag: int):
+        if self._shm(buf, tag):
+            return self.channel.irecv(buf, src, tag)
+        if self.batch_p2p:
+            return dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, src, tag=tag)])[0]
+        return dist.irecv(buf, src, tag=tag)
+
+
+# keyed by the group's id; the group object is kept with it so that its id is not reused
+_TRANSPORTS: dict[tuple[int, int, int], tuple[object, Transport]] = {}
+
+
+def transport_for(ctx: RankContext) -> Transport:
+    """This process group's transport, made on first use: call it on every rank at the same
+    point the first time (it is collective then), as executor construction and calibration do."""
+    group = dist.group.WORLD
+    key = (id(group), ctx.rank, ctx.world)
+    if key not in _TRANSPORTS:
+        _TRANSPORTS[key] = (group, Transport(ctx, open_channel(ctx)))
+    return _TRANSPORTS[key][1]
