@@ -169,3 +169,14 @@ def test_stopping_the_heartbeat_waits_for_its_thread():
     _Heartbeat.current = SimpleNamespace(halt=halt, thread=thread)
     _Heartbeat.stop()
     assert not thread.is_alive() and _Heartbeat.current is None
+
+
+def test_a_job_that_cannot_start_reports_why_not_a_cleanup_assertion():
+    """Spawning pickles the job; when that fails the first start() raises and the other
+    ranks were never started. Cleanup must skip them, so the user sees the pickling error."""
+    from treeattn.runtime.launch import LaunchOptions, launch
+
+    with pytest.raises(Exception) as info:
+        launch(lambda ctx: None, 2, LaunchOptions(timeout_s=10))
+    assert not isinstance(info.value, AssertionError)
+    assert "pickle" in str(info.value).lower()

@@ -341,6 +341,7 @@ def _failure(procs: list, first: int, out: str) -> Exception:
 
 def _kill_all(procs: list) -> None:
     """Terminate every rank still running, then kill the stubborn ones."""
+    procs = [p for p in procs if p.pid is not None]  # a failed start() leaves later ranks unborn
     for proc in procs:
         if proc.is_alive():
             proc.terminate()

@@ -4,7 +4,7 @@ Why: a decode step's messages are partials of a few KiB, and on CPU ranks gloo m
 one a socket write, a wake-up of gloo's I/O thread in the receiver and a wake-up of the
 waiting rank. With as many busy ranks as cores, those threads have to preempt a rank to
 run, and each message measured 0.1-0.5 ms where the copy takes a microsecond
-(``docs/performance.md``). Serving stacks that run tensor parallelism on CPUs move small
+(``docs/design.md``, section 6). Serving stacks that run tensor parallelism on CPUs move small
 messages through shared memory for the same reason.
 
 How: one shared file in ``/dev/shm`` holds a *mailbox* per (sender, receiver, tag), each a

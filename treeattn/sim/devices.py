@@ -48,7 +48,9 @@ Sources:
   6.0 µs each end.
 * ``gloo``: TCP on loopback through gloo's pair transport costs tens of µs per message on a
   typical Linux host; 15 µs per end is a placeholder that calibration replaces
-  (:func:`backend_from_profile`).
+  (:func:`backend_from_profile`). Between CPU ranks of one host the runtime sends small
+  messages through shared memory instead (``treeattn/runtime/transport.py``), and
+  calibration measures that same path, so a calibrated α is the shared-memory one.
 
 Calibration profiles
 --------------------
@@ -64,9 +66,10 @@ Calibration profiles: measured gloo costs on this machine, turned into sim model
      "machine": {...}}
 
 How α is split (so that latency is counted once): the one-way small-message time α of the
-ping-pong fit ``t(n) = α + n/β`` is all software on loopback, so it goes to the backend as
+ping-pong fit ``t(n) = α + n/β`` (measured through the executor's transport) is all software
+on one host, so it goes to the backend as
 ``send_s = recv_s = α/2`` (plus the optional ``executor.step_overhead_s``, the executor's
-own cost per Send/Recv step beyond raw gloo, :func:`executor_step_overhead`), and the
+own cost per Send/Recv step beyond raw messages, :func:`executor_step_overhead`), and the
 ``local`` topology gets link latency 0 and bandwidth β.
 A message then costs ``α/2 + 0 + n/β + α/2 = α + n/β`` on its 2-hop loopback route
 (cut-through: the bottleneck bandwidth is paid once, see :mod:`treeattn.sim.network`).
@@ -372,9 +375,10 @@ def executor_step_overhead(profile: dict) -> float:
     """The runtime executor's host cost per Send or Recv step beyond raw ``isend``/``irecv``
     (optional ``executor.step_overhead_s``; 0 when the profile predates it).
 
-    The ping-pong α is measured with raw gloo calls; the executor adds its own bookkeeping
-    to every step (``benchmarks/executor_overhead.py`` measures it). Charged to both ends of
-    every message, it is paid once per Send step and once per Recv step.
+    The ping-pong α is measured with raw ``isend``/``irecv`` calls of the executor's
+    transport; the executor adds its own bookkeeping to every step
+    (``benchmarks/executor_overhead.py`` measures it). Charged to both ends of every
+    message, it is paid once per Send step and once per Recv step.
 
     >>> executor_step_overhead({"executor": {"step_overhead_s": 2e-6}})
     2e-06
