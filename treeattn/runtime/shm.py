@@ -19,9 +19,10 @@ count sees the payload. Other architectures keep gloo (no fences from Python).
 Matching is FIFO per (sender, receiver, tag), as gloo's is. A send whose slot is still
 full (the previous message with that tag not yet read) is kept and pushed by any later
 wait of this process (:meth:`ShmChannel.progress`), so a rank that moves on to receive
-cannot deadlock a peer that waits for it. Waiting spins, then yields the core, then sleeps
-50 µs at a time, so oversubscribed ranks (more ranks than cores) still progress; every wait
-has the run's timeout.
+cannot deadlock a peer that waits for it. Waiting spins (only when every rank has a core
+of its own: a spinning rank would otherwise hold the core its peer needs to make the
+message), then yields the core, then sleeps 50 µs at a time; every wait has the run's
+timeout.
 
 Messages over :data:`SLOT_BYTES` or with a tag of :data:`MAX_TAGS` or more go through gloo
 (:mod:`treeattn.runtime.transport` decides, from the size, identically on both sides).
@@ -78,6 +79,8 @@ class ShmChannel:
         self.ctx, self.seg = ctx, seg
         self.boxes: dict[tuple[int, int, int], _Mailbox] = {}
         self.deferred: list[_SendWork] = []  # sends whose mailbox was still full
+        # Busy-poll only when the ranks (all on this host) do not outnumber its cores.
+        self.spin_checks = _SPIN if ctx.world <= _cores() else 0
 
     def carries(self, nbytes: int, tag: int) -> bool:
         """Whether a message of ``nbytes`` with ``tag`` goes through shared memory."""
@@ -122,7 +125,7 @@ class ShmChannel:
         while not done():
             self.progress()
             checks += 1
-            if checks > _SPIN:
+            if checks > self.spin_checks:
                 if time.perf_counter() > deadline:
                     return False
                 time.sleep(0 if checks < _YIELD else _NAP_S)  # 0: give the core up once
@@ -185,6 +188,14 @@ class _RecvWork:
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         return self.channel.spin(self.try_pull, timeout)
+
+
+def _cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _eligible(ctx: RankContext) -> bool:
