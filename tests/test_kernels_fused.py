@@ -66,6 +66,18 @@ def test_fused_reads_strided_views_of_a_larger_cache(dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF)
+def test_fused_reads_a_query_that_is_not_unit_stride_along_d(dtype):
+    q, k, v = make_qkv(2, 8, 2, 300, 64, dtype, seed=5)
+    want = reference.naive_attention(q, k, v)
+    transposed = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, Hq, D), D-stride Hq
+    assert transposed.stride(-1) != 1
+    assert_fused_close(partial_attention(transposed, k, v), want, dtype)
+    wide = torch.zeros(2, 8, 128, dtype=dtype)  # every other element along D
+    wide[..., ::2] = q
+    assert_fused_close(partial_attention(wide[..., ::2], k, v), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF)
 def test_one_token_shard_is_that_token_exactly_up_to_rounding(dtype):
     q, k, v = make_qkv(3, 4, 2, 1, 16, dtype, seed=7)
     o, lse = partial_attention(q, k, v)

@@ -20,7 +20,7 @@ import torch
 from treeattn.kernels.reference import naive_attention
 from treeattn.llm.verify import Case, CasesJob
 from treeattn.runtime import shm
-from treeattn.runtime.errors import RankTimeout
+from treeattn.runtime.errors import RankTimeout, RuntimeFailure
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.transport import transport_for
@@ -99,8 +99,35 @@ def test_a_receive_nobody_sends_times_out_with_the_peer_named():
 def test_ranks_that_disagree_on_a_message_size_get_an_error_not_garbage():
     a, b = _pair()
     a.isend(torch.zeros(5), 1, tag=0)
-    with pytest.raises(RuntimeError, match="20 bytes for a 16-byte receive"):
-        b.irecv(torch.zeros(4), 0, tag=0).wait()
+    with pytest.raises(RuntimeFailure, match="rank 1: .*20 bytes for a 16-byte receive"):
+        wait_work(b.irecv(torch.zeros(4), 0, tag=0), b.ctx, 0, "receive")
+
+
+def test_a_receive_into_a_non_contiguous_buffer_is_refused():
+    _, b = _pair()
+    with pytest.raises(RuntimeFailure, match="contiguous"):
+        b.irecv(torch.zeros(4, 2)[:, 0], 0, tag=0)
+
+
+def test_a_new_send_queues_behind_an_older_deferred_one_to_the_same_mailbox():
+    a, b = _pair()
+    for value in (1.0, 2.0):  # the second is deferred
+        a.isend(torch.full((2,), value), 1, tag=0)
+    buf = torch.zeros(2)
+    assert b.irecv(buf, 0, tag=0).wait() and buf[0] == 1.0  # the slot is free now...
+    a.isend(torch.full((2,), 3.0), 1, tag=0)  # ...but 2.0 must still go first
+    got = []
+    for _ in range(2):
+        a.progress()
+        assert b.irecv(buf, 0, tag=0).wait(timedelta(milliseconds=100))
+        got.append(buf[0].item())
+    assert got == [2.0, 3.0]
+
+
+def test_groups_of_more_than_eight_ranks_keep_gloo():
+    assert shm.segment_bytes(8) <= shm.MAX_SEGMENT_BYTES < shm.segment_bytes(9)
+    ctx = RankContext(0, 9, 0, torch.device("cpu"), "gloo", 5.0)
+    assert not shm._eligible(ctx)
 
 
 def test_only_small_messages_with_small_tags_take_shared_memory():
@@ -139,6 +166,34 @@ class MixedTraffic:
             ok.append(torch.equal(buf, _payload(s, t, d)))
         assert all(ok), ok
         return None
+
+
+@dataclass(frozen=True)
+class DeferredThenGloo:
+    """Rank 0 sends two small messages on one tag (the second is deferred: rank 1 has not
+    read the first yet), then waits for a large (gloo) reply that rank 1 sends only after
+    reading both. Rank 0's gloo wait must push the deferred message, or both wait forever."""
+
+    def __call__(self, ctx):
+        p2p = transport_for(ctx)
+        big = torch.zeros(shm.SLOT_BYTES)  # 4x a slot: gloo
+        if ctx.rank == 0:
+            for value in (1.0, 2.0):
+                p2p.isend(torch.full((4,), value), 1, 0)
+            wait_work(p2p.irecv(big, 1, 0), ctx, 1, "large reply")
+            return float(big[0])
+        got = []
+        for _ in range(2):
+            buf = torch.zeros(4)
+            wait_work(p2p.irecv(buf, 0, 0), ctx, 0, "small message")
+            got.append(float(buf[0]))
+        wait_work(p2p.isend(big + sum(got), 0, 0), ctx, 0, "large reply")
+        return None
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_on_a_gloo_message_pushes_deferred_mailbox_sends():
+    assert launch(DeferredThenGloo(), 2, LaunchOptions(timeout_s=10)) == 3.0
 
 
 @pytest.mark.timeout(120)

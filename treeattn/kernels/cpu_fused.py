@@ -45,7 +45,9 @@ def partial_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     b, hq, d = q.shape
     hkv = k.shape[1]
     qg = q.reshape(b, hkv, hq // hkv, d).to(k.dtype)  # (B, Hkv, G, D)
-    # The kernel walks K and V by their strides but needs unit stride along D.
+    # The kernel walks q, K and V by their strides but needs unit stride along D (without it
+    # the result is silently wrong, not an error).
+    qg = qg if qg.stride(-1) == 1 else qg.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()  # (B, Hkv, T, D)
     v = v if v.stride(-1) == 1 else v.contiguous()  # (B, Hkv, T, D)
     out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(

@@ -206,6 +206,8 @@ def wait_work(work, ctx: RankContext, peer: int | None, what: str) -> None:
     who = f"rank {peer}" if peer is not None else "the group"
     try:
         done = work.wait(ctx.timeout)
+    except RuntimeFailure:  # already names the rank and the cause (shared-memory transport)
+        raise
     except Exception as exc:
         message = _short(exc)
         if "timed out" in message.lower() or "timeout" in message.lower():

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from treeattn.kernels import merge, partial_attention
 from treeattn.runtime.executor import Executor
-from treeattn.runtime.group import RankContext, all_gather_objects
+from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.plans import build, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims, kv_message_lengths, message_numel
 from treeattn.sim.schedule import Compute, Merge, Recv, Send
@@ -66,11 +66,12 @@ def raw_plan(ctx: RankContext, schedule, dims: AttnDims, lengths: list[int]) -> 
     return plan
 
 
-def raw_runner(plan: list[tuple], dims: AttnDims, q: torch.Tensor, kv: torch.Tensor,
-               kernels: bool, p2p=dist):
+def raw_runner(ctx: RankContext, plan: list[tuple], dims: AttnDims, q: torch.Tensor,
+               kv: torch.Tensor, kernels: bool, p2p=dist):
     """A callable that sends and receives ``plan``'s messages raw (and runs its kernels),
     through ``p2p`` (``torch.distributed`` or a :class:`~treeattn.runtime.transport.Transport`:
-    anything with ``isend(tensor, peer, tag=)`` and ``irecv``)."""
+    anything with ``isend(tensor, peer, tag=)`` and ``irecv``). Every wait has the
+    context's timeout and names the peer."""
     o = torch.zeros(dims.batch, dims.n_heads, dims.head_dim)  # (B, Hq, D)
     lse = torch.zeros(dims.batch, dims.n_heads)  # (B, Hq)
 
@@ -78,15 +79,15 @@ def raw_runner(plan: list[tuple], dims: AttnDims, q: torch.Tensor, kv: torch.Ten
         sends = []
         for kind, peer, tag, buf in plan:
             if kind is True:
-                sends.append(p2p.isend(buf, peer, tag=tag))
+                sends.append((p2p.isend(buf, peer, tag=tag), peer))
             elif kind is False:
-                p2p.irecv(buf, peer, tag=tag).wait()
+                wait_work(p2p.irecv(buf, peer, tag=tag), ctx, peer, "raw receive")
             elif kernels and kind == "attention":
                 partial_attention(q, kv[0], kv[1])
             elif kernels and kind == "merge":
                 merge((o, lse), (o, lse))
-        for work in sends:
-            work.wait()
+        for work, peer in sends:
+            wait_work(work, ctx, peer, "raw send")
     return run
 
 
@@ -103,9 +104,9 @@ def time_variants(ctx: RankContext, algorithm: str, reps: int) -> dict:
     executor = Executor(ctx, schedule, lengths, dims)
     plan = raw_plan(ctx, schedule, dims, lengths)
     runners = {"executor": lambda: executor.run(q, kv),  # as `run` and `generate` call it
-               "raw": raw_runner(plan, dims, q, kv, False, executor.transport),
-               "raw+kernels": raw_runner(plan, dims, q, kv, True, executor.transport),
-               "raw-gloo": raw_runner(plan, dims, q, kv, kernels=False)}
+               "raw": raw_runner(ctx, plan, dims, q, kv, False, executor.transport),
+               "raw+kernels": raw_runner(ctx, plan, dims, q, kv, True, executor.transport),
+               "raw-gloo": raw_runner(ctx, plan, dims, q, kv, kernels=False)}
     line_up = torch.zeros(1)
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for rep in range(reps + WARMUP_REPS):

@@ -231,6 +231,7 @@ class RunState:
 
     def collective(self, step: Collective) -> None:
         ex = self.ex
+        ex.transport.progress()  # a collective's wait does not push deferred mailbox sends
         if step.payload == "query":
             flat = self.q.reshape(-1)
         else:

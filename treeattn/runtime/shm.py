@@ -25,12 +25,15 @@ message), then yields the core, then sleeps 50 µs at a time; every wait has the
 timeout.
 
 Messages over :data:`SLOT_BYTES` or with a tag of :data:`MAX_TAGS` or more go through gloo
-(:mod:`treeattn.runtime.transport` decides, from the size, identically on both sides).
-``TREEATTN_SHM=0`` turns shared memory off.
+(:mod:`treeattn.runtime.transport` decides, from the size, identically on both sides), and
+so does everything in groups of more than 8 ranks (:data:`MAX_SEGMENT_BYTES`). A wait on a
+gloo message keeps this rank's deferred mailbox sends moving too. ``TREEATTN_SHM=0`` turns
+shared memory off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -41,6 +44,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 
+from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, all_gather_objects
 
 ENV_SWITCH = "TREEATTN_SHM"
@@ -48,6 +52,10 @@ SLOT_BYTES = 64 << 10  # a partial of B*Hq*(D+1) fp32 up to 64 KiB (B=1, Hq=128,
 MAX_TAGS = 8  # schedules tag rounds 0..p-2; higher tags take gloo
 HEADER_BYTES = 128  # written at byte 0, nbytes at 8, read at 64: two cache lines
 SHM_DIR = "/dev/shm"
+# The whole segment is reserved up front (world² · MAX_TAGS mailboxes): 32.1 MiB at 8 ranks,
+# 40.6 MiB at 9. Larger groups keep gloo rather than take most of a container's /dev/shm
+# (64 MiB by default in Docker).
+MAX_SEGMENT_BYTES = 36 << 20
 _SPIN = 2000  # checks before yielding the core (~1 ms of polling)
 _YIELD = 20000  # checks before sleeping between them
 _NAP_S = 50e-6
@@ -96,11 +104,14 @@ class ShmChannel:
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> _SendWork:
         work = _SendWork(self, self.box(self.ctx.rank, dst, tag), tensor)
-        if not work.try_push():
+        queued = any(w.box is work.box for w in self.deferred)  # keep FIFO behind it
+        if queued or not work.try_push():
             self.deferred.append(work)
         return work
 
     def irecv(self, buf: torch.Tensor, src: int, tag: int) -> _RecvWork:
+        if not buf.is_contiguous():  # a flattened copy would receive the data and drop it
+            raise RuntimeFailure(f"rank {self.ctx.rank}: receive buffer must be contiguous")
         return _RecvWork(self, self.box(src, self.ctx.rank, tag), buf)
 
     def progress(self) -> None:
@@ -174,8 +185,9 @@ class _RecvWork:
             return self.done
         n = int(box.ctrl[1])
         if n != self.out.numel():
-            raise RuntimeError(f"shared-memory message of {n} bytes for a {self.out.numel()}"
-                               "-byte receive: the ranks disagree on the schedule")
+            raise RuntimeFailure(f"rank {self.channel.ctx.rank}: shared-memory message of {n} "
+                                 f"bytes for a {self.out.numel()}-byte receive: the ranks "
+                                 "disagree on the schedule")
         self.out.copy_(box.payload[:n])
         box.count += 1
         box.ctrl[8] = box.count  # hand the slot back after the copy
@@ -200,6 +212,7 @@ def _cores() -> int:
 
 def _eligible(ctx: RankContext) -> bool:
     return (ctx.world >= 2 and ctx.device.type == "cpu" and ctx.backend == "gloo"
+            and segment_bytes(ctx.world) <= MAX_SEGMENT_BYTES
             and os.environ.get(ENV_SWITCH, "1").strip() != "0"
             and platform.machine().lower() in ("x86_64", "amd64")
             and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK))
@@ -219,6 +232,9 @@ def _create(path: str, nbytes: int) -> None:
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.posix_fallocate(fd, 0, nbytes)  # fails cleanly on a full /dev/shm (no SIGBUS later)
+    except OSError:
+        os.unlink(path)
+        raise
     finally:
         os.close(fd)
 
@@ -240,16 +256,19 @@ def open_channel(ctx: RankContext) -> ShmChannel | None:
             _create(path, nbytes)
         except OSError:
             path = None
-    path = all_gather_objects(ctx, path)[0]
-    if path is None:
-        return None
-    try:  # a plain ndarray view: memmap's own __getitem__ costs ~0.5 µs per counter read
-        seg = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,)).view(np.ndarray)
-    except OSError:
-        seg = None
-    mapped = all_gather_objects(ctx, seg is not None)
-    if ctx.rank == 0:
-        os.unlink(path)
+    try:  # rank 0 unlinks however this ends (a peer lost here, an interrupt)
+        path = all_gather_objects(ctx, path)[0]
+        if path is None:
+            return None
+        try:  # a plain ndarray view: memmap's own __getitem__ costs ~0.5 µs per counter read
+            seg = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,)).view(np.ndarray)
+        except OSError:
+            seg = None
+        mapped = all_gather_objects(ctx, seg is not None)
+    finally:
+        if ctx.rank == 0 and path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     if not all(mapped):
         return None
     return ShmChannel(ctx, seg)

@@ -7,7 +7,8 @@ executor really takes:
 - a message of at most :data:`treeattn.runtime.shm.SLOT_BYTES` with a small tag, between CPU
   gloo ranks on one host, goes through a shared-memory mailbox (:mod:`treeattn.runtime.shm`);
 - everything else through ``torch.distributed``: plain ``isend``/``irecv`` on gloo, and
-  ``batch_isend_irecv`` on NCCL, which needs its point-to-point calls grouped.
+  ``batch_isend_irecv`` on NCCL, which needs its point-to-point calls grouped. Waiting on such
+  a message also pushes this rank's deferred mailbox sends (:class:`_Pushing`).
 
 Both ends choose the path from the message's size and tag alone, which they agree on (the
 receiver sizes its buffer from the schedule), so a message never waits on the wrong path.
@@ -15,6 +16,9 @@ The transport of a process group is made once, collectively, at its first use.
 """
 
 from __future__ import annotations
+
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -44,14 +48,46 @@ class Transport:
             return self.channel.isend(tensor, dst, tag)
         if self.batch_p2p:
             return dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, dst, tag=tag)])[0]
-        return dist.isend(tensor, dst, tag=tag)
+        return self._pushing(dist.isend(tensor, dst, tag=tag))
 
     def irecv(self, buf: torch.Tensor, src: int, tag: int):
         if self._shm(buf, tag):
             return self.channel.irecv(buf, src, tag)
         if self.batch_p2p:
             return dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, src, tag=tag)])[0]
-        return dist.irecv(buf, src, tag=tag)
+        return self._pushing(dist.irecv(buf, src, tag=tag))
+
+    def progress(self) -> None:
+        """Push whatever deferred mailbox sends can go now (never blocks)."""
+        if self.channel is not None:
+            self.channel.progress()
+
+    def _pushing(self, work):
+        return work if self.channel is None else _Pushing(work, self.channel)
+
+
+class _Pushing:
+    """A gloo Work whose wait keeps this rank's deferred mailbox sends moving: a peer may
+    need one of them before it can send what this rank waits for."""
+
+    def __init__(self, work, channel: ShmChannel) -> None:
+        self.work, self.channel = work, channel
+
+    def is_completed(self) -> bool:
+        self.channel.progress()
+        return self.work.is_completed()
+
+    def wait(self, timeout: timedelta | None = None):
+        if self.channel.deferred:  # poll until they are out (or the message is in)
+            start = time.perf_counter()
+            done = self.channel.spin(
+                lambda: not self.channel.deferred or self.work.is_completed(), timeout)
+            if not done:
+                return False
+            if timeout is not None:
+                timeout = max(timedelta(0), timeout - timedelta(
+                    seconds=time.perf_counter() - start))
+        return self.work.wait(timeout) if timeout is not None else self.work.wait()
 
 
 # keyed by the group's id; the group object is kept with it so that its id is not reused
