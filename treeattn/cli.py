@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 import treeattn
@@ -73,6 +74,27 @@ def _fail(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return _leave(_main(argv))
+
+
+def _leave(code: int) -> int:
+    """End a torchrun rank without running C++ destructors at interpreter exit.
+
+    Its work is done and its process group destroyed by then, but torch's static
+    destructors can still abort the process ("terminate called without an active
+    exception", seen in CI), which turns a finished rank into a crash with exit status -6.
+    So once the output is flushed, a rank leaves with ``os._exit``, as the launcher's own
+    ranks do. Any other use of ``main`` (the console command, tests) returns normally.
+    """
+    rank = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+    if rank and "torch.distributed" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv else None
     try:
