@@ -4,10 +4,12 @@ each rank equal what the simulator's memory model predicts for the same schedule
 from __future__ import annotations
 
 import pytest
+import torch
 
 from treeattn.runtime.check import RunRequest
 from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.plans import build, shard_lengths, workload_for
+from treeattn.runtime.run_state import KVPool
 from treeattn.sim.engine import peak_memory
 from treeattn.topo import Topology
 
@@ -34,3 +36,13 @@ def test_measured_peak_memory_matches_the_model():
     # shard + the block attended + the block arriving, against the shard alone
     assert max(ring["peak_memory_bytes"]) / max(tree["peak_memory_bytes"]) == pytest.approx(
         3.0, rel=0.02)
+
+
+def test_empty_kv_blocks_do_not_pile_up_in_the_receive_pool():
+    """An empty shard's KV block is a 0-element receive; every empty storage has address 0,
+    so a pooled empty buffer would always look in use and each receive would add one."""
+    pool = KVPool(torch.float32, torch.device("cpu"), block_numel=0)
+    for _ in range(3):
+        assert pool.take(0, in_use={0}).numel() == 0
+    assert pool.buffers == []
+    assert pool.take(5, in_use=set()).numel() == 5 and len(pool.buffers) == 1

@@ -231,3 +231,4 @@ def test_executor_results_are_exact_with_shared_memory_on_and_off(monkeypatch, s
         for o, lse, _ in out[case.label]:
             torch.testing.assert_close(o, ref_o, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+

@@ -73,6 +73,9 @@ class KVPool:
         self.buffers: list[torch.Tensor] = []
 
     def take(self, numel: int, in_use: set[int]) -> torch.Tensor:
+        if numel == 0:  # an empty block (an empty shard): every empty storage sits at address
+            # 0, so pooled empties would all look in use and pile up; one costs nothing anyway
+            return torch.empty(0, dtype=self.dtype, device=self.device)
         free = [b for b in self.buffers
                 if b.numel() >= numel and b.untyped_storage().data_ptr() not in in_use]
         if free:
