@@ -88,7 +88,8 @@ def test_staging_a_layer_shows_the_token_only_on_its_owner_until_commit(policy) 
                             for _ in range(2))
         for cache in (staged, appended):
             for layer in range(layers):
-                cache.fill(layer, *(torch.full((1, 2, lengths[rank], 4), float(rank + layer)),) * 2)
+                old = torch.full((1, 2, lengths[rank], 4), float(rank + layer))  # (B,Hkv,T,D)
+                cache.fill(layer, old, old)
         for layer, (k, v) in enumerate(new):
             shard = staged.stage(layer, k, v)  # (2, B, Hkv, T, D)
             assert shard.shape[3] == lengths[rank] + (rank == owner)

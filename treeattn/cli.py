@@ -86,8 +86,11 @@ def _leave(code: int) -> int:
     So once the output is flushed, a rank leaves with ``os._exit``, as the launcher's own
     ranks do. Any other use of ``main`` (the console command, tests) returns normally.
     """
-    rank = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
-    if rank and "torch.distributed" in sys.modules:
+    if "torch.distributed" not in sys.modules:  # never joined a group: nothing to skip
+        return code
+    from treeattn.runtime.group import in_torchrun_env
+
+    if in_torchrun_env():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -120,11 +120,11 @@ class ShmChannel:
         others, whose receiver may be waiting for them)."""
         if not self.deferred:
             return
-        blocked: set[int] = set()
+        blocked: set[_Mailbox] = set()
         still = []
         for work in self.deferred:
-            if id(work.box) in blocked or not work.try_push():
-                blocked.add(id(work.box))
+            if work.box in blocked or not work.try_push():
+                blocked.add(work.box)
                 still.append(work)
         self.deferred = still
 

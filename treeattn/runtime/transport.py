@@ -46,24 +46,24 @@ class Transport:
     def isend(self, tensor: torch.Tensor, dst: int, tag: int):
         if self._shm(tensor, tag):
             return self.channel.isend(tensor, dst, tag)
-        if self.batch_p2p:
-            return dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, dst, tag=tag)])[0]
-        return self._pushing(dist.isend(tensor, dst, tag=tag))
+        return self._through_group(dist.isend, tensor, dst, tag)
 
     def irecv(self, buf: torch.Tensor, src: int, tag: int):
         if self._shm(buf, tag):
             return self.channel.irecv(buf, src, tag)
+        return self._through_group(dist.irecv, buf, src, tag)
+
+    def _through_group(self, op, tensor: torch.Tensor, peer: int, tag: int):
+        """``op`` (``dist.isend`` or ``dist.irecv``) on the process group."""
         if self.batch_p2p:
-            return dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, src, tag=tag)])[0]
-        return self._pushing(dist.irecv(buf, src, tag=tag))
+            return dist.batch_isend_irecv([dist.P2POp(op, tensor, peer, tag=tag)])[0]
+        work = op(tensor, peer, tag=tag)
+        return work if self.channel is None else _Pushing(work, self.channel)
 
     def progress(self) -> None:
         """Push whatever deferred mailbox sends can go now (never blocks)."""
         if self.channel is not None:
             self.channel.progress()
-
-    def _pushing(self, work):
-        return work if self.channel is None else _Pushing(work, self.channel)
 
 
 class _Pushing:

@@ -62,7 +62,7 @@ class AttnDims:
 
 def pack_partial(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """(B, Hq, D) and (B, Hq) fp32 -> one flat fp32 tensor (a new tensor)."""
-    return torch.cat([o.reshape(-1), lse.reshape(-1)]).float()  # a no-op cast when fp32
+    return torch.cat([o.reshape(-1).float(), lse.reshape(-1).float()])
 
 
 def unpack_partial(flat: torch.Tensor, dims: AttnDims) -> tuple[torch.Tensor, torch.Tensor]:
