@@ -5,16 +5,17 @@ of a repeated document (``treeattn generate --context-tokens L``), sharded over 
 ranks (gloo on loopback, one torch thread per rank), and a short prompt is decoded greedily:
 
 * in a single process (the reference for the tokens and for the attention time),
-* with ``--algorithm tree`` and with ``--algorithm ring``,
+* with ``--algorithm tree``, with the planner's pick (``--algorithm auto``: the simulator's
+  fastest schedule for this model on the uncalibrated local topology) and with
+  ``--algorithm ring``,
 * in a single process again: this box's memory bandwidth drifts by tens of percent from
   minute to minute, so the baseline is the faster of the two single-process runs that
   bracket the distributed ones (the conservative choice for a speedup).
 
 Reported per point: tokens/s, attention time per token (all 30 layers: the executor running
-the schedule, the new token's own key being part of its owner's shard), the single/tree and
-ring/tree ratios measured in the same run, whether the greedy tokens equal the single-process
-ones, and tree's attention
-time against a floor: the KV bytes one rank holds, read once at this machine's copy bandwidth
+the schedule, the new token's own key being part of its owner's shard), the single/tree,
+single/planned and ring/tree ratios measured in the same run, whether the greedy tokens equal
+the single-process ones, and tree's attention time against a floor: the KV bytes one rank holds, read once at this machine's copy bandwidth
 (STREAM convention, one thread, measured in this run). The ranks share the machine's cores,
 so the floor is a lower bound, not a promise.
 
@@ -63,6 +64,7 @@ def copy_bandwidth(nbytes: int = 1 << 28, reps: int = 5) -> float:
 def run_point(loaded, prompt, segment, context, world, algorithm, new_tokens) -> dict:
     cfg = loaded.model.config
     schedule = make_schedule(algorithm, world, cfg, split_lengths(context + len(prompt), world))
+    algorithm = schedule.algorithm  # the planner's pick, for "auto"
     request = GenerateRequest(loaded.source, tuple(prompt), new_tokens, schedule,
                               None, context, tuple(segment))
     t0 = time.perf_counter()
@@ -90,21 +92,22 @@ def run(contexts: list[int], world: int, new_tokens: int, model: str | None) -> 
         row = {"context_tokens": context, "single_tokens_per_s": ref.tokens_per_s,
                "single_attention_s_per_token": ref.attention_per_token_s,
                "single_prefill_s": ref.prefill_s}
-        for algorithm in ("tree", "ring"):
+        for key, algorithm in (("tree", "tree"), ("planned", "auto"), ("ring", "ring")):
             point = run_point(loaded, prompt, segment, context, world, algorithm, new_tokens)
             logits = point.pop("logits")
             point["identical_to_single_process"] = point["tokens"] == ref.tokens
             point["max_abs_logit_diff"] = max(
                 float((a - b).abs().max()) for a, b in zip(logits, ref.logits, strict=False))
-            row[algorithm] = point
-            print(f"L={context} {algorithm}: {point['attention_median_s'] * 1e3:.1f} ms "
+            row[key] = point
+            print(f"L={context} {point['algorithm']}: {point['attention_median_s'] * 1e3:.1f} ms "
                   f"attention/token, {point['tokens_per_s']:.2f} tokens/s", file=sys.stderr)
         again = generate_local(loaded.model, prompt, new_tokens, None, None, context, segment)
         row["single_attention_medians_s"] = [ref.attention_median_s, again.attention_median_s]
         row["single_attention_median_s"] = min(row["single_attention_medians_s"])
         row["single_tokens_repeat"] = again.tokens == ref.tokens
-        row["single_over_tree_attention"] = (row["single_attention_median_s"]
-                                             / row["tree"]["attention_median_s"])
+        for key in ("tree", "planned"):
+            row[f"single_over_{key}_attention"] = (row["single_attention_median_s"]
+                                                   / row[key]["attention_median_s"])
         shard = max(split_lengths(context + len(prompt), world))
         kv_bytes = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 4 * shard
         row["tree_floor_s_per_token"] = kv_bytes / bandwidth
@@ -120,7 +123,7 @@ def run(contexts: list[int], world: int, new_tokens: int, model: str | None) -> 
 
 def markdown(result: dict) -> str:
     lines = [
-        f"# Real decoding, tree vs ring (SmolLM2-135M, world {result['world']}, CPU ranks)",
+        f"# Real decoding, tree, the planner's pick and ring (SmolLM2-135M, world {result['world']}, CPU ranks)",
         "",
         f"Model `{Path(result['model']).name}`, fp32, {result['new_tokens']} new tokens after "
         f"the prompt {result['prompt']!r}; copy bandwidth "
@@ -129,24 +132,29 @@ def markdown(result: dict) -> str:
         f"torch {result['machine']['torch']}.",
         "",
         "| context | single attn ms/tok (two runs) | tree attn ms/tok | single/tree attn "
+        "| planned attn ms/tok | single/planned attn "
         "| ring attn ms/tok | ring/tree attn | tree tok/s | ring tok/s | tree floor ms/tok "
-        "| tree/floor | prefill s (tree rank 0) | same tokens (tree, ring) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| tree/floor | prefill s (tree rank 0) | same tokens (tree, planned, ring) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in result["points"]:
-        t, r = p["tree"], p["ring"]
+        t, a, r = p["tree"], p["planned"], p["ring"]
         singles = " / ".join(f"{x * 1e3:.1f}" for x in p["single_attention_medians_s"])
         lines.append(
             f"| {p['context_tokens']} | {singles} "
             f"| {t['attention_median_s'] * 1e3:.1f} | {p['single_over_tree_attention']:.2f}× "
+            f"| {a['attention_median_s'] * 1e3:.1f} ({a['algorithm']}) "
+            f"| {p['single_over_planned_attention']:.2f}× "
             f"| {r['attention_median_s'] * 1e3:.1f} "
             f"| {p['ring_over_tree_attention']:.2f}× | {t['tokens_per_s']:.2f} "
             f"| {r['tokens_per_s']:.2f} | {p['tree_floor_s_per_token'] * 1e3:.1f} "
             f"| {t['attention_median_s'] / p['tree_floor_s_per_token']:.1f}× "
             f"| {t['prefill_s']:.1f} "
-            f"| {t['identical_to_single_process']}, {r['identical_to_single_process']} |")
+            f"| {t['identical_to_single_process']}, {a['identical_to_single_process']}, "
+            f"{r['identical_to_single_process']} |")
     lines += ["", "Attention time is the median over the decode steps of one step's attention, "
-              "all 30 layers; single/tree divides the faster single-process run by tree. "
+              "all 30 layers; single/tree divides the faster single-process run by tree, "
+              "single/planned by the planner's pick (`--algorithm auto`). "
               "The long context is "
               "a repeated document whose copies are encoded independently (see "
               "`treeattn/llm/generate_context.py`); past the model's trained context of "

@@ -3,19 +3,20 @@
 Decode attention is memory-bound: one step reads every K and V byte once, so the figure of
 merit is GB/s of K+V read against what the memory can deliver.
 
-- CPU (always): ``treeattn.kernels.partial_attention`` as it dispatches on a CPU (fp32: the
-  exact torch path; bf16: torch's fused FlashAttention kernel, ``kernels/cpu_fused.py``), as
-  K+V read GB/s against the read bandwidth of ``sum()`` over the same K and V, measured in
-  the same process, interleaved with the kernel runs (best of each), so that the ratio is
-  meaningful on a shared machine. The exact torch path (``treeattn.kernels.reference``, the
-  oracle) is timed the same way beside it; in fp32 it is the same call.
+- CPU (always): ``treeattn.kernels.partial_attention`` as it dispatches on a CPU (dense KV:
+  torch's fused FlashAttention kernel, ``kernels/cpu_fused.py``), as K+V read GB/s against
+  the read bandwidth of ``sum()`` over the same K and V, measured in the same process,
+  interleaved with the kernel runs (best of each), so that the ratio is meaningful on a
+  shared machine. The exact torch path (``treeattn.kernels.reference``, the oracle) is timed
+  the same way beside it.
 - CUDA (when available): bf16, the Triton kernel beside ``scaled_dot_product_attention`` and a
   naive torch implementation, as a fraction of the GPU's peak HBM bandwidth (datasheet) and of
   a measured device copy. Also records the Triton kernel's error against the torch reference.
 
-CPU shapes: B=1 with Hq=Hkv=8, D=128 (MHA) and Hq=9, Hkv=3, D=64 (SmolLM2-like GQA 3:1), T from
-16k to 1M. GPU shapes: B=1, Hq=32, Hkv=8, D=128, T from 4k to 1M. Writes
-``benchmarks/results/kernels-<tag>.json`` and ``.md``. Run single-threaded on one core:
+CPU shapes: B=1 with Hq=Hkv=8, D=128 (MHA), Hq=9, Hkv=3, D=64 (SmolLM2-like GQA 3:1) and
+Hq=32, Hkv=8, D=128 (Llama-3-8B-like GQA 4:1), T from 16k to 1M. GPU shapes: B=1, Hq=32,
+Hkv=8, D=128, T from 4k to 1M. Writes ``benchmarks/results/kernels-<tag>.json`` and ``.md``.
+Run single-threaded on one core:
 ``taskset -c 1 .venv/bin/python benchmarks/kernels.py --threads 1 --tag cpu-1thread [--quick]``.
 """
 
@@ -36,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernels_gpu  # noqa: E402  (benchmarks/, beside this file)
 
-from treeattn.kernels import partial_attention, reference  # noqa: E402
+from treeattn.kernels import cpu_fused, partial_attention, reference  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 B, HQ, HKV, D = 1, 32, 8, 128
 # CPU configurations: (name, Hq, Hkv, D); T values per configuration.
-CPU_SHAPES = [("mha-d128", 8, 8, 128), ("smollm2-gqa3", 9, 3, 64)]
+CPU_SHAPES = [("mha-d128", 8, 8, 128), ("smollm2-gqa3", 9, 3, 64), ("llama-gqa4", 32, 8, 128)]
 T_SWEEP_CPU = [16384, 131072, 1048576]
 
 
@@ -150,7 +151,7 @@ def _cpu_row(name: str, hq: int, hkv: int, d: int, t: int, dtype: torch.dtype) -
         "D": d, "T": t, "kv_bytes": kv_bytes, "reps": reps,
         "ms": timed["kernel"]["best"] * 1e3, "ms_median": timed["kernel"]["median"] * 1e3,
         "GBps": bw["kernel"], "sum_GBps": bw["sum"], "frac_of_sum": bw["kernel"] / bw["sum"],
-        "path": "fused" if dtype != torch.float32 else "exact",
+        "path": "fused" if cpu_fused.applies(k, None) else "exact",
         "exact_ms": timed["exact"]["best"] * 1e3, "exact_GBps": bw["exact"],
         "exact_frac_of_sum": bw["exact"] / bw["sum"],
         "speedup": timed["exact"]["best"] / timed["kernel"]["best"],
@@ -175,9 +176,9 @@ def markdown(result: dict) -> str:
              ""]  # fmt: skip
     if "cpu" in result:
         lines += ["## CPU, the dispatched kernel vs the exact torch path", "",
-                  "Best of the runs, cold caches. `path` is what `partial_attention` runs: the "
-                  "exact torch path for fp32, torch's fused FlashAttention kernel for bf16 "
-                  "(P rounded to bf16 for P·V, as on a GPU). `sum` is the read bandwidth of "
+                  "Best of the runs, cold caches. `path` is what `partial_attention` runs: "
+                  "torch's fused FlashAttention kernel for dense KV (in bf16, P rounded to "
+                  "bf16 for P·V, as on a GPU). `sum` is the read bandwidth of "
                   "`sum()` over the same K and V, measured in the same process interleaved with "
                   "both kernels; the ratios are the figures to compare (absolute GB/s vary with "
                   "the machine's load). The CPU-time ratios use the thread's CPU time instead of "

@@ -342,12 +342,13 @@ def test_forcing_triton_on_cpu_without_interpreter_explains_how(monkeypatch):
         merge_partials(torch.zeros(2, 1, 2, 8), torch.zeros(2, 1, 2))
 
 
-def test_auto_backend_takes_the_exact_torch_path_for_fp32_on_cpu(monkeypatch):
+def test_auto_backend_takes_the_exact_torch_path_for_ragged_kv_on_cpu(monkeypatch):
     monkeypatch.delenv("TREEATTN_KERNEL", raising=False)
-    assert kernels.choose_backend(torch.device("cpu")) == "fused"  # which serves 16-bit only
-    q, k, v = make_qkv(1, 2, 2, 3, 8, torch.float32)
-    got = partial_attention(q, k, v)
-    want = reference.partial_attention(q, k, v)
+    assert kernels.choose_backend(torch.device("cpu")) == "fused"  # which serves dense KV only
+    q, k, v = make_qkv(2, 2, 2, 5, 8, torch.float32)
+    kv_len = torch.tensor([3, 5])
+    got = partial_attention(q, k, v, kv_len=kv_len)
+    want = reference.partial_attention(q, k, v, kv_len=kv_len)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 

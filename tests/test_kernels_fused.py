@@ -1,4 +1,4 @@
-"""torch's fused CPU kernel for 16-bit KV (treeattn/kernels/cpu_fused.py) against the float64
+"""torch's fused CPU kernel for dense KV (treeattn/kernels/cpu_fused.py) against the float64
 oracle, the exact torch path, and the merge algebra; and the dispatch that picks it."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from treeattn.kernels.testing import (
     merge_random_tree,
 )
 
-HALF = [torch.float16, torch.bfloat16]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 @pytest.fixture(autouse=True)
@@ -33,15 +33,16 @@ def assert_fused_close(got, want, dtype):
     torch.testing.assert_close(got[1], want[1], **LSE_TOLERANCE)
 
 
-def test_applies_only_to_dense_nonempty_16bit_cpu_kv():
+def test_applies_only_to_dense_nonempty_float_cpu_kv():
     q, k, v = make_qkv(1, 4, 2, 5, 8, torch.bfloat16)
     assert cpu_fused.applies(k, None)
+    assert cpu_fused.applies(k.float(), None)
     assert not cpu_fused.applies(k, torch.tensor([3]))  # ragged: exact path
-    assert not cpu_fused.applies(k.float(), None)  # fp32: exact path
+    assert not cpu_fused.applies(k.double(), None)  # not a KV cache dtype: exact path
     assert not cpu_fused.applies(k[:, :, :0], None)  # empty shard: the identity
 
 
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq,hkv,d", [(8, 8, 128), (9, 3, 64), (32, 8, 128), (4, 1, 64)])
 def test_fused_matches_the_oracle_for_any_gqa_ratio(dtype, hq, hkv, d):
     q, k, v = make_qkv(2, hq, hkv, 1300, d, dtype, seed=hq + d)  # several of its KV blocks
@@ -50,7 +51,7 @@ def test_fused_matches_the_oracle_for_any_gqa_ratio(dtype, hq, hkv, d):
     assert_fused_close(got, reference.naive_attention(q, k, v), dtype)
 
 
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_reads_strided_views_of_a_larger_cache(dtype):
     """A decode cache hands out ``[:, :, :length]`` views of a larger capacity, and the
     KV of a packed (2, B, Hkv, T, D) block; a D-strided view is copied first."""
@@ -65,7 +66,7 @@ def test_fused_reads_strided_views_of_a_larger_cache(dtype):
     assert_fused_close(partial_attention(q, wide[..., ::2], v[:, :, :250]), want, dtype)
 
 
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_reads_a_query_that_is_not_unit_stride_along_d(dtype):
     q, k, v = make_qkv(2, 8, 2, 300, 64, dtype, seed=5)
     want = reference.naive_attention(q, k, v)
@@ -77,7 +78,7 @@ def test_fused_reads_a_query_that_is_not_unit_stride_along_d(dtype):
     assert_fused_close(partial_attention(wide[..., ::2], k, v), want, dtype)
 
 
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_one_token_shard_is_that_token_exactly_up_to_rounding(dtype):
     q, k, v = make_qkv(3, 4, 2, 1, 16, dtype, seed=7)
     o, lse = partial_attention(q, k, v)
@@ -86,7 +87,7 @@ def test_one_token_shard_is_that_token_exactly_up_to_rounding(dtype):
     assert_fused_close((o, lse), reference.naive_attention(q, k, v), dtype)
 
 
-def test_dispatch_routes_16bit_to_fused_and_the_rest_to_the_exact_path(monkeypatch):
+def test_dispatch_routes_dense_kv_to_fused_and_the_rest_to_the_exact_path(monkeypatch):
     calls = []
     real = cpu_fused.partial_attention_fused
     monkeypatch.setattr(cpu_fused, "partial_attention_fused",
@@ -94,16 +95,16 @@ def test_dispatch_routes_16bit_to_fused_and_the_rest_to_the_exact_path(monkeypat
     q, k, v = make_qkv(1, 4, 2, 30, 8, torch.bfloat16)
     partial_attention(q, k, v)
     partial_attention(q, k, v, kv_len=torch.tensor([20]))  # ragged: exact
-    partial_attention(q.float(), k.float(), v.float())  # fp32: exact
-    assert calls == [torch.bfloat16]
+    partial_attention(q.float(), k.float(), v.float())
+    assert calls == [torch.bfloat16, torch.float32]
     monkeypatch.setenv("TREEATTN_KERNEL", "torch")  # the oracle path, forced
     got = partial_attention(q, k, v)
-    assert calls == [torch.bfloat16]
+    assert calls == [torch.bfloat16, torch.float32]
     want = reference.partial_attention(q, k, v)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     monkeypatch.setenv("TREEATTN_KERNEL", "fused")
     partial_attention(q, k, v)
-    assert calls == [torch.bfloat16, torch.bfloat16]
+    assert calls == [torch.bfloat16, torch.float32, torch.bfloat16]
 
 
 def test_empty_shard_is_the_identity_through_the_public_api():
@@ -114,11 +115,10 @@ def test_empty_shard_is_the_identity_through_the_public_api():
 
 @settings(max_examples=25, deadline=None)
 @given(t=st.integers(1, 700), n_chunks=st.integers(1, 6), seed=st.integers(0, 10_000),
-       bf16=st.booleans())
-def test_any_split_merged_in_any_order_gives_whole_attention(t, n_chunks, seed, bf16):
+       dtype=st.sampled_from(DTYPES))
+def test_any_split_merged_in_any_order_gives_whole_attention(t, n_chunks, seed, dtype):
     """Sequence parallelism with the fused kernel: shards (some empty) merged in a random
-    tree equal the whole, within the 16-bit tolerance of one kernel call."""
-    dtype = torch.bfloat16 if bf16 else torch.float16
+    tree equal the whole, within the tolerance of one kernel call in that dtype."""
     q, k, v = make_qkv(1, 6, 2, t, 32, dtype, seed=seed)
     rng = random.Random(seed)
     cuts = cut_points(t, n_chunks, rng)

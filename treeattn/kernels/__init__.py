@@ -1,7 +1,7 @@
 """Local compute of Tree Attention: the partial attention of a KV shard, and the merge.
 
 A *partial* is ``(o, lse)``: ``o`` (B, Hq, D) fp32 and ``lse`` (B, Hq) fp32. Triton kernels
-run on CUDA tensors; on CPU tensors, dense 16-bit KV goes through torch's fused
+run on CUDA tensors; on CPU tensors, dense KV goes through torch's fused
 FlashAttention kernel (:mod:`treeattn.kernels.cpu_fused`) and everything else through the
 exact torch path (:mod:`treeattn.kernels.reference`); ``TREEATTN_KERNEL=triton|fused|torch``
 forces one (see :mod:`treeattn.kernels.dispatch`). Kernels know nothing of topology.

@@ -1,23 +1,26 @@
-"""Partial attention of 16-bit KV on a CPU through torch's fused FlashAttention kernel.
+"""Partial attention on a CPU through torch's fused FlashAttention kernel.
 
 Why a second CPU path: the exact torch path (:mod:`treeattn.kernels.reference`) upcasts
 16-bit K and V to fp32 block by block before its matmuls, because torch has no CPU matmul of
 bf16 inputs with an fp32 result. The upcast copy alone runs at about half the read
 bandwidth of ``sum()``, so that path cannot pass 30% of it in bf16
-(``benchmarks/results/kernels-cpu-1thread.md``). torch itself ships a fused CPU kernel,
-``aten._scaled_dot_product_flash_attention_for_cpu``, that reads 16-bit K and V in place
-with oneDNN's 16-bit GEMMs (fp32 accumulation) and returns the log-sum-exp next to the
-output: exactly a partial. No new dependency.
+(``benchmarks/results/kernels-cpu-1thread.md``). In fp32 the exact path reads K and V in
+place, but for grouped-query heads its ``q·Kᵀ`` is a matmul of only G = Hq / Hkv rows, which
+MKL runs far below the memory's bandwidth (58% of ``sum()`` at Hq/Hkv = 32/8, D = 128,
+against 71% for this kernel). torch itself ships a fused CPU kernel,
+``aten._scaled_dot_product_flash_attention_for_cpu``, that reads K and V in place, tiles
+the scores so they never leave the cache, and returns the log-sum-exp next to the output:
+exactly a partial. No new dependency.
 
 Numerics are FlashAttention's, the same as the Triton kernel's on a GPU: the scores, their
 maximum, the exponentials and the log-sum-exp are fp32 (``lse`` matches the exact path to
 ~1e-5); the softmax probabilities are rounded to the input dtype for the P·V product, and
-the output comes back in the input dtype. So ``o`` is held to the Triton 16-bit tolerances
-(``treeattn.kernels.testing.O_TOLERANCE``, key ``"fused"``), not the exact path's 1e-5.
+the output comes back in the input dtype. So a 16-bit ``o`` is held to the Triton 16-bit
+tolerances (``treeattn.kernels.testing.O_TOLERANCE``, key ``"fused"``), not the exact
+path's 1e-5; an fp32 one only differs from the exact path by the order of its sums.
 
-It applies to CPU tensors with 16-bit K/V, no ``kv_len`` (a decode shard is dense; ragged
-batches take the exact path) and at least one token. fp32 stays on the exact path, which
-measured as fast as this kernel in fp32. ``TREEATTN_KERNEL=torch`` forces the exact path
+It applies to CPU tensors with no ``kv_len`` (a decode shard is dense; ragged batches take
+the exact path) and at least one token. ``TREEATTN_KERNEL=torch`` forces the exact path
 everywhere (it is the oracle of every other kernel).
 """
 
@@ -25,12 +28,12 @@ from __future__ import annotations
 
 import torch
 
-HALF_DTYPES = (torch.float16, torch.bfloat16)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def applies(k: torch.Tensor, kv_len: torch.Tensor | None) -> bool:
-    """Whether the fused kernel serves this call: CPU, 16-bit K/V, dense, non-empty."""
-    return (k.device.type == "cpu" and k.dtype in HALF_DTYPES and kv_len is None
+    """Whether the fused kernel serves this call: CPU, float K/V, dense, non-empty."""
+    return (k.device.type == "cpu" and k.dtype in DTYPES and kv_len is None
             and k.shape[2] > 0 and k.shape[0] > 0)
 
 

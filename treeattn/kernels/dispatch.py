@@ -1,15 +1,16 @@
 """Pick the backend for each call: Triton on CUDA tensors, torch on CPU tensors.
 
 On CPU tensors ``auto`` means ``fused``: torch's fused FlashAttention kernel for the partial
-attention of dense 16-bit KV (:mod:`treeattn.kernels.cpu_fused`), the exact torch path for
-everything else. ``TREEATTN_KERNEL=triton|fused|torch`` forces one backend (``auto`` or unset:
-by device); ``torch`` is the exact path everywhere, the oracle of the others. Triton
-on CPU tensors only runs in Triton's interpreter (``TRITON_INTERPRET=1``). Triton fixes that
-choice for each ``@triton.jit`` function when it is defined, including its own library
-functions (``tl.zeros``, ``tl.sum``) defined when ``triton`` is first imported, so the variable
-must be set before Python imports Triton. The Triton modules are imported lazily, and a
-setting that changed after Triton's import is reported as a KernelError instead of failing
-deep inside the interpreter.
+attention of dense KV (:mod:`treeattn.kernels.cpu_fused`), the exact torch path for
+everything else (ragged ``kv_len`` batches, empty shards, merges).
+``TREEATTN_KERNEL=triton|fused|torch`` forces one backend (``auto`` or unset: by device);
+``torch`` is the exact path everywhere, the oracle of the others. Triton on CPU tensors only
+runs in Triton's interpreter (``TRITON_INTERPRET=1``). Triton fixes that choice for each
+``@triton.jit`` function when it is defined, including its own library functions
+(``tl.zeros``, ``tl.sum``) defined when ``triton`` is first imported, so the variable must be
+set before Python imports Triton. The Triton modules are imported lazily, and a setting that
+changed after Triton's import is reported as a KernelError instead of failing deep inside
+the interpreter.
 """
 
 from __future__ import annotations
