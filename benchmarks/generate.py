@@ -15,9 +15,10 @@ ranks (gloo on loopback, one torch thread per rank), and a short prompt is decod
 Reported per point: tokens/s, attention time per token (all 30 layers: the executor running
 the schedule, the new token's own key being part of its owner's shard), the single/tree,
 single/planned and ring/tree ratios measured in the same run, whether the greedy tokens equal
-the single-process ones, and tree's attention time against a floor: the KV bytes one rank holds, read once at this machine's copy bandwidth
-(STREAM convention, one thread, measured in this run). The ranks share the machine's cores,
-so the floor is a lower bound, not a promise.
+the single-process ones, and tree's attention time against a floor: the KV bytes one rank
+holds, read once at this machine's copy bandwidth (STREAM convention, one thread, measured
+in this run). The ranks share the machine's cores, so the floor is a lower bound, not a
+promise.
 
 Run: ``.venv/bin/python benchmarks/generate.py [--contexts 32768 65536] [--world 2]``.
 Writes ``benchmarks/results/generate.json`` and ``.md``.
@@ -123,7 +124,8 @@ def run(contexts: list[int], world: int, new_tokens: int, model: str | None) -> 
 
 def markdown(result: dict) -> str:
     lines = [
-        f"# Real decoding, tree, the planner's pick and ring (SmolLM2-135M, world {result['world']}, CPU ranks)",
+        "# Real decoding, tree, the planner's pick and ring "
+        f"(SmolLM2-135M, world {result['world']}, CPU ranks)",
         "",
         f"Model `{Path(result['model']).name}`, fp32, {result['new_tokens']} new tokens after "
         f"the prompt {result['prompt']!r}; copy bandwidth "
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[32768, 65536])
     parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--new-tokens", type=int, default=6)
+    parser.add_argument("--new-tokens", type=int, default=12)  # 11 timed decode steps
     parser.add_argument("--model", default=None)
     args = parser.parse_args(argv)
     result = run(args.contexts, args.world, args.new_tokens, args.model)

@@ -15,6 +15,10 @@ targets: predictions within ±10% of each other, measured medians within ±15%, 
 in every repeat. Each repeat calibrates again, so the prediction spread includes the
 calibration's own noise. No wall-clock value is asserted anywhere; these are reports.
 
+The machine itself is probed too: before each repeat's ring check and before its
+algorithm points, the single-thread read bandwidth of ``sum()`` over 256 MiB (best of 3,
+about a second), to show how far the machine moved between the repeats.
+
 Run: ``.venv/bin/python benchmarks/repeatability.py [--repeats 5]``. Writes
 ``benchmarks/results/repeatability.{json,md}``.
 """
@@ -69,6 +73,25 @@ def algorithm_points() -> list[dict]:
     return out
 
 
+def read_bandwidth(nbytes: int = 256 << 20, reps: int = 3) -> float:
+    """Single-thread ``sum()`` read bandwidth in bytes/s, best of ``reps``: the machine's
+    state right now (decode attention on a CPU is bound by it)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        data = torch.ones(nbytes // 4)  # fp32
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            data.sum()
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return nbytes / best
+
+
 def spread(values: list[float]) -> float:
     """The largest relative distance from the median."""
     mid = statistics.median(values)
@@ -111,7 +134,13 @@ def markdown(rows: list[dict], meta: dict) -> str:
                      f"{pct(r['measured_spread'])} | {pct(r['worst_error'])} | "
                      f"{'yes' if r['meets'] else 'no'} |")
     met = sum(r["meets"] for r in rows)
-    lines += ["", f"{met} of {len(rows)} points meet all three targets."]
+    probes = [b / 1e9 for probe in meta["read_bandwidth_Bps"] for b in probe]
+    lines += ["", f"{met} of {len(rows)} points meet all three targets.", "",
+              f"The machine's own single-thread read bandwidth, probed {len(probes)} times "
+              f"across the repeats (about a second each): {min(probes):.1f}–{max(probes):.1f} "
+              f"GB/s, a spread of {pct(meta['read_bandwidth_spread'])}. A calibration pools "
+              "bursts spread over its run and a measurement times many steps, so both "
+              "spread less than this instantaneous probe."]
     return "\n".join(lines) + "\n"
 
 
@@ -122,16 +151,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the ring check (about 80 s a repeat)")
     args = parser.parse_args(argv)
     t0, load_start = time.time(), os.getloadavg()
-    repeats = []
+    repeats, probes = [], []
     for i in range(args.repeats):
-        points = [ring_check()] + ([] if args.no_algorithms else algorithm_points())
+        probes.append([read_bandwidth()])
+        points = [ring_check()]
+        if not args.no_algorithms:
+            probes[-1].append(read_bandwidth())
+            points += algorithm_points()
         repeats.append(points)
         print(f"repeat {i + 1}/{args.repeats} done after {time.time() - t0:.0f} s",
               file=sys.stderr, flush=True)
     rows = summarize(repeats)
     meta = {"machine": machine_info(), "repeats": args.repeats, "wall_s": time.time() - t0,
             "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
-            "targets": TARGETS}
+            "targets": TARGETS, "read_bandwidth_Bps": probes,
+            "read_bandwidth_spread": spread([b for probe in probes for b in probe])}
     text = markdown(rows, meta)
     write_results("repeatability", {"meta": meta, "rows": rows, "repeats": repeats}, text)
     print(text)
