@@ -4,7 +4,8 @@ Decode attention is memory-bound: one step reads every K and V byte once, so the
 merit is GB/s of K+V read against what the memory can deliver.
 
 - CPU (always): ``treeattn.kernels.partial_attention`` as it dispatches on a CPU (dense KV:
-  torch's fused FlashAttention kernel, ``kernels/cpu_fused.py``), as K+V read GB/s against
+  torch's fused FlashAttention kernel, ``kernels/cpu_fused.py``, except fp32 MHA, which
+  takes the exact path), as K+V read GB/s against
   the read bandwidth of ``sum()`` over the same K and V, measured in the same process,
   interleaved with the kernel runs (best of each), so that the ratio is meaningful on a
   shared machine. The exact torch path (``treeattn.kernels.reference``, the oracle) is timed
@@ -151,7 +152,7 @@ def _cpu_row(name: str, hq: int, hkv: int, d: int, t: int, dtype: torch.dtype) -
         "D": d, "T": t, "kv_bytes": kv_bytes, "reps": reps,
         "ms": timed["kernel"]["best"] * 1e3, "ms_median": timed["kernel"]["median"] * 1e3,
         "GBps": bw["kernel"], "sum_GBps": bw["sum"], "frac_of_sum": bw["kernel"] / bw["sum"],
-        "path": "fused" if cpu_fused.applies(k, None) else "exact",
+        "path": "fused" if cpu_fused.applies(q, k, None) else "exact",
         "exact_ms": timed["exact"]["best"] * 1e3, "exact_GBps": bw["exact"],
         "exact_frac_of_sum": bw["exact"] / bw["sum"],
         "speedup": timed["exact"]["best"] / timed["kernel"]["best"],
@@ -178,8 +179,9 @@ def markdown(result: dict) -> str:
         lines += ["## CPU, the dispatched kernel vs the exact torch path", "",
                   "Best of the runs, cold caches. `path` is what `partial_attention` runs: "
                   "torch's fused FlashAttention kernel for dense KV (in bf16, P rounded to "
-                  "bf16 for P·V, as on a GPU). `sum` is the read bandwidth of "
-                  "`sum()` over the same K and V, measured in the same process interleaved with "
+                  "bf16 for P·V, as on a GPU), except fp32 MHA (the exact path). `sum` is "
+                  "the read bandwidth of `sum()` over the same K and V, measured in the same "
+                  "process interleaved with "
                   "both kernels; the ratios are the figures to compare (absolute GB/s vary with "
                   "the machine's load). The CPU-time ratios use the thread's CPU time instead of "
                   "wall time (robust to being descheduled on a shared core).", "",

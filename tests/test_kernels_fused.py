@@ -33,13 +33,15 @@ def assert_fused_close(got, want, dtype):
     torch.testing.assert_close(got[1], want[1], **LSE_TOLERANCE)
 
 
-def test_applies_only_to_dense_nonempty_float_cpu_kv():
+def test_applies_to_dense_nonempty_16bit_kv_and_to_grouped_fp32_kv():
     q, k, v = make_qkv(1, 4, 2, 5, 8, torch.bfloat16)
-    assert cpu_fused.applies(k, None)
-    assert cpu_fused.applies(k.float(), None)
-    assert not cpu_fused.applies(k, torch.tensor([3]))  # ragged: exact path
-    assert not cpu_fused.applies(k.double(), None)  # not a KV cache dtype: exact path
-    assert not cpu_fused.applies(k[:, :, :0], None)  # empty shard: the identity
+    assert cpu_fused.applies(q, k, None)
+    assert cpu_fused.applies(q, k.float(), None)  # fp32, 2 query heads per KV head
+    assert not cpu_fused.applies(q[:, :2], k.float(), None)  # fp32 MHA: exact path
+    assert cpu_fused.applies(q[:, :2], k, None)  # 16-bit MHA: fused
+    assert not cpu_fused.applies(q, k, torch.tensor([3]))  # ragged: exact path
+    assert not cpu_fused.applies(q, k.double(), None)  # not a KV cache dtype: exact path
+    assert not cpu_fused.applies(q, k[:, :, :0], None)  # empty shard: the identity
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -95,7 +97,8 @@ def test_dispatch_routes_dense_kv_to_fused_and_the_rest_to_the_exact_path(monkey
     q, k, v = make_qkv(1, 4, 2, 30, 8, torch.bfloat16)
     partial_attention(q, k, v)
     partial_attention(q, k, v, kv_len=torch.tensor([20]))  # ragged: exact
-    partial_attention(q.float(), k.float(), v.float())
+    partial_attention(q.float(), k.float(), v.float())  # fp32 GQA: fused
+    partial_attention(q[:, :2].float(), k.float(), v.float())  # fp32 MHA: exact
     assert calls == [torch.bfloat16, torch.float32]
     monkeypatch.setenv("TREEATTN_KERNEL", "torch")  # the oracle path, forced
     got = partial_attention(q, k, v)

@@ -1,10 +1,11 @@
 """Local compute of Tree Attention: the partial attention of a KV shard, and the merge.
 
 A *partial* is ``(o, lse)``: ``o`` (B, Hq, D) fp32 and ``lse`` (B, Hq) fp32. Triton kernels
-run on CUDA tensors; on CPU tensors, dense KV goes through torch's fused
-FlashAttention kernel (:mod:`treeattn.kernels.cpu_fused`) and everything else through the
-exact torch path (:mod:`treeattn.kernels.reference`); ``TREEATTN_KERNEL=triton|fused|torch``
-forces one (see :mod:`treeattn.kernels.dispatch`). Kernels know nothing of topology.
+run on CUDA tensors; on CPU tensors, dense KV (16-bit, or fp32 with grouped-query heads)
+goes through torch's fused FlashAttention kernel (:mod:`treeattn.kernels.cpu_fused`) and
+everything else through the exact torch path (:mod:`treeattn.kernels.reference`);
+``TREEATTN_KERNEL=triton|fused|torch`` forces one (see :mod:`treeattn.kernels.dispatch`).
+Kernels know nothing of topology.
 
 >>> import torch
 >>> from treeattn.kernels import partial_attention, merge
@@ -49,7 +50,7 @@ def partial_attention(
     backend = choose_backend(q.device)
     if backend == "triton":
         return triton_module("triton_partial").partial_attention_checked(q, k, v, scale, kv_len)
-    if backend == "fused" and cpu_fused.applies(k, kv_len):
+    if backend == "fused" and cpu_fused.applies(q, k, kv_len):
         return cpu_fused.partial_attention_fused(q, k, v, scale)
     return reference.partial_attention_checked(q, k, v, scale, kv_len)
 

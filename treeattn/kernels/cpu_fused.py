@@ -6,8 +6,8 @@ bf16 inputs with an fp32 result. The upcast copy alone runs at about half the re
 bandwidth of ``sum()``, so that path cannot pass 30% of it in bf16
 (``benchmarks/results/kernels-cpu-1thread.md``). In fp32 the exact path reads K and V in
 place, but for grouped-query heads its ``q·Kᵀ`` is a matmul of only G = Hq / Hkv rows, which
-MKL runs far below the memory's bandwidth (58% of ``sum()`` at Hq/Hkv = 32/8, D = 128,
-against 71% for this kernel). torch itself ships a fused CPU kernel,
+MKL runs far below the memory's bandwidth (51–57% of ``sum()`` at Hq/Hkv = 32/8, D = 128,
+128k tokens, against 71–72% for this kernel). torch itself ships a fused CPU kernel,
 ``aten._scaled_dot_product_flash_attention_for_cpu``, that reads K and V in place, tiles
 the scores so they never leave the cache, and returns the log-sum-exp next to the output:
 exactly a partial. No new dependency.
@@ -20,21 +20,27 @@ tolerances (``treeattn.kernels.testing.O_TOLERANCE``, key ``"fused"``), not the 
 path's 1e-5; an fp32 one only differs from the exact path by the order of its sums.
 
 It applies to CPU tensors with no ``kv_len`` (a decode shard is dense; ragged batches take
-the exact path) and at least one token. ``TREEATTN_KERNEL=torch`` forces the exact path
-everywhere (it is the oracle of every other kernel).
+the exact path) and at least one token, in 16-bit always and in fp32 for grouped-query
+heads (G > 1). With one query row per KV head the exact path's ``q·Kᵀ`` is a matrix-vector
+product, which MKL already runs at the memory's bandwidth: there the fused kernel measured
+0.90–1.05x the exact path's speed, against 1.01–1.41x for G = 3 and 4.
+``TREEATTN_KERNEL=torch`` forces the exact path everywhere (it is the oracle of every other
+kernel).
 """
 
 from __future__ import annotations
 
 import torch
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def applies(k: torch.Tensor, kv_len: torch.Tensor | None) -> bool:
-    """Whether the fused kernel serves this call: CPU, float K/V, dense, non-empty."""
-    return (k.device.type == "cpu" and k.dtype in DTYPES and kv_len is None
-            and k.shape[2] > 0 and k.shape[0] > 0)
+def applies(q: torch.Tensor, k: torch.Tensor, kv_len: torch.Tensor | None) -> bool:
+    """Whether the fused kernel serves this call: CPU, dense, non-empty, and 16-bit K/V or
+    fp32 K/V with several query heads per KV head."""
+    if k.device.type != "cpu" or kv_len is not None or k.shape[2] == 0 or k.shape[0] == 0:
+        return False
+    return k.dtype in HALF_DTYPES or (k.dtype == torch.float32 and q.shape[1] > k.shape[1])
 
 
 def partial_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -1,8 +1,9 @@
 """Pick the backend for each call: Triton on CUDA tensors, torch on CPU tensors.
 
 On CPU tensors ``auto`` means ``fused``: torch's fused FlashAttention kernel for the partial
-attention of dense KV (:mod:`treeattn.kernels.cpu_fused`), the exact torch path for
-everything else (ragged ``kv_len`` batches, empty shards, merges).
+attention of dense KV where it is faster (:func:`treeattn.kernels.cpu_fused.applies`), the
+exact torch path for everything else (ragged ``kv_len`` batches, empty shards, fp32 with
+one query head per KV head, merges).
 ``TREEATTN_KERNEL=triton|fused|torch`` forces one backend (``auto`` or unset: by device);
 ``torch`` is the exact path everywhere, the oracle of the others. Triton on CPU tensors only
 runs in Triton's interpreter (``TRITON_INTERPRET=1``). Triton fixes that choice for each
