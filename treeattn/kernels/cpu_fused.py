@@ -23,7 +23,7 @@ It applies to CPU tensors with no ``kv_len`` (a decode shard is dense; ragged ba
 the exact path) and at least one token, in 16-bit always and in fp32 for grouped-query
 heads (G > 1). With one query row per KV head the exact path's ``q·Kᵀ`` is a matrix-vector
 product, which MKL already runs at the memory's bandwidth: there the fused kernel measured
-0.90–1.05x the exact path's speed, against 1.01–1.41x for G = 3 and 4.
+0.90–1.05x the exact path's speed, against 0.94–1.15x for G = 3 and 1.08–1.72x for G = 4.
 ``TREEATTN_KERNEL=torch`` forces the exact path everywhere (it is the oracle of every other
 kernel).
 """
