@@ -5,9 +5,10 @@ of a repeated document (``treeattn generate --context-tokens L``), sharded over 
 ranks (gloo on loopback, one torch thread per rank), and a short prompt is decoded greedily:
 
 * in a single process (the reference for the tokens and for the attention time),
-* with ``--algorithm tree``, with the planner's pick (``--algorithm auto``: the simulator's
-  fastest schedule for this model on the uncalibrated local topology) and with
-  ``--algorithm ring``,
+* with ``--algorithm tree``, with the planner's pick and with ``--algorithm ring``. The
+  pick is what ``treeattn plan --profile`` would choose: this machine is calibrated once
+  (``calibrate_in_group`` on ``world`` ranks, the model's head shape, one thread per rank,
+  before any decoding) and the planner prices every algorithm with that profile;
 * in a single process again: this box's memory bandwidth drifts by tens of percent from
   minute to minute, so the baseline is the faster of the two single-process runs that
   bracket the distributed ones (the conservative choice for a speedup).
@@ -30,6 +31,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,7 +46,11 @@ from treeattn.llm.generate_dist import (  # noqa: E402
     split_lengths,
 )
 from treeattn.llm.weights import load_model  # noqa: E402
-from treeattn.runtime.calibrate import machine_info  # noqa: E402
+from treeattn.runtime.calibrate import calibrate_in_group, machine_info  # noqa: E402
+from treeattn.runtime.check import predictor  # noqa: E402
+from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
+from treeattn.runtime.plans import build, workload_for  # noqa: E402
+from treeattn.runtime.wire import AttnDims  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = " The keeper's daughter wrote that"
@@ -62,10 +68,24 @@ def copy_bandwidth(nbytes: int = 1 << 28, reps: int = 5) -> float:
     return 2 * nbytes / best
 
 
-def run_point(loaded, prompt, segment, context, world, algorithm, new_tokens) -> dict:
-    cfg = loaded.model.config
-    schedule = make_schedule(algorithm, world, cfg, split_lengths(context + len(prompt), world))
-    algorithm = schedule.algorithm  # the planner's pick, for "auto"
+@dataclass
+class CalibrateJob:
+    """Every rank: calibrate this machine for attention of ``dims``; rank 0 has the profile."""
+
+    dims: AttnDims
+
+    def __call__(self, ctx):
+        return calibrate_in_group(ctx, self.dims)
+
+
+def calibrated_pick(profile: dict, world: int, dims: AttnDims, lengths: list[int]):
+    """The planner's choice for these shard lengths, priced with the calibrated profile."""
+    topology, hardware, backend = predictor(profile, world)
+    return build("auto", topology, workload_for(dims, lengths), (hardware, backend))
+
+
+def run_point(loaded, prompt, segment, context, world, schedule, new_tokens) -> dict:
+    algorithm = schedule.algorithm
     request = GenerateRequest(loaded.source, tuple(prompt), new_tokens, schedule,
                               None, context, tuple(segment))
     t0 = time.perf_counter()
@@ -87,14 +107,22 @@ def run(contexts: list[int], world: int, new_tokens: int, model: str | None) -> 
     prompt = loaded.tokenizer.encode(PROMPT)
     segment = document_segment(loaded.tokenizer)
     bandwidth = copy_bandwidth()
+    dims = AttnDims(1, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, torch.float32)
+    t0 = time.perf_counter()
+    profile = launch(CalibrateJob(dims), world, LaunchOptions(threads=1))
+    print(f"calibrated in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     points = []
     for context in contexts:
+        lengths = split_lengths(context + len(prompt), world)
+        schedules = {"tree": make_schedule("tree", world, cfg, lengths),
+                     "planned": calibrated_pick(profile, world, dims, lengths),
+                     "ring": make_schedule("ring", world, cfg, lengths)}
         ref = generate_local(loaded.model, prompt, new_tokens, None, None, context, segment)
         row = {"context_tokens": context, "single_tokens_per_s": ref.tokens_per_s,
                "single_attention_s_per_token": ref.attention_per_token_s,
                "single_prefill_s": ref.prefill_s}
-        for key, algorithm in (("tree", "tree"), ("planned", "auto"), ("ring", "ring")):
-            point = run_point(loaded, prompt, segment, context, world, algorithm, new_tokens)
+        for key, schedule in schedules.items():
+            point = run_point(loaded, prompt, segment, context, world, schedule, new_tokens)
             logits = point.pop("logits")
             point["identical_to_single_process"] = point["tokens"] == ref.tokens
             point["max_abs_logit_diff"] = max(
@@ -119,6 +147,7 @@ def run(contexts: list[int], world: int, new_tokens: int, model: str | None) -> 
         points.append(row)
     return {"benchmark": "generate", "model": loaded.source, "world": world,
             "new_tokens": new_tokens, "prompt": PROMPT, "copy_bandwidth_Bps": bandwidth,
+            "profile": profile,
             "machine": machine_info(), "points": points}
 
 
@@ -156,7 +185,7 @@ def markdown(result: dict) -> str:
             f"{r['identical_to_single_process']} |")
     lines += ["", "Attention time is the median over the decode steps of one step's attention, "
               "all 30 layers; single/tree divides the faster single-process run by tree, "
-              "single/planned by the planner's pick (`--algorithm auto`). "
+              "single/planned by the planner's pick with this machine's calibration. "
               "The long context is "
               "a repeated document whose copies are encoded independently (see "
               "`treeattn/llm/generate_context.py`); past the model's trained context of "

@@ -86,7 +86,10 @@ def test_plan_beats_ring_at_long_context_and_explains_itself():
     d = chosen.to_json()
     assert {"algorithm", "tree", "latency_s", "candidates"} <= set(d)
     assert all({"name", "latency_s"} <= set(c) for c in d["candidates"])
-    assert chosen.name in chosen.explain()
+    text = chosen.explain()
+    assert chosen.name in text
+    # sentences, each closed: the layout one once ran into the ring one ("back Ring ...")
+    assert "back Ring" not in text and ".." not in text and text.endswith(".")
     assert chosen.schedule.validate().world == 16
     assert chosen.token_latency_s() == pytest.approx(80 * chosen.latency_s)
 

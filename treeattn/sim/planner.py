@@ -449,7 +449,7 @@ def explain_plan(plan) -> str:
                      f"takes {_us(baseline.latency_s)}: "
                      f"{baseline.latency_s / win.latency_s:.2f}× the winner.")
     parts.append(f"Outputs are compared {w.layout}: head-sharded algorithms pay for gathering "
-                 "their heads back" if w.layout == "replicated" else
+                 "their heads back." if w.layout == "replicated" else
                  f"Outputs are compared {w.layout} (a tensor-parallel projection follows).")
     ring = plan.best("ring")
     if ring is not None and ring is not win:
