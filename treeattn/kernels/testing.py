@@ -35,6 +35,10 @@ O_TOLERANCE = {
 # lse depends only on the fp32 scores, which are exact products of the inputs summed in fp32,
 # whatever the backend: a relative 1e-6 of |lse| plus fp32 summation error.
 LSE_TOLERANCE = dict(atol=2e-5, rtol=1e-6)
+# The one exception: torch's fused CPU kernel given 16-bit K/V computes its log-sum-exp less
+# exactly, up to 4.7e-5 absolute and 1.3e-5 relative against the float64 oracle as measured
+# (fp16 and bf16, T from 1 to 1300, D from 16 to 128, 40 seeds each); about twice that.
+FUSED_HALF_LSE_TOLERANCE = dict(atol=1e-4, rtol=3e-5)
 
 
 def make_qkv(
