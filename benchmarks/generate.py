@@ -31,12 +31,12 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from treeattn.commands.run import CalibrateJob  # noqa: E402
 from treeattn.llm.generate import generate_local  # noqa: E402
 from treeattn.llm.generate_context import document_segment  # noqa: E402
 from treeattn.llm.generate_dist import (  # noqa: E402
@@ -46,7 +46,7 @@ from treeattn.llm.generate_dist import (  # noqa: E402
     split_lengths,
 )
 from treeattn.llm.weights import load_model  # noqa: E402
-from treeattn.runtime.calibrate import calibrate_in_group, machine_info  # noqa: E402
+from treeattn.runtime.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.check import predictor  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 from treeattn.runtime.plans import build, workload_for  # noqa: E402
@@ -66,16 +66,6 @@ def copy_bandwidth(nbytes: int = 1 << 28, reps: int = 5) -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - t0)
     return 2 * nbytes / best
-
-
-@dataclass
-class CalibrateJob:
-    """Every rank: calibrate this machine for attention of ``dims``; rank 0 has the profile."""
-
-    dims: AttnDims
-
-    def __call__(self, ctx):
-        return calibrate_in_group(ctx, self.dims)
 
 
 def calibrated_pick(profile: dict, world: int, dims: AttnDims, lengths: list[int]):
@@ -137,7 +127,7 @@ def run(contexts: list[int], world: int, new_tokens: int, model: str | None) -> 
         for key in ("tree", "planned"):
             row[f"single_over_{key}_attention"] = (row["single_attention_median_s"]
                                                    / row[key]["attention_median_s"])
-        shard = max(split_lengths(context + len(prompt), world))
+        shard = max(lengths)
         kv_bytes = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 4 * shard
         row["tree_floor_s_per_token"] = kv_bytes / bandwidth
         row["ring_over_tree_attention"] = (row["ring"]["attention_median_s"]
