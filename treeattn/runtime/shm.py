@@ -21,8 +21,10 @@ full (the previous message with that tag not yet read) is kept and pushed by any
 wait of this process (:meth:`ShmChannel.progress`), so a rank that moves on to receive
 cannot deadlock a peer that waits for it. Waiting spins (only when every rank has a core
 of its own: a spinning rank would otherwise hold the core its peer needs to make the
-message), then yields the core, then sleeps 50 µs at a time; every wait has the run's
-timeout.
+message), then sleeps on the counter it waits for (a futex, :mod:`treeattn.runtime.futex`)
+until the peer's store wakes it; every store is followed by that wake. While this rank has
+deferred sends to push, or where futexes are unavailable, it naps 50 µs at a time instead.
+Every wait has the run's timeout.
 
 Messages over :data:`SLOT_BYTES` or with a tag of :data:`MAX_TAGS` or more go through gloo
 (:mod:`treeattn.runtime.transport` decides, from the size, identically on both sides), and
@@ -44,6 +46,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 
+from treeattn.runtime import futex
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, all_gather_objects
 
@@ -56,9 +59,9 @@ SHM_DIR = "/dev/shm"
 # 40.6 MiB at 9. Larger groups keep gloo rather than take most of a container's /dev/shm
 # (64 MiB by default in Docker).
 MAX_SEGMENT_BYTES = 36 << 20
-_SPIN = 2000  # checks before yielding the core (~1 ms of polling)
-_YIELD = 20000  # checks before sleeping between them
-_NAP_S = 50e-6
+_SPIN = 2000  # checks before sleeping (~1 ms of polling)
+_NAP_S = 50e-6  # between checks where a futex cannot be used
+_SLEEP_S = 0.01  # longest futex sleep before the deadline is checked again
 
 
 def _box_bytes() -> int:
@@ -76,6 +79,7 @@ class _Mailbox:
     def __init__(self, seg: np.ndarray, offset: int) -> None:
         # [0] messages written, [1] bytes of the last one, [8] messages read
         self.ctrl = seg[offset : offset + HEADER_BYTES].view(np.int64)
+        self.written_at = self.ctrl.ctypes.data  # the receiver sleeps on it (futex)
         self.payload = torch.from_numpy(seg[offset + HEADER_BYTES : offset + _box_bytes()])
         self.count = 0  # this process's own count: written (as sender) or read (as receiver)
 
@@ -128,8 +132,13 @@ class ShmChannel:
                 still.append(work)
         self.deferred = still
 
-    def spin(self, done, timeout: timedelta | None) -> bool:
-        """Poll ``done()`` (pushing deferred sends) until it is true or the timeout passes."""
+    def spin(self, done, timeout: timedelta | None, word=None) -> bool:
+        """Poll ``done()`` (pushing deferred sends) until it is true or the timeout passes.
+
+        ``word()`` gives ``(address, value)``: the shared counter whose change can make
+        ``done()`` true, and the value it held when ``done()`` last failed. After the busy
+        phase the wait sleeps on it until it changes. Not while deferred sends are pending:
+        those wait on other counters, which this sleep would not notice."""
         limit = timeout.total_seconds() if timeout is not None else self.ctx.timeout_s
         deadline = time.perf_counter() + limit
         checks = 0
@@ -137,9 +146,14 @@ class ShmChannel:
             self.progress()
             checks += 1
             if checks > self.spin_checks:
-                if time.perf_counter() > deadline:
+                now = time.perf_counter()
+                if now > deadline:
                     return False
-                time.sleep(0 if checks < _YIELD else _NAP_S)  # 0: give the core up once
+                if word is not None and futex.AVAILABLE and not self.deferred:
+                    address, seen = word()
+                    futex.wait(address, seen, min(_SLEEP_S, deadline - now))
+                else:
+                    time.sleep(_NAP_S)
         return True
 
 
@@ -160,6 +174,7 @@ class _SendWork:
         box.ctrl[1] = n
         box.count += 1
         box.ctrl[0] = box.count  # publish last: the payload is visible before the count
+        futex.wake(box.written_at)
         self.done = True
         return True
 
@@ -168,6 +183,8 @@ class _SendWork:
         return self.done
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        # naps, not a futex: progress() inside the wait pushes this send once the slot has
+        # been read, and a rare full slot is not worth a wake on every read
         return self.channel.spin(lambda: self.done, timeout)
 
 
@@ -199,7 +216,8 @@ class _RecvWork:
         return self.try_pull()
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        return self.channel.spin(self.try_pull, timeout)
+        return self.channel.spin(self.try_pull, timeout,
+                                 lambda: (self.box.written_at, self.box.count))
 
 
 def _cores() -> int:
