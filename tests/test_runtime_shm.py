@@ -4,7 +4,8 @@ In-process: two ends of one segment (a plain array standing in for the shared fi
 the mailbox protocol itself: FIFO per tag, independent tags, a send to a full mailbox pushed
 by a later wait, a timeout, a size disagreement. Across processes: a local group picks shared
 memory, carries small and large messages of several dtypes on both paths intact, leaves no
-file behind, and the executor's results equal the reference with shared memory on and off.
+file behind, and the executor's results equal the reference with shared memory on and off,
+collective-based schedules included (their collectives take the mailboxes too).
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ def test_executor_results_are_exact_with_shared_memory_on_and_off(monkeypatch, s
     q = torch.randn(b, hq, d, generator=g)  # (B, Hq, D)
     k = torch.randn(b, hkv, sum(lengths), d, generator=g)  # (B, Hkv, T, D)
     v = torch.randn(b, hkv, sum(lengths), d, generator=g)
-    cases = (Case("tree"), Case("butterfly"), Case("ring"), Case("allgather"))
+    cases = (Case("tree"), Case("butterfly"), Case("ring"), Case("allgather"),
+             Case("oneshot"), Case("helix"), Case("dcp"), Case("allreduce3"), Case("ring-passq"))
     used, out = launch(CasesAndTransport(q, k, v, lengths, cases), 3,
                        LaunchOptions(timeout_s=30))
     assert used == kind

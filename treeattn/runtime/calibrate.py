@@ -11,6 +11,8 @@ The measurements, run inside an existing process group (every rank calls
   reduce-scatter, all-to-all, broadcast) at a few sizes on all ranks, each fitted to
   ``t = α + n·s`` (``n`` in nccl-tests' convention, see :mod:`treeattn.sim.collectives`), so
   the simulator can price collective-based schedules on this machine at this world size.
+  They run through the executor's path (:mod:`treeattn.runtime.shm_collectives`): the
+  mailboxes while each message fits one, the process group above.
 - **exchange**: every rank sends to ``r+1`` and receives from ``r−1`` at once (the ring's
   pattern). Recorded for the simulator: on loopback, concurrent messages share the host's
   copy throughput, which ping-pong alone cannot show. Its sizes reach the largest message
@@ -80,6 +82,7 @@ from treeattn.runtime.profile_io import (  # noqa: F401  (re-exported)
     read_profile,
     write_profile,
 )
+from treeattn.runtime.shm_collectives import CollectiveOps
 from treeattn.runtime.timing import combine_rounds, sample_stats, spread
 from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import AttnDims
@@ -209,24 +212,22 @@ def measure_allreduce(ctx: RankContext, sizes=ALLREDUCE_SIZES) -> list[float]:
 
 
 def _collective_call(ctx: RankContext, op: str, nbytes: int):
-    """A zero-argument closure running ``op`` on ``nbytes`` (whole buffer) on every rank."""
+    """A zero-argument closure running ``op`` on ``nbytes`` (whole buffer) on every rank,
+    through the executor's path (:class:`CollectiveOps`: mailboxes when the messages fit)."""
     p = ctx.world
     numel = max(p, -(-nbytes // 4) // p * p)  # a multiple of the world size, fp32
     full = torch.zeros(numel, device=ctx.device)
     part = torch.zeros(numel // p, device=ctx.device)
     pieces = [torch.zeros(numel // p, device=ctx.device) for _ in range(p)]
+    ops = CollectiveOps(ctx, tuple(range(p)), None, transport_for(ctx).channel)
     calls = {
-        "all_reduce": lambda: dist.all_reduce(full, async_op=True),
-        "broadcast": lambda: dist.broadcast(full, src=0, async_op=True),
-        "all_gather": lambda: dist.all_gather(pieces, part, async_op=True),
-        "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full, async_op=True),
-        "all_to_all": lambda: dist.all_to_all_single(full.clone(), full, async_op=True),
+        "all_reduce": lambda: ops.all_reduce(full, "sum", op),
+        "broadcast": lambda: ops.broadcast(full, 0, op),
+        "all_gather": lambda: ops.all_gather(pieces, part, op),
+        "reduce_scatter": lambda: ops.reduce_scatter(part, full, op),
+        "all_to_all": lambda: ops.all_to_all(full.clone(), full, op),
     }
-
-    def run() -> None:
-        wait_work(calls[op](), ctx, None, op)
-
-    return run
+    return calls[op]
 
 
 def measure_collectives(ctx: RankContext, sizes=COLLECTIVE_SIZES) -> dict:

@@ -5,14 +5,16 @@ Semantics are those of :mod:`treeattn.sim.schedule`. This module owns three thin
 * **Subgroups, created once.** ``dist.new_group`` is itself a collective over the whole
   world, so every rank creates every group of the schedule, in the same order (the order
   the groups first appear, rank by rank), whether or not it is a member. A group of all
-  ranks is the default group.
+  ranks is the default group. Each group's collectives run through
+  :class:`~treeattn.runtime.shm_collectives.CollectiveOps`: shared-memory mailboxes for
+  small payloads on one CPU host, the process group otherwise.
 * **Head chunks of any payload.** A collective's chunk ``(i, p)`` is a range of query heads
   of every array in the payload (``o`` and ``lse`` of a partial, the single array of
   ``max`` or ``num``), so :func:`take_heads` and :func:`put_heads` pack and unpack them.
 * **Equal-size messages.** ``all_gather`` and ``all_to_all_single`` want equal pieces; when
   the heads do not divide by the group size the pieces are zero-padded to the largest and
   trimmed on arrival. gloo in torch 2.13 has every op used here (``reduce_scatter_tensor``
-  included), so nothing is emulated.
+  included), so the process-group path emulates nothing.
 """
 
 from __future__ import annotations
@@ -22,31 +24,35 @@ import torch.distributed as dist
 
 from treeattn.kernels import merge
 from treeattn.runtime.errors import RuntimeFailure
-from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.group import RankContext
+from treeattn.runtime.shm import ShmChannel
+from treeattn.runtime.shm_collectives import CollectiveOps
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.payloads import PAYLOAD_LAYOUTS, CollectiveOp, MergeOp, Payload, shard_bounds
 from treeattn.sim.schedule import Collective, Schedule
 
-_DIST_OPS = {CollectiveOp.ALL_REDUCE_SUM: dist.ReduceOp.SUM,
-             CollectiveOp.ALL_REDUCE_MAX: dist.ReduceOp.MAX}
+_REDUCE_OPS = {CollectiveOp.ALL_REDUCE_SUM: "sum", CollectiveOp.ALL_REDUCE_MAX: "max"}
 
 
 class Groups:
-    """The process groups a schedule's collectives run on, created once per run setup."""
+    """The groups a schedule's collectives run on, created once per run setup; indexing
+    with a group's ranks gives this rank's :class:`CollectiveOps` for it (members only)."""
 
-    def __init__(self, ctx: RankContext, schedule: Schedule) -> None:
+    def __init__(self, ctx: RankContext, schedule: Schedule,
+                 channel: ShmChannel | None = None) -> None:
         self.ctx = ctx
-        self.handles: dict[tuple[int, ...], object] = {}
+        self.ops: dict[tuple[int, ...], CollectiveOps | None] = {}
         everyone = tuple(range(schedule.world))
         for steps in schedule.steps:
             for step in steps:
-                if isinstance(step, Collective) and step.group not in self.handles:
-                    self.handles[step.group] = (None if step.group == everyone else
-                                                dist.new_group(list(step.group),
-                                                               timeout=ctx.timeout))
+                if isinstance(step, Collective) and step.group not in self.ops:
+                    handle = (None if step.group == everyone else
+                              dist.new_group(list(step.group), timeout=ctx.timeout))
+                    self.ops[step.group] = (CollectiveOps(ctx, step.group, handle, channel)
+                                            if ctx.rank in step.group else None)
 
-    def __getitem__(self, group: tuple[int, ...]):
-        return self.handles[group]
+    def __getitem__(self, group: tuple[int, ...]) -> CollectiveOps:
+        return self.ops[group]
 
 
 def head_arrays(flat: torch.Tensor, payload: str, dims: AttnDims) -> list[torch.Tensor]:
@@ -94,28 +100,26 @@ def run_collective(ctx: RankContext, groups: Groups, step: Collective, flat: tor
     Returns ``("replace", new_flat)`` or ``("keep", kept)`` where ``kept`` is what a later
     ``Merge(tag)`` folds in: ``("all", [buffers])`` or ``("heads", i, p, [chunks])``.
     """
-    group, handle, p = step.group, groups[step.group], len(step.group)
+    group, ops, p = step.group, groups[step.group], len(step.group)
     me = group.index(ctx.rank)
     what = f"{step.op} of {step.payload!r} over ranks {list(group)}"
-    if step.op in _DIST_OPS:
+    if step.op in _REDUCE_OPS:
         out = flat.clone()
-        wait_work(dist.all_reduce(out, _DIST_OPS[step.op], group=handle, async_op=True),
-                  ctx, None, what)
+        ops.all_reduce(out, _REDUCE_OPS[step.op], what)
         return "replace", out
     if step.op == CollectiveOp.BROADCAST:
         out = flat.clone()
-        wait_work(dist.broadcast(out, src=step.root, group=handle, async_op=True),
-                  ctx, None, what)
+        ops.broadcast(out, step.root, what)
         return "replace", out
     sizes = [take_heads(flat, step.payload, dims, j, p).numel() for j in range(p)]
     if step.op == CollectiveOp.ALL_GATHER:
         if not step.sharded:
             pieces = [torch.empty_like(flat) for _ in range(p)]
-            wait_work(dist.all_gather(pieces, flat, group=handle, async_op=True), ctx, None, what)
+            ops.all_gather(pieces, flat, what)
             return "keep", ("all", [pieces[j] for j in range(p) if j != me])
         mine = _padded(take_heads(flat, step.payload, dims, me, p), max(sizes))
         pieces = [torch.empty_like(mine) for _ in range(p)]
-        wait_work(dist.all_gather(pieces, mine, group=handle, async_op=True), ctx, None, what)
+        ops.all_gather(pieces, mine, what)
         out = flat
         for j in range(p):
             out = put_heads(out, step.payload, dims, j, p, pieces[j][:sizes[j]])
@@ -124,13 +128,11 @@ def run_collective(ctx: RankContext, groups: Groups, step: Collective, flat: tor
                         for j in range(p)])  # (p * largest,)
     if step.op == CollectiveOp.REDUCE_SCATTER:
         own = torch.empty(max(sizes), dtype=flat.dtype, device=flat.device)
-        wait_work(dist.reduce_scatter_tensor(own, chunks, group=handle, async_op=True),
-                  ctx, None, what)
+        ops.reduce_scatter(own, chunks, what)
         return "replace", put_heads(flat, step.payload, dims, me, p, own[:sizes[me]])
     if step.op == CollectiveOp.ALL_TO_ALL:
         arrived = torch.empty_like(chunks)
-        wait_work(dist.all_to_all_single(arrived, chunks, group=handle, async_op=True),
-                  ctx, None, what)
+        ops.all_to_all(arrived, chunks, what)
         pieces = arrived.view(p, max(sizes))[:, :sizes[me]]
         return "keep", ("heads", me, p, [pieces[j] for j in range(p) if j != me])
     raise RuntimeFailure(f"unknown collective {step.op!r}")

@@ -92,12 +92,13 @@ class Executor:
         self.recv_order = [i for i, s in enumerate(self.steps) if isinstance(s, Recv)]
         largest = max((n for (r, _), n in self.kv_lengths.items() if r == ctx.rank), default=0)
         self.kv_pool = KVPool(dims.kv_dtype, ctx.device, dims.numel("kv", largest))
-        self.groups = Groups(ctx, schedule)  # every rank makes every subgroup, in one order
         self.passq = passq.uses_passq(self.steps)
         # Once per executor, not per step: names, handlers, receive buffers.
         self.names = [step_name(s) for s in self.steps]
         self.handlers = [handler_for(s) for s in self.steps]
         self.transport = transport_for(ctx)  # collective the first time, as Groups is
+        # every rank makes every subgroup, in one order; small collectives use the mailboxes
+        self.groups = Groups(ctx, schedule, self.transport.channel)
         self.on_cuda = ctx.device.type == "cuda"
         self.recv_buffers: dict[int, torch.Tensor] = {}  # step index -> reused buffer (not KV)
         for index in self.recv_order:

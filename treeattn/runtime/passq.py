@@ -19,10 +19,10 @@ those of :mod:`treeattn.sim.schedule`:
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from treeattn.kernels import merge, partial_attention
-from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.group import RankContext
+from treeattn.runtime.shm_collectives import CollectiveOps
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.payloads import CollectiveOp
 from treeattn.sim.schedule import Collective
@@ -113,7 +113,7 @@ def place_rows(outbox: torch.Tensor, dims: AttnDims) -> torch.Tensor:
     return torch.cat([rows_o.reshape(-1), rows_lse.reshape(-1)])
 
 
-def run_collective(ctx: RankContext, handle, step: Collective, flat: torch.Tensor,
+def run_collective(ctx: RankContext, ops: CollectiveOps, step: Collective, flat: torch.Tensor,
                    dims: AttnDims):
     """The outbox's all-to-all (each slot home to its origin) or sharded all-gather (every
     owner's merged slot to everyone); returns ``("keep", kept)`` or ``("replace", flat)``
@@ -123,14 +123,13 @@ def run_collective(ctx: RankContext, handle, step: Collective, flat: torch.Tenso
     if step.op == CollectiveOp.ALL_TO_ALL:
         chunks = torch.cat([_slot(flat, dims, j) for j in range(p)])  # (p * slot,)
         arrived = torch.empty_like(chunks)
-        wait_work(dist.all_to_all_single(arrived, chunks, group=handle, async_op=True),
-                  ctx, None, what)
+        ops.all_to_all(arrived, chunks, what)
         pieces = arrived.view(p, -1)
         return "keep", ("slots", me, p, [pieces[j] for j in range(p) if j != me])
     if step.op == CollectiveOp.ALL_GATHER and step.sharded:
         mine = _slot(flat, dims, me)
         pieces = [torch.empty_like(mine) for _ in range(p)]
-        wait_work(dist.all_gather(pieces, mine, group=handle, async_op=True), ctx, None, what)
+        ops.all_gather(pieces, mine, what)
         out = flat
         for j in range(p):
             out = _with_slot(out, dims, j, pieces[j])

@@ -29,8 +29,10 @@ Every wait has the run's timeout.
 Messages over :data:`SLOT_BYTES` or with a tag of :data:`MAX_TAGS` or more go through gloo
 (:mod:`treeattn.runtime.transport` decides, from the size, identically on both sides), and
 so does everything in groups of more than 8 ranks (:data:`MAX_SEGMENT_BYTES`). A wait on a
-gloo message keeps this rank's deferred mailbox sends moving too. ``TREEATTN_SHM=0`` turns
-shared memory off.
+gloo message keeps this rank's deferred mailbox sends moving too. Each ordered pair has one
+more mailbox, :data:`COLLECTIVE_TAG`, which only :mod:`treeattn.runtime.shm_collectives`
+uses, so a collective never takes a point-to-point message still waiting in a tagged one.
+``TREEATTN_SHM=0`` turns shared memory off.
 """
 
 from __future__ import annotations
@@ -53,12 +55,13 @@ from treeattn.runtime.group import RankContext, all_gather_objects
 ENV_SWITCH = "TREEATTN_SHM"
 SLOT_BYTES = 64 << 10  # a partial of B*Hq*(D+1) fp32 up to 64 KiB (B=1, Hq=128, D=127)
 MAX_TAGS = 8  # schedules tag rounds 0..p-2; higher tags take gloo
+COLLECTIVE_TAG = MAX_TAGS  # one more mailbox per ordered pair, for the collectives only
 HEADER_BYTES = 128  # written at byte 0, nbytes at 8, read at 64: two cache lines
 SHM_DIR = "/dev/shm"
-# The whole segment is reserved up front (world² · MAX_TAGS mailboxes): 32.1 MiB at 8 ranks,
-# 40.6 MiB at 9. Larger groups keep gloo rather than take most of a container's /dev/shm
-# (64 MiB by default in Docker).
-MAX_SEGMENT_BYTES = 36 << 20
+# The whole segment is reserved up front (world² · (MAX_TAGS + 1) mailboxes): 36.1 MiB at
+# 8 ranks, 45.7 MiB at 9. Larger groups keep gloo rather than take most of a container's
+# /dev/shm (64 MiB by default in Docker).
+MAX_SEGMENT_BYTES = 37 << 20
 _SPIN = 2000  # checks before sleeping (~1 ms of polling)
 _NAP_S = 50e-6  # between checks where a futex cannot be used
 _SLEEP_S = 0.01  # longest futex sleep before the deadline is checked again
@@ -69,8 +72,9 @@ def _box_bytes() -> int:
 
 
 def segment_bytes(world: int) -> int:
-    """Size of the shared file for ``world`` ranks: one mailbox per ordered pair and tag."""
-    return world * world * MAX_TAGS * _box_bytes()
+    """Size of the shared file for ``world`` ranks: one mailbox per ordered pair and tag,
+    and the collectives' one per pair."""
+    return world * world * (MAX_TAGS + 1) * _box_bytes()
 
 
 class _Mailbox:
@@ -102,7 +106,7 @@ class ShmChannel:
         key = (src, dst, tag)
         found = self.boxes.get(key)
         if found is None:
-            index = (src * self.ctx.world + dst) * MAX_TAGS + tag
+            index = (src * self.ctx.world + dst) * (MAX_TAGS + 1) + tag
             found = self.boxes[key] = _Mailbox(self.seg, index * _box_bytes())
         return found
 
