@@ -149,3 +149,15 @@ def test_the_same_check_point_predicts_alike_when_repeated() -> None:
     calibrations = [points[0]["profile"] for points in runs]  # what moved, if it fails
     assert max(ring) / centre - 1 <= PREDICTION_SPREAD, (ring, calibrations)
 
+
+
+def test_one_slow_small_message_does_not_set_the_latency() -> None:
+    """α is the median over the latency-bound sizes: one small size's median caught in a
+    slow phase (10x) must not become the latency of every message."""
+    alpha, beta = 1.5e-5, 1.3e9
+    sizes = [4, 256, 4096, 65536, 1 << 20, 1 << 24]
+    times = [alpha + n / beta for n in sizes]
+    times[0] = 10 * alpha
+    a, b = latency_bandwidth(sizes, times)
+    assert a == pytest.approx(alpha, rel=0.25)
+    assert b == pytest.approx(beta, rel=0.02)

@@ -3,9 +3,9 @@
 The measurements, run inside an existing process group (every rank calls
 :func:`calibrate_in_group`; rank 0 returns the profile):
 
-- **p2p**: ping-pong between ranks 0 and 1 over message sizes: α is the half round trip of
-  the smallest message, β the median of ``n / (t − α)`` over the largest sizes
-  (:func:`latency_bandwidth`).
+- **p2p**: ping-pong between ranks 0 and 1 over message sizes: α is the median half round
+  trip of the latency-bound sizes (up to 4 KiB), β the median of ``n / (t − α)`` over the
+  largest sizes (:func:`latency_bandwidth`).
 - **allreduce**: ``all_reduce`` of small and medium tensors on all ranks.
 - **collectives**: every collective the schedules use (all-reduce, all-gather,
   reduce-scatter, all-to-all, broadcast) at a few sizes on all ranks, each fitted to

@@ -5,9 +5,10 @@ Two estimators, for two purposes. :func:`fit_latency_bandwidth` is a least-squar
 for clean data over a wide size range, and the collectives' fits use it. On a loaded host its
 slope follows whichever mid-size point was unlucky, and extrapolating it far beyond the
 largest size calibrated (a ring's 1 GiB block from 64 MiB) multiplies that error, so the
-message sections of the profile use :func:`latency_bandwidth` instead: α from the smallest
-size, β the median rate over the largest sizes, which are the sizes a bandwidth-bound step
-moves (the calibration extends the sizes to the run's largest message).
+message sections of the profile use :func:`latency_bandwidth` instead: α the median time of
+the latency-bound sizes (up to :data:`LATENCY_BOUND_BYTES`), β the median rate over the
+largest sizes, which are the sizes a bandwidth-bound step moves (the calibration extends the
+sizes to the run's largest message).
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ import numpy as np
 
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.timing import spread
+
+# Messages up to this size are latency-bound: at the slowest loopback rate calibrated here
+# (~1 GB/s) their bytes add at most 4 µs to a 10-50 µs latency. α is the median of their
+# times rather than the smallest size's alone, which one slow phase of a shared host could
+# set 10x too high (185 µs against 12-17 µs, seen in one calibration of this repository's
+# 2-core box).
+LATENCY_BOUND_BYTES = 4096
 
 
 def fit_latency_bandwidth(sizes: list[float], times: list[float]) -> tuple[float, float]:
@@ -45,15 +53,20 @@ def fit_latency_bandwidth(sizes: list[float], times: list[float]) -> tuple[float
 
 
 def latency_bandwidth(sizes: list[float], times: list[float]) -> tuple[float, float]:
-    """``(α, β)`` robust to a loaded host: α the time of the smallest size, β the median of
+    """``(α, β)`` robust to a loaded host: α the median time of the sizes up to
+    :data:`LATENCY_BOUND_BYTES` (the smallest size's when it is larger), β the median of
     ``n / (t − α)`` over the sizes at least a quarter of the largest (the ones a bandwidth-
     bound step moves); falls back to :func:`fit_latency_bandwidth` when none qualifies.
+    ``sizes`` ascend.
 
     >>> a, b = latency_bandwidth([4, 1e6, 4e6, 8e6], [1e-5, 1e-3, 4e-3 + 1e-5, 8e-3 + 1e-5])
     >>> round(a, 9), round(b / 1e9, 3)
     (1e-05, 1.0)
+    >>> round(latency_bandwidth([4, 256, 4096, 8e6], [1e-5, 2e-4, 1.1e-5, 8e-3])[0], 9)
+    1.1e-05
     """
-    alpha = float(times[0])
+    small = [t for n, t in zip(sizes, times, strict=True) if n <= LATENCY_BOUND_BYTES]
+    alpha = float(statistics.median(small)) if small else float(times[0])
     top = max(sizes)
     rates = [n / (t - alpha) for n, t in zip(sizes, times, strict=True)
              if n >= top / 4 and n > sizes[0] and t > alpha]
@@ -64,7 +77,8 @@ def latency_bandwidth(sizes: list[float], times: list[float]) -> tuple[float, fl
 
 def message_section(sizes: list[int], stats: list[tuple[float, float, float]]) -> dict:
     """A p2p or exchange section: robust α and β, the per-size medians and p10/p90, and the
-    spreads of the latency (smallest size) and of the bandwidth (the sizes β comes from)."""
+    spreads of the latency (the latency-bound sizes) and of the bandwidth (the sizes β comes
+    from)."""
     times = [s[0] for s in stats]
     latency, bandwidth = latency_bandwidth(sizes, times)
     top = max(sizes)
@@ -75,7 +89,8 @@ def message_section(sizes: list[int], stats: list[tuple[float, float, float]]) -
         "times_s": times,
         "p10_s": [s[1] for s in stats],
         "p90_s": [s[2] for s in stats],
-        "latency_spread": spread(stats[:1]),
+        "latency_spread": spread([s for n, s in zip(sizes, stats, strict=True)
+                                  if n <= LATENCY_BOUND_BYTES] or stats[:1]),
         "bandwidth_spread": spread([s for n, s in zip(sizes, stats, strict=True)
                                     if n >= top / 4 and n > sizes[0]]),
     }
