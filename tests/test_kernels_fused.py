@@ -100,8 +100,9 @@ def test_dispatch_routes_dense_kv_to_fused_and_the_rest_to_the_exact_path(monkey
     q, k, v = make_qkv(1, 4, 2, 30, 8, torch.bfloat16)
     partial_attention(q, k, v)
     partial_attention(q, k, v, kv_len=torch.tensor([20]))  # ragged: exact
-    partial_attention(q.float(), k.float(), v.float())  # fp32 GQA: fused
-    partial_attention(q[:, :2].float(), k.float(), v.float())  # fp32 MHA: exact
+    big = make_qkv(1, 4, 2, 5000, 8, torch.float32)  # K over the small path's limit
+    partial_attention(*big)  # fp32 GQA: fused
+    partial_attention(big[0][:, :2], big[1], big[2])  # fp32 MHA: exact
     assert calls == [torch.bfloat16, torch.float32]
     monkeypatch.setenv("TREEATTN_KERNEL", "torch")  # the oracle path, forced
     got = partial_attention(q, k, v)

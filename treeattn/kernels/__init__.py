@@ -1,9 +1,12 @@
 """Local compute of Tree Attention: the partial attention of a KV shard, and the merge.
 
 A *partial* is ``(o, lse)``: ``o`` (B, Hq, D) fp32 and ``lse`` (B, Hq) fp32. Triton kernels
-run on CUDA tensors; on CPU tensors, dense KV (16-bit, or fp32 with grouped-query heads)
-goes through torch's fused FlashAttention kernel (:mod:`treeattn.kernels.cpu_fused`) and
-everything else through the exact torch path (:mod:`treeattn.kernels.reference`);
+run on CUDA tensors. On CPU tensors, small fp32 calls (short shards, the merge of a decode
+step's partials) go through numpy (:mod:`treeattn.kernels.cpu_small`), where torch's
+per-operator dispatch would be most of the cost; larger dense KV (16-bit, or fp32 with
+grouped-query heads) through torch's fused FlashAttention kernel
+(:mod:`treeattn.kernels.cpu_fused`); everything else through the exact torch path
+(:mod:`treeattn.kernels.reference`);
 ``TREEATTN_KERNEL=triton|fused|torch`` forces one (see :mod:`treeattn.kernels.dispatch`).
 Kernels know nothing of topology.
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from treeattn.kernels import cpu_fused, reference
+from treeattn.kernels import cpu_fused, cpu_small, reference
 from treeattn.kernels.checks import check_pair, check_partial_inputs, check_partials
 from treeattn.kernels.dispatch import choose_backend, triton_module
 from treeattn.kernels.errors import KernelError
@@ -50,6 +53,8 @@ def partial_attention(
     backend = choose_backend(q.device)
     if backend == "triton":
         return triton_module("triton_partial").partial_attention_checked(q, k, v, scale, kv_len)
+    if backend == "fused" and cpu_small.applies(q, k, v, kv_len):
+        return cpu_small.partial_attention_small(q, k, v, scale)
     if backend == "fused" and cpu_fused.applies(q, k, kv_len):
         return cpu_fused.partial_attention_fused(q, k, v, scale)
     return reference.partial_attention_checked(q, k, v, scale, kv_len)
@@ -68,6 +73,9 @@ def merge(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partials ``(o, lse)``; associative, commutative, identity ``(0, -inf)``."""
     check_pair(a, b)
-    if choose_backend(a[0].device) == "triton":
+    backend = choose_backend(a[0].device)
+    if backend == "triton":
         return triton_module("triton_merge").merge(a, b)
+    if backend == "fused" and cpu_small.merge_applies(a, b):
+        return cpu_small.merge_small(a, b)
     return reference.merge(a, b)

@@ -1,9 +1,11 @@
 """Pick the backend for each call: Triton on CUDA tensors, torch on CPU tensors.
 
-On CPU tensors ``auto`` means ``fused``: torch's fused FlashAttention kernel for the partial
-attention of dense KV where it is faster (:func:`treeattn.kernels.cpu_fused.applies`), the
-exact torch path for everything else (ragged ``kv_len`` batches, empty shards, fp32 with
-one query head per KV head, merges).
+On CPU tensors ``auto`` means ``fused``: the fastest CPU path for each call. That is numpy
+for small fp32 attention and merges (:func:`treeattn.kernels.cpu_small.applies`), torch's
+fused FlashAttention kernel for the partial attention of larger dense KV where it is
+faster (:func:`treeattn.kernels.cpu_fused.applies`), and the exact torch path for
+everything else (ragged ``kv_len`` batches, empty shards, large fp32 with one query head
+per KV head, large merges).
 ``TREEATTN_KERNEL=triton|fused|torch`` forces one backend (``auto`` or unset: by device);
 ``torch`` is the exact path everywhere, the oracle of the others. Triton on CPU tensors only
 runs in Triton's interpreter (``TRITON_INTERPRET=1``). Triton fixes that choice for each
@@ -59,8 +61,9 @@ def triton_is_interpreted() -> bool:
 
 def choose_backend(device: torch.device) -> str:
     """Return ``"triton"``, ``"fused"`` or ``"torch"`` for tensors on ``device``, or raise
-    KernelError. ``"fused"`` is a CPU choice; callers take the exact path where the fused
-    kernel does not apply (:func:`treeattn.kernels.cpu_fused.applies`)."""
+    KernelError. ``"fused"`` is a CPU choice; callers take the exact path where neither the
+    small path nor the fused kernel applies (:mod:`treeattn.kernels.cpu_small`,
+    :func:`treeattn.kernels.cpu_fused.applies`)."""
     name = requested_backend()
     on_cuda = device.type == "cuda"
     if name == "torch":
