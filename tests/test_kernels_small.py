@@ -133,3 +133,41 @@ def test_any_split_merged_in_any_order_gives_whole_attention(t, n_chunks, seed, 
     parts = [partial_attention(q, k[:, :, a:b], v[:, :, a:b]) for a, b in zip(cuts, cuts[1:])]
     got = merge_random_tree(parts, rng, merge, kernels.merge_partials)
     assert_close_to(got, reference.naive_attention(q, k, v))
+
+
+def _packed(partial) -> torch.Tensor:
+    return torch.cat([partial[0].reshape(-1), partial[1].reshape(-1)])
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("b,hq,d", [(1, 1, 8), (2, 8, 32), (1, 128, 128), (1, 256, 128)])
+def test_packed_merge_is_the_merge_of_the_unpacked_partials(monkeypatch, backend, b, hq, d):
+    """The runtime's packed form (o then lse, flat): the numpy path for small partials, the
+    unpack-merge-pack path above its limit (256 heads of 128) or with the oracle forced;
+    an identity on either side leaves the other exactly as it was."""
+    monkeypatch.setenv("TREEATTN_KERNEL", backend)
+    q, k, v = make_qkv(b, hq, hq, 12, d, torch.float32, seed=hq + d)
+    left = partial_attention(q, k[:, :, :5], v[:, :, :5])
+    right = partial_attention(q, k[:, :, 5:], v[:, :, 5:])
+    got = kernels.merge_packed(_packed(left), _packed(right), b * hq)
+    want = _packed(reference.merge(left, right))
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got, _packed(reference.naive_attention(q, k, v)),
+                               atol=2e-5, rtol=1e-5)
+    identity = _packed((torch.zeros_like(left[0]), torch.full_like(left[1], float("-inf"))))
+    assert torch.equal(kernels.merge_packed(identity, _packed(left), b * hq), _packed(left))
+    both = kernels.merge_packed(identity, identity, b * hq)
+    assert torch.equal(both[: b * hq * d], identity[: b * hq * d])
+    assert torch.isneginf(both[b * hq * d:]).all()
+
+
+@pytest.mark.parametrize("a,b,rows", [
+    (torch.zeros(18), torch.zeros(18), 4),  # 18 - 4 = 14 is not a multiple of 4 rows
+    (torch.zeros(18), torch.zeros(27), 2),  # different sizes
+    (torch.zeros(18, dtype=torch.float64), torch.zeros(18, dtype=torch.float64), 2),
+    (torch.zeros(2, 9), torch.zeros(2, 9), 2),  # not flat
+    (torch.zeros(4), torch.zeros(4), 4),  # no room for o
+])
+def test_packed_merge_refuses_what_is_not_a_pair_of_packed_partials(a, b, rows):
+    with pytest.raises(kernels.KernelError, match="packed partials must be"):
+        kernels.merge_packed(a, b, rows)

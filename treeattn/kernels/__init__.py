@@ -25,13 +25,18 @@ from __future__ import annotations
 import torch
 
 from treeattn.kernels import cpu_fused, cpu_small, reference
-from treeattn.kernels.checks import check_pair, check_partial_inputs, check_partials
+from treeattn.kernels.checks import (
+    check_packed_pair,
+    check_pair,
+    check_partial_inputs,
+    check_partials,
+)
 from treeattn.kernels.dispatch import choose_backend, triton_module
 from treeattn.kernels.errors import KernelError
 from treeattn.kernels.sums import finalize_sums, rescale_to_max
 
-__all__ = ["KernelError", "finalize_sums", "merge", "merge_partials", "partial_attention",
-           "reference", "rescale_to_max"]
+__all__ = ["KernelError", "finalize_sums", "merge", "merge_packed", "merge_partials",
+           "partial_attention", "reference", "rescale_to_max"]
 
 
 def partial_attention(
@@ -79,3 +84,20 @@ def merge(
     if backend == "fused" and cpu_small.merge_applies(a, b):
         return cpu_small.merge_small(a, b)
     return reference.merge(a, b)
+
+
+def merge_packed(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
+    """:func:`merge` of two partials packed flat as the runtime sends them: fp32, ``o`` (its
+    ``rows`` = B·Hq rows of D) then ``lse`` (``rows``). Returns a new packed tensor.
+
+    Why a packed form: a decode step merges small received partials, where unpacking into
+    views, merging and concatenating back cost more than the arithmetic.
+    """
+    check_packed_pair(a, b, rows)
+    n = a.numel() - rows  # elements of o
+    if choose_backend(a.device) == "fused" and n <= cpu_small.MAX_MERGE_ELEMENTS:
+        return cpu_small.merge_packed_small(a, b, rows)
+    d = n // rows
+    o, lse = merge((a[:n].view(1, rows, d), a[n:].view(1, rows)),
+                   (b[:n].view(1, rows, d), b[n:].view(1, rows)))
+    return torch.cat([o.reshape(-1), lse.reshape(-1)])

@@ -118,3 +118,18 @@ def check_pair(a: tuple, b: tuple) -> None:
         raise KernelError(f"cannot merge partials of shapes {_shape(a[0])} and {_shape(b[0])}")
     if a[0].device != b[0].device:
         raise KernelError(f"cannot merge partials on {a[0].device} and {b[0].device}")
+
+
+def check_packed_pair(a: torch.Tensor, b: torch.Tensor, rows: int) -> None:
+    """Check two packed partials for ``merge_packed``: flat fp32 tensors of the same size on
+    the same device, ``rows``·(D + 1) elements with D >= 1."""
+    _require_tensor("a", a)
+    _require_tensor("b", b)
+    n = a.numel()
+    if (a.dim() != 1 or a.shape != b.shape or a.dtype != torch.float32 or b.dtype != a.dtype
+            or rows < 1 or n < 2 * rows or (n - rows) % rows):
+        raise KernelError(f"packed partials must be two flat fp32 tensors of rows·(D + 1) "
+                          f"elements for {rows} rows; got {_shape(a)} {a.dtype} and "
+                          f"{_shape(b)} {b.dtype}")
+    if a.device != b.device:
+        raise KernelError(f"cannot merge partials on {a.device} and {b.device}")

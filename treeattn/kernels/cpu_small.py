@@ -82,3 +82,19 @@ def merge_small(a: tuple[torch.Tensor, torch.Tensor],
     o = oa * np.exp(la - ref)[..., None]  # (B, Hq, D)
     o += ob * np.exp(lb - ref)[..., None]
     return torch.from_numpy(o), torch.from_numpy(lse)
+
+
+def merge_packed_small(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
+    """:func:`merge_small` of two packed partials (flat fp32: ``o`` of ``rows`` × D, then
+    ``lse`` of ``rows``), written straight into one new packed tensor: no views, no
+    concatenation, one allocation."""
+    an, bn = a.detach().numpy(), b.detach().numpy()  # (rows·(D+1),) each
+    n = an.size - rows  # elements of o
+    out = np.empty_like(an)
+    la, lb = an[n:], bn[n:]  # (rows,)
+    lse = np.logaddexp(la, lb, out=out[n:])
+    ref = np.maximum(lse, _FLOAT32_MIN)
+    o = out[:n].reshape(rows, -1)  # (rows, D)
+    np.multiply(an[:n].reshape(rows, -1), np.exp(la - ref)[:, None], out=o)
+    o += bn[:n].reshape(rows, -1) * np.exp(lb - ref)[:, None]
+    return torch.from_numpy(out)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from treeattn.kernels import merge, partial_attention
+from treeattn.kernels import merge_packed, partial_attention
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.plans import build, local_topology, workload_for
@@ -72,8 +72,8 @@ def raw_runner(ctx: RankContext, plan: list[tuple], dims: AttnDims, q: torch.Ten
     through ``p2p`` (``torch.distributed`` or a :class:`~treeattn.runtime.transport.Transport`:
     anything with ``isend(tensor, peer, tag=)`` and ``irecv``). Every wait has the
     context's timeout and names the peer."""
-    o = torch.zeros(dims.batch, dims.n_heads, dims.head_dim)  # (B, Hq, D)
-    lse = torch.zeros(dims.batch, dims.n_heads)  # (B, Hq)
+    rows = dims.batch * dims.n_heads
+    packed = torch.zeros(rows * (dims.head_dim + 1))  # a partial as the executor holds it
 
     def run() -> None:
         sends = []
@@ -84,8 +84,8 @@ def raw_runner(ctx: RankContext, plan: list[tuple], dims: AttnDims, q: torch.Ten
                 wait_work(p2p.irecv(buf, peer, tag=tag), ctx, peer, "raw receive")
             elif kernels and kind == "attention":
                 partial_attention(q, kv[0], kv[1])
-            elif kernels and kind == "merge":
-                merge((o, lse), (o, lse))
+            elif kernels and kind == "merge":  # the executor's merge of a whole partial
+                merge_packed(packed, packed, rows)
         for work, peer in sends:
             wait_work(work, ctx, peer, "raw send")
     return run

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from treeattn.kernels import finalize_sums, merge, partial_attention, rescale_to_max
+from treeattn.kernels import (
+    finalize_sums,
+    merge,
+    merge_packed,
+    partial_attention,
+    rescale_to_max,
+)
 from treeattn.runtime import passq
 from treeattn.runtime.collectives import fold_kept, run_collective
 from treeattn.runtime.errors import RuntimeFailure
@@ -346,8 +352,7 @@ class RunState:
     def _merge_partial(self, other: torch.Tensor, chunk: tuple[int, int] | None = None) -> None:
         dims, mine = self.ex.dims, self.bufs["partial"]
         if chunk is None:
-            a, b = unpack_partial(mine, dims), unpack_partial(other, dims)
-            self.bufs["partial"] = pack_partial(*merge(a, b))
+            self.bufs["partial"] = merge_packed(mine, other, dims.batch * dims.n_heads)
             return
         h0, h1 = chunk_bounds(dims.n_heads, chunk)  # this message holds heads h0..h1
         o, lse = unpack_partial(mine, dims)
