@@ -45,6 +45,10 @@ def test_applies_to_small_dense_fp32_only():
     t_max = cpu_small.MAX_KV_ELEMENTS // (2 * 8)  # the most tokens of 2 KV heads of D = 8
     assert cpu_small.applies(*make_qkv(1, 4, 2, t_max, 8, torch.float32), None)
     assert not cpu_small.applies(*make_qkv(1, 4, 2, t_max + 1, 8, torch.float32), None)
+    # 16 query heads on one KV head of 512 tokens of D = 128: K is small enough, but each
+    # matmul (16 · 512 · 128 multiply-adds) would wake a second BLAS thread
+    assert not cpu_small.applies(*make_qkv(1, 16, 1, 512, 128, torch.float32), None)
+    assert cpu_small.applies(*make_qkv(1, 4, 1, 512, 128, torch.float32), None)
 
 
 @pytest.mark.parametrize("hq,hkv,d,t", [(1, 1, 8, 4), (8, 8, 128, 16), (9, 3, 64, 150),

@@ -13,7 +13,8 @@ of five batches (this repository's 2-core box, torch 2.13):
 * merge of 8 heads × 128: 20 against 9 µs; of 128 × 128: 23 against 20 µs; of 512 × 128:
   41 against 53 µs (torch wins).
 
-So this path takes fp32 attention whose K holds at most :data:`MAX_KV_ELEMENTS` elements, and
+So this path takes fp32 attention whose K holds at most :data:`MAX_KV_ELEMENTS` elements
+(and whose matmuls stay on one BLAS thread, :data:`MAX_MATMUL_WORK`), and
 fp32 merges whose ``o`` holds at most :data:`MAX_MERGE_ELEMENTS` (a 64 KiB partial, the
 largest a shared-memory mailbox carries); above that, torch's vectorised kernels win.
 A schedule step on tiny payloads is where it shows (``benchmarks/executor_overhead.py``).
@@ -30,6 +31,12 @@ import numpy as np
 import torch
 
 MAX_KV_ELEMENTS = 1 << 16  # B·Hkv·T·D of K: 256 KiB in fp32
+# Each per-head matmul does G·T·D multiply-adds (G = Hq / Hkv). Above 2^18 of them numpy's
+# OpenBLAS hands the work to a second thread (measured here, each shape in a fresh process:
+# 262,144 ran on one core, 524,288 on two), and that thread keeps spinning after the call.
+# On a rank that is meant to use one core it would take a peer rank's core, so those calls
+# stay on torch, whose thread count the rank sets.
+MAX_MATMUL_WORK = 1 << 18
 MAX_MERGE_ELEMENTS = 1 << 14  # B·Hq·D of o: 64 KiB in fp32
 _FLOAT32_MIN = np.float32(np.finfo(np.float32).min)
 
@@ -37,10 +44,12 @@ _FLOAT32_MIN = np.float32(np.finfo(np.float32).min)
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             kv_len: torch.Tensor | None) -> bool:
     """Whether this path serves a partial attention: fp32 CPU q, K and V, dense (no
-    ``kv_len``), at least one token, and K no larger than :data:`MAX_KV_ELEMENTS`."""
+    ``kv_len``), at least one token, K no larger than :data:`MAX_KV_ELEMENTS` and each
+    head's matmul within :data:`MAX_MATMUL_WORK`."""
     return (k.device.type == "cpu" and kv_len is None and k.shape[2] > 0
             and q.dtype == k.dtype == v.dtype == torch.float32
-            and 0 < k.numel() <= MAX_KV_ELEMENTS)
+            and 0 < k.numel() <= MAX_KV_ELEMENTS
+            and q.shape[1] // k.shape[1] * k.shape[2] * k.shape[3] <= MAX_MATMUL_WORK)
 
 
 def partial_attention_small(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
