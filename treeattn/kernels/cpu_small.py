@@ -79,17 +79,23 @@ def merge_applies(a: tuple[torch.Tensor, torch.Tensor],
             and all(t.dtype == torch.float32 for t in (*a, *b)))
 
 
-def merge_small(a: tuple[torch.Tensor, torch.Tensor],
-                b: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The merge of two checked partials (the exact path's formula, ``-inf``-safe: two
-    identities give the identity)."""
-    oa, la = (t.detach().numpy() for t in a)  # (B, Hq, D), (B, Hq)
-    ob, lb = (t.detach().numpy() for t in b)
-    lse = np.logaddexp(la, lb)  # (B, Hq); -inf only when both are identities
+def _merge_into(oa, la, ob, lb, o: np.ndarray, lse: np.ndarray) -> None:
+    """The merge formula on arrays, written into ``o`` (..., D) and ``lse`` (...): the
+    exact path's, ``-inf``-safe (two identities give the identity)."""
+    np.logaddexp(la, lb, out=lse)  # -inf only when both are identities
     # a finite stand-in for a -inf lse keeps both weights exp(-inf) = 0, so o = 0 there
     ref = np.maximum(lse, _FLOAT32_MIN)
-    o = oa * np.exp(la - ref)[..., None]  # (B, Hq, D)
+    np.multiply(oa, np.exp(la - ref)[..., None], out=o)
     o += ob * np.exp(lb - ref)[..., None]
+
+
+def merge_small(a: tuple[torch.Tensor, torch.Tensor],
+                b: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merge of two checked partials ``(o (B, Hq, D), lse (B, Hq))``."""
+    oa, la = a[0].detach().numpy(), a[1].detach().numpy()
+    ob, lb = b[0].detach().numpy(), b[1].detach().numpy()
+    o, lse = np.empty_like(oa), np.empty_like(la)  # (B, Hq, D), (B, Hq)
+    _merge_into(oa, la, ob, lb, o, lse)
     return torch.from_numpy(o), torch.from_numpy(lse)
 
 
@@ -100,10 +106,6 @@ def merge_packed_small(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Ten
     an, bn = a.detach().numpy(), b.detach().numpy()  # (rows·(D+1),) each
     n = an.size - rows  # elements of o
     out = np.empty_like(an)
-    la, lb = an[n:], bn[n:]  # (rows,)
-    lse = np.logaddexp(la, lb, out=out[n:])
-    ref = np.maximum(lse, _FLOAT32_MIN)
-    o = out[:n].reshape(rows, -1)  # (rows, D)
-    np.multiply(an[:n].reshape(rows, -1), np.exp(la - ref)[:, None], out=o)
-    o += bn[:n].reshape(rows, -1) * np.exp(lb - ref)[:, None]
+    _merge_into(an[:n].reshape(rows, -1), an[n:], bn[:n].reshape(rows, -1), bn[n:],
+                out[:n].reshape(rows, -1), out[n:])
     return torch.from_numpy(out)
