@@ -344,7 +344,7 @@ def test_forcing_triton_on_cpu_without_interpreter_explains_how(monkeypatch):
 
 def test_auto_backend_takes_the_exact_torch_path_for_ragged_kv_on_cpu(monkeypatch):
     monkeypatch.delenv("TREEATTN_KERNEL", raising=False)
-    assert kernels.choose_backend(torch.device("cpu")) == "fused"  # which serves dense KV only
+    assert kernels.choose_backend(torch.device("cpu")) == "native"  # which serves dense KV only
     q, k, v = make_qkv(2, 2, 2, 5, 8, torch.float32)
     kv_len = torch.tensor([3, 5])
     got = partial_attention(q, k, v, kv_len=kv_len)

@@ -25,8 +25,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 @pytest.fixture(autouse=True)
-def _auto_backend(monkeypatch):
-    monkeypatch.delenv("TREEATTN_KERNEL", raising=False)
+def _fused_backend(monkeypatch):
+    """The CPU chain without treeattn's C kernel, which would take one-thread calls."""
+    monkeypatch.setenv("TREEATTN_KERNEL", "fused")
 
 
 def assert_fused_close(got, want, dtype):

@@ -3,11 +3,13 @@
 A *partial* is ``(o, lse)``: ``o`` (B, Hq, D) fp32 and ``lse`` (B, Hq) fp32. Triton kernels
 run on CUDA tensors. On CPU tensors, small fp32 calls (short shards, the merge of a decode
 step's partials) go through numpy (:mod:`treeattn.kernels.cpu_small`), where torch's
-per-operator dispatch would be most of the cost; larger dense KV (16-bit, or fp32 with
-grouped-query heads) through torch's fused FlashAttention kernel
+per-operator dispatch would be most of the cost; larger dense fp32 or bf16 KV on one thread
+through treeattn's C kernel (:mod:`treeattn.kernels.cpu_native`); other dense KV (16-bit,
+or fp32 with grouped-query heads) through torch's fused FlashAttention kernel
 (:mod:`treeattn.kernels.cpu_fused`); everything else through the exact torch path
 (:mod:`treeattn.kernels.reference`);
-``TREEATTN_KERNEL=triton|fused|torch`` forces one (see :mod:`treeattn.kernels.dispatch`).
+``TREEATTN_KERNEL=triton|native|fused|torch`` forces one (see
+:mod:`treeattn.kernels.dispatch`).
 Kernels know nothing of topology.
 
 >>> import torch
@@ -24,19 +26,24 @@ from __future__ import annotations
 
 import torch
 
-from treeattn.kernels import cpu_fused, cpu_small, reference
+from treeattn.kernels import cpu_fused, cpu_native, cpu_small, reference
 from treeattn.kernels.checks import (
     check_packed_pair,
     check_pair,
     check_partial_inputs,
     check_partials,
 )
-from treeattn.kernels.dispatch import choose_backend, triton_module
+from treeattn.kernels.dispatch import (
+    CPU_BACKENDS,
+    choose_backend,
+    requested_backend,
+    triton_module,
+)
 from treeattn.kernels.errors import KernelError
 from treeattn.kernels.sums import finalize_sums, rescale_to_max
 
 __all__ = ["KernelError", "finalize_sums", "merge", "merge_packed", "merge_partials",
-           "partial_attention", "reference", "rescale_to_max"]
+           "partial_attention", "partial_attention_path", "reference", "rescale_to_max"]
 
 
 def partial_attention(
@@ -55,14 +62,44 @@ def partial_attention(
     :func:`treeattn.kernels.reference.partial_attention` for the exact semantics.
     """
     scale = check_partial_inputs(q, k, v, scale, kv_len)
-    backend = choose_backend(q.device)
-    if backend == "triton":
+    path = partial_attention_path(q, k, v, kv_len)
+    if path == "triton":
         return triton_module("triton_partial").partial_attention_checked(q, k, v, scale, kv_len)
-    if backend == "fused" and cpu_small.applies(q, k, v, kv_len):
+    if path == "small":
         return cpu_small.partial_attention_small(q, k, v, scale)
-    if backend == "fused" and cpu_fused.applies(q, k, kv_len):
+    if path == "native":
+        return cpu_native.partial_attention_native(cpu_native.kernel(), q, k, v, scale)
+    if path == "fused":
         return cpu_fused.partial_attention_fused(q, k, v, scale)
     return reference.partial_attention_checked(q, k, v, scale, kv_len)
+
+
+def partial_attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           kv_len: torch.Tensor | None = None) -> str:
+    """Which implementation :func:`partial_attention` runs for these (checked) inputs:
+    ``"triton"``, ``"small"`` (numpy), ``"native"`` (the C kernel), ``"fused"`` (torch's
+    fused kernel) or ``"exact"`` (the torch reference). Benchmarks report it."""
+    backend = choose_backend(q.device)
+    if backend == "triton":
+        return "triton"
+    if backend in CPU_BACKENDS and cpu_small.applies(q, k, v, kv_len):
+        return "small"
+    if backend == "native" and cpu_native.applies(q, k, v, kv_len):
+        kern = _native_kernel()
+        if kern is not None and cpu_native.fits(kern, q.shape[-1]):
+            return "native"
+    if backend in CPU_BACKENDS and cpu_fused.applies(q, k, kv_len):
+        return "fused"
+    return "exact"
+
+
+def _native_kernel() -> cpu_native.NativeKernel | None:
+    """The C kernel; None where it cannot be built, which is an error only when
+    ``TREEATTN_KERNEL=native`` asked for it by name."""
+    kern = cpu_native.kernel()
+    if kern is None and requested_backend() == "native":
+        raise KernelError(f"TREEATTN_KERNEL=native, but {cpu_native.unavailable_reason()}")
+    return kern
 
 
 def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +118,7 @@ def merge(
     backend = choose_backend(a[0].device)
     if backend == "triton":
         return triton_module("triton_merge").merge(a, b)
-    if backend == "fused" and cpu_small.merge_applies(a, b):
+    if backend in CPU_BACKENDS and cpu_small.merge_applies(a, b):
         return cpu_small.merge_small(a, b)
     return reference.merge(a, b)
 
@@ -95,7 +132,7 @@ def merge_packed(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
     """
     check_packed_pair(a, b, rows)
     n = a.numel() - rows  # elements of o
-    if choose_backend(a.device) == "fused" and n <= cpu_small.MAX_MERGE_ELEMENTS:
+    if choose_backend(a.device) in CPU_BACKENDS and n <= cpu_small.MAX_MERGE_ELEMENTS:
         return cpu_small.merge_packed_small(a, b, rows)
     d = n // rows
     o, lse = merge((a[:n].view(1, rows, d), a[n:].view(1, rows)),

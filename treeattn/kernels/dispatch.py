@@ -1,13 +1,16 @@
-"""Pick the backend for each call: Triton on CUDA tensors, torch on CPU tensors.
+"""Pick the backend for each call: Triton on CUDA tensors, treeattn's CPU paths on CPU tensors.
 
-On CPU tensors ``auto`` means ``fused``: the fastest CPU path for each call. That is numpy
-for small fp32 attention and merges (:func:`treeattn.kernels.cpu_small.applies`), torch's
-fused FlashAttention kernel for the partial attention of larger dense KV where it is
-faster (:func:`treeattn.kernels.cpu_fused.applies`), and the exact torch path for
-everything else (ragged ``kv_len`` batches, empty shards, large fp32 with one query head
-per KV head, large merges).
-``TREEATTN_KERNEL=triton|fused|torch`` forces one backend (``auto`` or unset: by device);
-``torch`` is the exact path everywhere, the oracle of the others. Triton on CPU tensors only
+On CPU tensors ``auto`` means ``native``: the fastest CPU path for each call. That is numpy
+for small fp32 attention and merges (:func:`treeattn.kernels.cpu_small.applies`), treeattn's
+own C kernel for the partial attention of dense fp32 or bf16 KV on one thread
+(:mod:`treeattn.kernels.cpu_native`), torch's fused FlashAttention kernel for other dense KV
+where it is faster (:func:`treeattn.kernels.cpu_fused.applies`), and the exact torch path
+for everything else (ragged ``kv_len`` batches, empty shards, large fp32 with one query head
+per KV head, large merges). Where the C kernel cannot be built (no compiler), ``auto`` goes
+on to the next path and ``native`` asked for by name is an error that says why.
+``TREEATTN_KERNEL=triton|native|fused|torch`` forces one backend (``auto`` or unset: by
+device); ``fused`` is the CPU chain without the C kernel, ``torch`` is the exact path
+everywhere, the oracle of the others. Triton on CPU tensors only
 runs in Triton's interpreter (``TRITON_INTERPRET=1``). Triton fixes that choice for each
 ``@triton.jit`` function when it is defined, including its own library functions
 (``tl.zeros``, ``tl.sum``) defined when ``triton`` is first imported, so the variable must be
@@ -27,7 +30,8 @@ import torch
 from treeattn.kernels.errors import KernelError
 
 ENV_BACKEND = "TREEATTN_KERNEL"
-BACKENDS = ("auto", "triton", "fused", "torch")
+BACKENDS = ("auto", "triton", "native", "fused", "torch")
+CPU_BACKENDS = ("native", "fused")  # the CPU chains: small, [native,] fused, exact
 
 
 def interpreter_enabled() -> bool:
@@ -60,20 +64,21 @@ def triton_is_interpreted() -> bool:
 
 
 def choose_backend(device: torch.device) -> str:
-    """Return ``"triton"``, ``"fused"`` or ``"torch"`` for tensors on ``device``, or raise
-    KernelError. ``"fused"`` is a CPU choice; callers take the exact path where neither the
-    small path nor the fused kernel applies (:mod:`treeattn.kernels.cpu_small`,
+    """Return ``"triton"``, ``"native"``, ``"fused"`` or ``"torch"`` for tensors on
+    ``device``, or raise KernelError. ``"native"`` and ``"fused"`` are CPU chains; callers
+    take each path of the chain that applies to the call, the exact path last
+    (:mod:`treeattn.kernels.cpu_small`, :mod:`treeattn.kernels.cpu_native`,
     :func:`treeattn.kernels.cpu_fused.applies`)."""
     name = requested_backend()
     on_cuda = device.type == "cuda"
     if name == "torch":
         return "torch"
-    if name == "fused":
-        return "torch" if on_cuda else "fused"
+    if name in CPU_BACKENDS:
+        return "torch" if on_cuda else name
     if name == "auto":
         if on_cuda:
             return "triton" if _triton_available() else "torch"
-        return "fused"
+        return "native"
     if not _triton_available():
         raise KernelError(f"{ENV_BACKEND}=triton but Triton is not installed")
     if not on_cuda and not interpreter_enabled():

@@ -31,6 +31,10 @@ O_TOLERANCE = {
     ("fused", torch.float32): dict(atol=1e-5, rtol=1e-5),
     ("fused", torch.float16): dict(atol=2e-3, rtol=2e-3),
     ("fused", torch.bfloat16): dict(atol=1.5e-2, rtol=1.5e-2),
+    # treeattn's C kernel widens 16-bit K/V exactly and does everything in fp32, like the
+    # exact path: only the order of its sums differs.
+    ("native", torch.float32): dict(atol=1e-5, rtol=1e-5),
+    ("native", torch.bfloat16): dict(atol=1e-5, rtol=1e-5),
 }
 # lse depends only on the fp32 scores, which are exact products of the inputs summed in fp32,
 # whatever the backend: a relative 1e-6 of |lse| plus fp32 summation error.

@@ -1,0 +1,187 @@
+"""Partial attention on one CPU core through treeattn's own C kernel.
+
+Why a native kernel: a decode step reads K and V once and does only 2·G multiply-adds per
+element (G = Hq / Hkv), so it should run at the memory's read bandwidth. torch does not get
+there for grouped-query heads: its fused FlashAttention kernel and MKL's G-row matmuls reached
+37–50% of ``sum()``'s bandwidth at G = 3 and 4, in fp32 and bf16
+(``benchmarks/results/kernels-cpu-1thread.md``). ``native/decode_partial.c`` streams each KV
+head once, scores and weights each row while it is in registers, and widens bf16 to fp32 in
+registers instead of in a copy; see that file for the algorithm.
+
+How it is built: on first use, with the system's C compiler (``$CC``, else ``cc``) at
+``-O3 -march=native``, into ``$TREEATTN_CACHE_DIR`` (default ``~/.cache/treeattn``) under a
+name that hashes the source, the compiler, its flags and this CPU's feature flags, so a
+shared home directory never hands one machine another's instructions. The library is written
+to a temporary name and renamed into place, so ranks that start together and build at once
+never load a half-written file. No new Python dependency; where no compiler is present (or it
+fails), :func:`unavailable_reason` says why and the calls take torch's fused kernel.
+
+When it serves a call (:func:`applies`): a CPU, one torch thread (the kernel runs on one
+core; with more threads torch's kernels use them all), dense KV (no ``kv_len``) of at least
+one token, fp32 or bf16 K/V with unit stride along D, D a multiple of the vector width and at
+most 256, and G ≤ 8 (more query rows than that would re-read K and V per 8 rows).
+Numerics are fp32 throughout, the exact path's up to the order of its sums, so it is held to
+the exact path's tolerance (``O_TOLERANCE[("native", dtype)]``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("native") / "decode_partial.c"
+ENV_CACHE_DIR = "TREEATTN_CACHE_DIR"
+ABI_VERSION = 1
+MAX_QUERY_ROWS = 8  # the kernel's MAX_ROWS: query rows served by one pass over K and V
+KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's KV_F32, KV_BF16
+COMPILE_TIMEOUT_S = 120
+# -march=native first; the retry without it is for compilers that do not know the flag.
+FLAG_SETS = (("-O3", "-march=native"), ("-O3",))
+COMMON_FLAGS = ("-std=gnu11", "-fPIC", "-shared", "-Wno-psabi")
+
+
+class NativeKernel:
+    """The loaded library: its entry point and the shape limits it reports."""
+
+    def __init__(self, path: Path):
+        lib = ctypes.CDLL(str(path))
+        if lib.treeattn_native_abi() != ABI_VERSION:
+            raise OSError(f"{path} has ABI {lib.treeattn_native_abi()}, expected {ABI_VERSION}")
+        self.path = path
+        self.lanes = int(lib.treeattn_native_lanes())
+        self.max_d = int(lib.treeattn_native_max_d())
+        fn = lib.treeattn_decode_partial
+        fn.restype = ctypes.c_int
+        fn.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_int64] * 11
+                       + [ctypes.c_void_p] * 2)
+        self.decode_partial = fn
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept: ``$TREEATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or
+    ``~/.cache``, under ``treeattn``."""
+    if os.environ.get(ENV_CACHE_DIR):
+        return Path(os.environ[ENV_CACHE_DIR])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "treeattn"
+
+
+def _cpu_flags() -> str:
+    """This CPU's feature flags (Linux), so libraries built for another CPU are not reused."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which(
+        "clang")
+
+
+def build(out_dir: Path, flags: tuple[str, ...] | None = None) -> Path:
+    """Compile the kernel into ``out_dir`` (or reuse an earlier build) and return the path.
+
+    ``flags`` replaces the optimisation flags (tests build a portable variant with it).
+    Raises OSError with the compiler's message when no flag set compiles.
+    """
+    compiler = _compiler()
+    if compiler is None:
+        raise OSError("no C compiler found (set CC, or install gcc or clang)")
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             timeout=COMPILE_TIMEOUT_S).stdout.splitlines()[:1]
+    errors = []
+    for opt in (flags,) if flags is not None else FLAG_SETS:
+        key = hashlib.sha256(repr((source, compiler, version, opt, COMMON_FLAGS,
+                                   platform.machine(), _cpu_flags())).encode()).hexdigest()
+        target = out_dir / f"decode_partial-{key[:16]}.so"
+        if target.exists():
+            return target
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=out_dir, prefix=".build-", suffix=".so")
+        os.close(fd)
+        try:
+            done = subprocess.run([compiler, *opt, *COMMON_FLAGS, "-o", partial, str(SOURCE),
+                                   "-lm"], capture_output=True, text=True,
+                                  timeout=COMPILE_TIMEOUT_S)
+            if done.returncode == 0:
+                os.replace(partial, target)  # atomic: a concurrent loader sees all or nothing
+                return target
+            said = done.stderr.strip().splitlines()
+            errors.append(f"{' '.join(opt)}: {said[-1] if said else f'exit {done.returncode}'}")
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    raise OSError(f"{compiler} could not build {SOURCE.name}: {'; '.join(errors)}")
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> tuple[NativeKernel | None, str]:
+    """The kernel, built and loaded once per process, or None and the reason it is not."""
+    try:
+        try:
+            path = build(cache_dir())
+        except PermissionError:  # a read-only home: build per user in the temp directory
+            path = build(Path(tempfile.gettempdir()) / f"treeattn-native-{os.getuid()}")
+        return NativeKernel(path), ""
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"the native CPU kernel is unavailable: {exc}"
+
+
+def kernel() -> NativeKernel | None:
+    """The loaded kernel (building it on first use), or None where it cannot be built."""
+    return _load()[0]
+
+
+def unavailable_reason() -> str:
+    """Why :func:`kernel` is None, or ``""`` when the kernel is available."""
+    return _load()[1]
+
+
+def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            kv_len: torch.Tensor | None) -> bool:
+    """Whether the call's shape and layout suit the kernel (it may still be unavailable)."""
+    if k.device.type != "cpu" or kv_len is not None or torch.get_num_threads() != 1:
+        return False
+    b, hkv, t, d = k.shape
+    if b == 0 or t == 0 or k.dtype not in KV_DTYPE_CODES or v.dtype != k.dtype:
+        return False
+    if q.shape[1] // hkv > MAX_QUERY_ROWS:
+        return False
+    return k.stride(-1) == 1 and v.stride(-1) == 1
+
+
+def partial_attention_native(kern: NativeKernel, q: torch.Tensor, k: torch.Tensor,
+                             v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partial ``(o (B, Hq, D), lse (B, Hq))`` in fp32 for inputs checked by
+    :func:`treeattn.kernels.checks.check_partial_inputs` and accepted by :func:`applies`
+    and :func:`fits`."""
+    b, hq, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    q_scaled = (q.to(torch.float32) * scale).contiguous()  # (B, Hq, D), a new tensor
+    o = torch.empty(b, hq, d, dtype=torch.float32)  # (B, Hq, D)
+    lse = torch.empty(b, hq, dtype=torch.float32)  # (B, Hq)
+    status = kern.decode_partial(q_scaled.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                 KV_DTYPE_CODES[k.dtype], b, hkv, hq // hkv, t, d,
+                                 *k.stride()[:3], *v.stride()[:3], o.data_ptr(), lse.data_ptr())
+    if status != 0:  # applies() and fits() admit only shapes the kernel takes
+        raise RuntimeError(f"native kernel refused shape q {tuple(q.shape)} k {tuple(k.shape)}")
+    return o, lse
+
+
+def fits(kern: NativeKernel, d: int) -> bool:
+    """Whether the loaded kernel's vector width and limit take head dimension ``d``."""
+    return d % kern.lanes == 0 and d <= kern.max_d
