@@ -122,6 +122,55 @@ def test_any_split_merged_in_any_order_gives_whole_attention(t, n_chunks, seed, 
     assert_native_close(got, reference.naive_attention(q, k, v), dtype)
 
 
+def _identity(partial):
+    return torch.zeros_like(partial[0]), torch.full_like(partial[1], float("-inf"))
+
+
+def _packed(partial) -> torch.Tensor:
+    return torch.cat([partial[0].reshape(-1), partial[1].reshape(-1)])
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 3), hq=st.integers(1, 12), d=st.sampled_from([1, 8, 64, 128]),
+       seed=st.integers(0, 10_000), gap=st.floats(-80.0, 80.0))
+def test_c_merge_is_the_exact_merge_and_keeps_the_identity_neutral(b, hq, d, seed, gap):
+    """Any shape, partials whose log-sum-exps differ by up to 80 (where one weight
+    underflows), and identities on either or both sides, in the tuple and packed forms."""
+    kern = cpu_native.kernel()
+    gen = torch.Generator().manual_seed(seed)
+    a = (torch.randn(b, hq, d, generator=gen), torch.randn(b, hq, generator=gen))
+    c = (torch.randn(b, hq, d, generator=gen), a[1] + gap)
+    got = cpu_native.merge_native(kern, a, c)
+    want = reference.merge(a, c)
+    torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-6)
+    packed = cpu_native.merge_packed_native(kern, _packed(a), _packed(c), b * hq)
+    assert torch.equal(packed, _packed(got))
+    for left, right in ((a, _identity(a)), (_identity(a), a)):
+        same = cpu_native.merge_native(kern, left, right)
+        assert torch.equal(same[0], a[0]) and torch.equal(same[1], a[1])
+    both = cpu_native.merge_native(kern, _identity(a), _identity(a))
+    assert torch.equal(both[0], torch.zeros_like(a[0])) and torch.isneginf(both[1]).all()
+
+
+def test_merges_dispatch_to_c_under_auto_only(kern, monkeypatch):
+    calls = []
+    real, real_packed = cpu_native.merge_native, cpu_native.merge_packed_native
+    monkeypatch.setattr(cpu_native, "merge_native",
+                        lambda *a: calls.append("merge") or real(*a))
+    monkeypatch.setattr(cpu_native, "merge_packed_native",
+                        lambda *a: calls.append("packed") or real_packed(*a))
+    part = (torch.randn(1, 4, 16), torch.randn(1, 4))
+    kernels.merge(part, part)
+    kernels.merge_packed(_packed(part), _packed(part), 4)
+    kernels.merge((part[0].transpose(1, 2).contiguous().transpose(1, 2), part[1]), part)
+    assert calls == ["merge", "packed"]  # the strided one took numpy
+    monkeypatch.setenv("TREEATTN_KERNEL", "fused")
+    kernels.merge(part, part)
+    kernels.merge_packed(_packed(part), _packed(part), 4)
+    assert calls == ["merge", "packed"]
+
+
 def test_dispatch_sends_one_thread_dense_fp32_and_bf16_to_native(kern, monkeypatch):
     calls = native_calls(monkeypatch)
     big = make_qkv(1, 4, 2, 5000, 64, torch.float32)  # K over the small path's limit
@@ -189,7 +238,7 @@ def test_builds_are_cached_and_concurrent_builders_agree(tmp_path):
 
 def test_a_failing_or_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "false")
-    with pytest.raises(OSError, match="could not build decode_partial.c"):
+    with pytest.raises(OSError, match="could not build the native kernels"):
         cpu_native.build(tmp_path)
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setattr(cpu_native, "_compiler", lambda: None)

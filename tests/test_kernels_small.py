@@ -106,6 +106,7 @@ def test_merge_applies_to_small_fp32_partials_only():
 
 
 def test_dispatch_sends_small_calls_to_numpy_and_the_oracle_setting_to_torch(monkeypatch):
+    monkeypatch.setenv("TREEATTN_KERNEL", "fused")  # the CPU chain whose merges are numpy's
     calls = []
     attend, fold = cpu_small.partial_attention_small, cpu_small.merge_small
     monkeypatch.setattr(cpu_small, "partial_attention_small",
@@ -143,11 +144,12 @@ def _packed(partial) -> torch.Tensor:
     return torch.cat([partial[0].reshape(-1), partial[1].reshape(-1)])
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("backend", ["auto", "fused", "torch"])
 @pytest.mark.parametrize("b,hq,d", [(1, 1, 8), (2, 8, 32), (1, 128, 128), (1, 256, 128)])
 def test_packed_merge_is_the_merge_of_the_unpacked_partials(monkeypatch, backend, b, hq, d):
-    """The runtime's packed form (o then lse, flat): the numpy path for small partials, the
-    unpack-merge-pack path above its limit (256 heads of 128) or with the oracle forced;
+    """The runtime's packed form (o then lse, flat): the C merge (auto), the numpy path for
+    small partials (fused), the unpack-merge-pack path above its limit (256 heads of 128) or
+    with the oracle forced;
     an identity on either side leaves the other exactly as it was."""
     monkeypatch.setenv("TREEATTN_KERNEL", backend)
     q, k, v = make_qkv(b, hq, hq, 12, d, torch.float32, seed=hq + d)

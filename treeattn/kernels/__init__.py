@@ -118,6 +118,10 @@ def merge(
     backend = choose_backend(a[0].device)
     if backend == "triton":
         return triton_module("triton_merge").merge(a, b)
+    if backend == "native" and cpu_native.merge_applies(*a, *b):
+        kern = _native_kernel()
+        if kern is not None:
+            return cpu_native.merge_native(kern, a, b)
     if backend in CPU_BACKENDS and cpu_small.merge_applies(a, b):
         return cpu_small.merge_small(a, b)
     return reference.merge(a, b)
@@ -132,7 +136,12 @@ def merge_packed(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
     """
     check_packed_pair(a, b, rows)
     n = a.numel() - rows  # elements of o
-    if choose_backend(a.device) in CPU_BACKENDS and n <= cpu_small.MAX_MERGE_ELEMENTS:
+    backend = choose_backend(a.device)
+    if backend == "native" and cpu_native.merge_applies(a, b):
+        kern = _native_kernel()
+        if kern is not None:
+            return cpu_native.merge_packed_native(kern, a, b, rows)
+    if backend in CPU_BACKENDS and n <= cpu_small.MAX_MERGE_ELEMENTS:
         return cpu_small.merge_packed_small(a, b, rows)
     d = n // rows
     o, lse = merge((a[:n].view(1, rows, d), a[n:].view(1, rows)),

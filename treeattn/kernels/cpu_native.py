@@ -38,9 +38,10 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("native") / "decode_partial.c"
+SOURCES = tuple(Path(__file__).with_name("native") / name
+                for name in ("decode_partial.c", "merge.c"))
 ENV_CACHE_DIR = "TREEATTN_CACHE_DIR"
-ABI_VERSION = 1
+ABI_VERSION = 3
 MAX_QUERY_ROWS = 8  # the kernel's MAX_ROWS: query rows served by one pass over K and V
 KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's KV_F32, KV_BF16
 COMPILE_TIMEOUT_S = 120
@@ -61,9 +62,13 @@ class NativeKernel:
         self.max_d = int(lib.treeattn_native_max_d())
         fn = lib.treeattn_decode_partial
         fn.restype = ctypes.c_int
-        fn.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_int64] * 11
-                       + [ctypes.c_void_p] * 2)
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_float] + [ctypes.c_void_p] * 2 + [ctypes.c_int]
+                       + [ctypes.c_int64] * 11 + [ctypes.c_void_p] * 2)
         self.decode_partial = fn
+        merge = lib.treeattn_merge
+        merge.restype = None
+        merge.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2
+        self.merge = merge
 
 
 def cache_dir() -> Path:
@@ -100,22 +105,22 @@ def build(out_dir: Path, flags: tuple[str, ...] | None = None) -> Path:
     compiler = _compiler()
     if compiler is None:
         raise OSError("no C compiler found (set CC, or install gcc or clang)")
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=COMPILE_TIMEOUT_S).stdout.splitlines()[:1]
     errors = []
     for opt in (flags,) if flags is not None else FLAG_SETS:
         key = hashlib.sha256(repr((source, compiler, version, opt, COMMON_FLAGS,
                                    platform.machine(), _cpu_flags())).encode()).hexdigest()
-        target = out_dir / f"decode_partial-{key[:16]}.so"
+        target = out_dir / f"treeattn-native-{key[:16]}.so"
         if target.exists():
             return target
         out_dir.mkdir(parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(dir=out_dir, prefix=".build-", suffix=".so")
         os.close(fd)
         try:
-            done = subprocess.run([compiler, *opt, *COMMON_FLAGS, "-o", partial, str(SOURCE),
-                                   "-lm"], capture_output=True, text=True,
+            done = subprocess.run([compiler, *opt, *COMMON_FLAGS, "-o", partial,
+                                   *map(str, SOURCES), "-lm"], capture_output=True, text=True,
                                   timeout=COMPILE_TIMEOUT_S)
             if done.returncode == 0:
                 os.replace(partial, target)  # atomic: a concurrent loader sees all or nothing
@@ -125,7 +130,7 @@ def build(out_dir: Path, flags: tuple[str, ...] | None = None) -> Path:
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
-    raise OSError(f"{compiler} could not build {SOURCE.name}: {'; '.join(errors)}")
+    raise OSError(f"{compiler} could not build the native kernels: {'; '.join(errors)}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -171,10 +176,11 @@ def partial_attention_native(kern: NativeKernel, q: torch.Tensor, k: torch.Tenso
     and :func:`fits`."""
     b, hq, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
-    q_scaled = (q.to(torch.float32) * scale).contiguous()  # (B, Hq, D), a new tensor
+    if q.dtype != torch.float32 or not q.is_contiguous():
+        q = q.to(torch.float32).contiguous()  # (B, Hq, D); the kernel applies the scale
     o = torch.empty(b, hq, d, dtype=torch.float32)  # (B, Hq, D)
     lse = torch.empty(b, hq, dtype=torch.float32)  # (B, Hq)
-    status = kern.decode_partial(q_scaled.data_ptr(), k.data_ptr(), v.data_ptr(),
+    status = kern.decode_partial(q.data_ptr(), scale, k.data_ptr(), v.data_ptr(),
                                  KV_DTYPE_CODES[k.dtype], b, hkv, hq // hkv, t, d,
                                  *k.stride()[:3], *v.stride()[:3], o.data_ptr(), lse.data_ptr())
     if status != 0:  # applies() and fits() admit only shapes the kernel takes
@@ -185,3 +191,34 @@ def partial_attention_native(kern: NativeKernel, q: torch.Tensor, k: torch.Tenso
 def fits(kern: NativeKernel, d: int) -> bool:
     """Whether the loaded kernel's vector width and limit take head dimension ``d``."""
     return d % kern.lanes == 0 and d <= kern.max_d
+
+
+def merge_applies(*tensors: torch.Tensor) -> bool:
+    """Whether the C merge takes these checked partials: fp32, contiguous, on the CPU."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+               for t in tensors)
+
+
+def merge_native(kern: NativeKernel, a: tuple[torch.Tensor, torch.Tensor],
+                 b: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merge of two checked partials ``(o (B, Hq, D), lse (B, Hq))`` accepted by
+    :func:`merge_applies`."""
+    o = torch.empty_like(a[0])  # (B, Hq, D)
+    lse = torch.empty_like(a[1])  # (B, Hq)
+    rows = lse.numel()
+    if rows:
+        kern.merge(a[0].data_ptr(), a[1].data_ptr(), b[0].data_ptr(), b[1].data_ptr(),
+                   o.data_ptr(), lse.data_ptr(), rows, o.numel() // rows)
+    return o, lse
+
+
+def merge_packed_native(kern: NativeKernel, a: torch.Tensor, b: torch.Tensor,
+                        rows: int) -> torch.Tensor:
+    """The merge of two checked packed partials (flat fp32: ``o`` of ``rows`` × D, then
+    ``lse`` of ``rows``) accepted by :func:`merge_applies`, into one new packed tensor."""
+    out = torch.empty_like(a)  # (rows·(D + 1),)
+    n = a.numel() - rows  # elements of o
+    lse_offset = n * out.element_size()
+    kern.merge(a.data_ptr(), a.data_ptr() + lse_offset, b.data_ptr(), b.data_ptr() + lse_offset,
+               out.data_ptr(), out.data_ptr() + lse_offset, rows, n // rows)
+    return out

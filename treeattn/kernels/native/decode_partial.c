@@ -10,7 +10,7 @@
  * accumulators, converting bf16 to fp32 in registers on the way.
  *
  * Numerics: fp32 throughout (scores, exponentials, sums, accumulators), so the result is
- * the exact path's up to the order of the sums. Only the caller's q is pre-scaled.
+ * the exact path's up to the order of the sums (q is multiplied by the scale first).
  *
  * Portability: GCC/Clang vector extensions, no intrinsics, so the same source compiles to
  * AVX-512, AVX2 or NEON with -march=native. treeattn/kernels/cpu_native.py compiles it on
@@ -72,13 +72,13 @@ INLINE float lane_sum(vfloat x) {
     return t[0];
 }
 
-/* R query rows (q pre-scaled, fp32, R x D contiguous) against T tokens of one KV head.
+/* R query rows (fp32, R x D contiguous, multiplied by scale here) against T tokens of one KV head.
  * k and v point at the head's first row; k_st and v_st are the token strides in elements.
  * Writes o (R x D, the normalised output) and lse (R, natural log). R and D are compile-time
  * constants at every call site, so the loops over them unroll. */
-INLINE void attend_rows(const float *q, const char *k, const char *v, int dtype, size_t elem,
-                        int64_t T, int64_t k_st, int64_t v_st, const int R, const int D,
-                        float *o, float *lse) {
+INLINE void attend_rows(const float *q, float scale, const char *k, const char *v, int dtype,
+                        size_t elem, int64_t T, int64_t k_st, int64_t v_st, const int R,
+                        const int D, float *o, float *lse) {
     const int NV = D / LANES;
     vfloat qv[MAX_ROWS][MAX_D / LANES];
     vfloat acc[MAX_ROWS][MAX_D / LANES];
@@ -89,6 +89,7 @@ INLINE void attend_rows(const float *q, const char *k, const char *v, int dtype,
         l[r] = 0.0f;
         for (int j = 0; j < NV; j++) {
             memcpy(&qv[r][j], q + (int64_t)r * D + j * LANES, sizeof(vfloat));
+            qv[r][j] *= scale;
             acc[r][j] = (vfloat){0};
         }
     }
@@ -150,40 +151,42 @@ INLINE void attend_rows(const float *q, const char *k, const char *v, int dtype,
     }
 }
 
-#define ROWS_CASES(DD)                                                                   \
-    switch (R) {                                                                         \
-    case 1: attend_rows(q, k, v, dtype, elem, T, k_st, v_st, 1, DD, o, lse); return;     \
-    case 2: attend_rows(q, k, v, dtype, elem, T, k_st, v_st, 2, DD, o, lse); return;     \
-    case 3: attend_rows(q, k, v, dtype, elem, T, k_st, v_st, 3, DD, o, lse); return;     \
-    case 4: attend_rows(q, k, v, dtype, elem, T, k_st, v_st, 4, DD, o, lse); return;     \
-    case 5: attend_rows(q, k, v, dtype, elem, T, k_st, v_st, 5, DD, o, lse); return;     \
-    case 6: attend_rows(q, k, v, dtype, elem, T, k_st, v_st, 6, DD, o, lse); return;     \
-    case 7: attend_rows(q, k, v, dtype, elem, T, k_st, v_st, 7, DD, o, lse); return;     \
-    default: attend_rows(q, k, v, dtype, elem, T, k_st, v_st, 8, DD, o, lse); return;    \
+#define ROW_CASE(RR, DD)                                                                  \
+    case RR:                                                                               \
+        attend_rows(q, scale, k, v, dtype, elem, T, k_st, v_st, RR, DD, o, lse);           \
+        return;
+#define ROWS_CASES(DD)                                                                     \
+    switch (R) {                                                                           \
+        ROW_CASE(1, DD) ROW_CASE(2, DD) ROW_CASE(3, DD) ROW_CASE(4, DD)                    \
+        ROW_CASE(5, DD) ROW_CASE(6, DD) ROW_CASE(7, DD)                                    \
+    default:                                                                               \
+        attend_rows(q, scale, k, v, dtype, elem, T, k_st, v_st, 8, DD, o, lse);            \
+        return;                                                                            \
     }
 
 /* One (sequence, KV head, group of up to MAX_ROWS query rows), specialised on the common
  * head dimensions so their loops are fully unrolled. */
-static void attend(const float *q, const char *k, const char *v, int dtype, size_t elem,
-                   int64_t T, int64_t k_st, int64_t v_st, int R, int D, float *o, float *lse) {
+static void attend(const float *q, float scale, const char *k, const char *v, int dtype,
+                   size_t elem, int64_t T, int64_t k_st, int64_t v_st, int R, int D, float *o,
+                   float *lse) {
     if (D == 64) { ROWS_CASES(64) }
     if (D == 128) { ROWS_CASES(128) }
     ROWS_CASES(D)
 }
 
 /* The ABI version; cpu_native.py refuses a library that reports another one. */
-int treeattn_native_abi(void) { return 1; }
+int treeattn_native_abi(void) { return 3; }
 
 /* The head dimension must be a multiple of this (and at most MAX_D). */
 int treeattn_native_lanes(void) { return LANES; }
 
 int treeattn_native_max_d(void) { return MAX_D; }
 
-/* q (B, Hkv·G, D) fp32 contiguous and already multiplied by the softmax scale; k and v
+/* q (B, Hkv·G, D) fp32 contiguous, scale the softmax scale; k and v
  * (B, Hkv, T, D) fp32 or bf16 with unit stride along D and the given element strides;
  * o (B, Hkv·G, D) and lse (B, Hkv·G) fp32 contiguous. Returns 0, or -1 for a shape this
  * kernel does not take (the caller checks first, so -1 is a bug, not an input error). */
-int treeattn_decode_partial(const float *q, const void *k, const void *v, int dtype,
+int treeattn_decode_partial(const float *q, float scale, const void *k, const void *v, int dtype,
                             int64_t B, int64_t Hkv, int64_t G, int64_t T, int64_t D,
                             int64_t k_sb, int64_t k_sh, int64_t k_st,
                             int64_t v_sb, int64_t v_sh, int64_t v_st,
@@ -199,7 +202,7 @@ int treeattn_decode_partial(const float *q, const void *k, const void *v, int dt
             for (int64_t g0 = 0; g0 < G; g0 += MAX_ROWS) {
                 const int64_t row = (b * Hkv + h) * G + g0;
                 const int R = (int)(G - g0 < MAX_ROWS ? G - g0 : MAX_ROWS);
-                attend(q + row * D, kh, vh, dtype, elem, T, k_st, v_st, R, (int)D,
+                attend(q + row * D, scale, kh, vh, dtype, elem, T, k_st, v_st, R, (int)D,
                        o + row * D, lse + row);
             }
         }
