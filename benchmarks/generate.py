@@ -9,9 +9,10 @@ ranks (gloo on loopback, one torch thread per rank), and a short prompt is decod
   pick is what ``treeattn plan --profile`` would choose: this machine is calibrated once
   (``calibrate_in_group`` on ``world`` ranks, the model's head shape, one thread per rank,
   before any decoding) and the planner prices every algorithm with that profile;
-* in a single process again: this box's memory bandwidth drifts by tens of percent from
-  minute to minute, so the baseline is the faster of the two single-process runs that
-  bracket the distributed ones (the conservative choice for a speedup).
+* tree and the pick again, mirrored (single, tree, pick, ring, pick, tree, single), and in
+  a single process again: this box's memory bandwidth drifts by tens of percent from
+  minute to minute, so each of single, tree and the pick is the faster of its two runs,
+  and the mirrored order cancels a steady drift out of their ratios.
 
 Reported per point: tokens/s, attention time per token (all 30 layers: the executor running
 the schedule, the new token's own key being part of its owner's shard), the single/tree,
@@ -111,15 +112,25 @@ def run(contexts: list[int], world: int, new_tokens: int, model: str | None) -> 
         row = {"context_tokens": context, "single_tokens_per_s": ref.tokens_per_s,
                "single_attention_s_per_token": ref.attention_per_token_s,
                "single_prefill_s": ref.prefill_s}
-        for key, schedule in schedules.items():
-            point = run_point(loaded, prompt, segment, context, world, schedule, new_tokens)
+        # tree and the pick run twice, mirrored around ring (A B C B A), so that a drift of
+        # the machine's speed over the minutes of the run cancels out of their ratios.
+        for key in ("tree", "planned", "ring", "planned", "tree"):
+            point = run_point(loaded, prompt, segment, context, world, schedules[key],
+                              new_tokens)
             logits = point.pop("logits")
             point["identical_to_single_process"] = point["tokens"] == ref.tokens
             point["max_abs_logit_diff"] = max(
                 float((a - b).abs().max()) for a, b in zip(logits, ref.logits, strict=False))
-            row[key] = point
             print(f"L={context} {point['algorithm']}: {point['attention_median_s'] * 1e3:.1f} ms "
                   f"attention/token, {point['tokens_per_s']:.2f} tokens/s", file=sys.stderr)
+            if key not in row:
+                point["attention_medians_s"] = [point["attention_median_s"]]
+                row[key] = point
+                continue
+            first = row[key]
+            first["attention_medians_s"].append(point["attention_median_s"])
+            first["attention_median_s"] = min(first["attention_medians_s"])
+            first["identical_to_single_process"] &= point["identical_to_single_process"]
         again = generate_local(loaded.model, prompt, new_tokens, None, None, context, segment)
         row["single_attention_medians_s"] = [ref.attention_median_s, again.attention_median_s]
         row["single_attention_median_s"] = min(row["single_attention_medians_s"])
@@ -152,8 +163,8 @@ def markdown(result: dict) -> str:
         f"{result['machine']['cpu']} × {result['machine']['cpu_count']}, "
         f"torch {result['machine']['torch']}.",
         "",
-        "| context | single attn ms/tok (two runs) | tree attn ms/tok | single/tree attn "
-        "| planned attn ms/tok | single/planned attn "
+        "| context | single attn ms/tok (two runs) | tree attn ms/tok (two runs) "
+        "| single/tree attn | planned attn ms/tok (two runs) | single/planned attn "
         "| ring attn ms/tok | ring/tree attn | tree tok/s | ring tok/s | tree floor ms/tok "
         "| tree/floor | prefill s (tree rank 0) | same tokens (tree, planned, ring) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -161,10 +172,12 @@ def markdown(result: dict) -> str:
     for p in result["points"]:
         t, a, r = p["tree"], p["planned"], p["ring"]
         singles = " / ".join(f"{x * 1e3:.1f}" for x in p["single_attention_medians_s"])
+        trees = " / ".join(f"{x * 1e3:.1f}" for x in t["attention_medians_s"])
+        picks = " / ".join(f"{x * 1e3:.1f}" for x in a["attention_medians_s"])
         lines.append(
             f"| {p['context_tokens']} | {singles} "
-            f"| {t['attention_median_s'] * 1e3:.1f} | {p['single_over_tree_attention']:.2f}× "
-            f"| {a['attention_median_s'] * 1e3:.1f} ({a['algorithm']}) "
+            f"| {trees} | {p['single_over_tree_attention']:.2f}× "
+            f"| {picks} ({a['algorithm']}) "
             f"| {p['single_over_planned_attention']:.2f}× "
             f"| {r['attention_median_s'] * 1e3:.1f} "
             f"| {p['ring_over_tree_attention']:.2f}× | {t['tokens_per_s']:.2f} "
@@ -174,8 +187,10 @@ def markdown(result: dict) -> str:
             f"| {t['identical_to_single_process']}, {a['identical_to_single_process']}, "
             f"{r['identical_to_single_process']} |")
     lines += ["", "Attention time is the median over the decode steps of one step's attention, "
-              "all 30 layers; single/tree divides the faster single-process run by tree, "
-              "single/planned by the planner's pick with this machine's calibration. "
+              "all 30 layers; single/tree divides the faster single-process run by the "
+              "faster tree run, single/planned likewise for the planner's pick with this "
+              "machine's calibration. Runs are ordered single, tree, pick, ring, pick, tree, "
+              "single, so a drift of the machine's speed cancels out of the ratios. "
               "The long context is "
               "a repeated document whose copies are encoded independently (see "
               "`treeattn/llm/generate_context.py`); past the model's trained context of "
