@@ -10,15 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeattn import kernels
-from treeattn.kernels import cpu_fused, merge, partial_attention, reference
+from treeattn.kernels import cpu_fused, partial_attention, reference
 from treeattn.kernels.testing import (
     FUSED_HALF_LSE_TOLERANCE,
     LSE_TOLERANCE,
     O_TOLERANCE,
-    cut_points,
     make_qkv,
-    merge_random_tree,
+    split_and_merge,
 )
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -129,7 +127,5 @@ def test_any_split_merged_in_any_order_gives_whole_attention(t, n_chunks, seed, 
     tree equal the whole, within the tolerance of one kernel call in that dtype."""
     q, k, v = make_qkv(1, 6, 2, t, 32, dtype, seed=seed)
     rng = random.Random(seed)
-    cuts = cut_points(t, n_chunks, rng)
-    parts = [partial_attention(q, k[:, :, a:b], v[:, :, a:b]) for a, b in zip(cuts, cuts[1:])]
-    got = merge_random_tree(parts, rng, merge, kernels.merge_partials)
+    got = split_and_merge(q, k, v, n_chunks, rng)
     assert_fused_close(got, reference.naive_attention(q, k, v), dtype)

@@ -16,9 +16,8 @@ from treeattn.kernels import cpu_small, merge, partial_attention, reference
 from treeattn.kernels.testing import (
     LSE_TOLERANCE,
     O_TOLERANCE,
-    cut_points,
     make_qkv,
-    merge_random_tree,
+    split_and_merge,
 )
 
 EXACT = O_TOLERANCE[("torch", torch.float32)]
@@ -134,9 +133,7 @@ def test_any_split_merged_in_any_order_gives_whole_attention(t, n_chunks, seed, 
     path's identity) merged in a random tree equal attention over the whole."""
     q, k, v = make_qkv(1, heads[0], heads[1], t, d, torch.float32, seed=seed)
     rng = random.Random(seed)
-    cuts = cut_points(t, n_chunks, rng)
-    parts = [partial_attention(q, k[:, :, a:b], v[:, :, a:b]) for a, b in zip(cuts, cuts[1:])]
-    got = merge_random_tree(parts, rng, merge, kernels.merge_partials)
+    got = split_and_merge(q, k, v, n_chunks, rng)
     assert_close_to(got, reference.naive_attention(q, k, v))
 
 

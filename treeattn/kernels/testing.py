@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from treeattn import kernels
+
 Partial = tuple[torch.Tensor, torch.Tensor]
 
 # Tolerance of o against the float64 oracle, for inputs already in the given dtype (so input
@@ -94,3 +96,15 @@ def merge_random_tree(
             lse = torch.stack([p[1] for p in picked])  # (n, B, Hq)
             pool.append(merge_many(o, lse))
     return pool[0]
+
+
+def split_and_merge(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chunks: int,
+                    rng: random.Random) -> Partial:
+    """Sequence parallelism in one process: cut K and V (B, Hkv, T, D) into ``n_chunks``
+    random shards (some may be empty), take each shard's partial with the dispatched
+    :func:`treeattn.kernels.partial_attention`, and merge them in a random tree."""
+    cuts = cut_points(k.shape[2], n_chunks, rng)
+    parts = [kernels.partial_attention(q, k[:, :, a:b], v[:, :, a:b])
+             for a, b in zip(cuts, cuts[1:])]
+    return merge_random_tree(parts, rng, kernels.merge, kernels.merge_partials)
+
