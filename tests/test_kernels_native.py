@@ -168,6 +168,23 @@ def test_merges_dispatch_to_c_under_auto_only(kern, monkeypatch):
     assert calls == ["merge", "packed"]
 
 
+@pytest.mark.parametrize("backend", ["auto", "fused", "torch"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t", [0, 3, 5000])
+def test_packed_attention_is_the_packed_partial(kern, monkeypatch, backend, dtype, t):
+    """The runtime's packed form, written in place by the C kernel (auto) or concatenated
+    after the other paths: numpy for 3 tokens, torch's kernels, an empty shard's identity."""
+    monkeypatch.setenv("TREEATTN_KERNEL", backend)
+    q, k, v = make_qkv(2, 6, 3, t, 64, dtype, seed=t + 1)
+    got = kernels.partial_attention_packed(q, k, v, scale=0.1)
+    assert got.dtype == torch.float32 and got.shape == (2 * 6 * 65,)
+    assert torch.equal(got, _packed(partial_attention(q, k, v, scale=0.1)))
+    if t:
+        want = reference.naive_attention(q, k, v, scale=0.1)
+        tolerance = O_TOLERANCE[("fused" if backend == "fused" else "native", dtype)]
+        torch.testing.assert_close(got[: 2 * 6 * 64].view(2, 6, 64), want[0], **tolerance)
+
+
 def test_dispatch_sends_one_thread_dense_fp32_and_bf16_to_native(kern, monkeypatch):
     calls = native_calls(monkeypatch)
     big = make_qkv(1, 4, 2, 5000, 64, torch.float32)  # K over the small path's limit

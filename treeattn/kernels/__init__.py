@@ -43,7 +43,8 @@ from treeattn.kernels.errors import KernelError
 from treeattn.kernels.sums import finalize_sums, rescale_to_max
 
 __all__ = ["KernelError", "finalize_sums", "merge", "merge_packed", "merge_partials",
-           "partial_attention", "partial_attention_path", "reference", "rescale_to_max"]
+           "partial_attention", "partial_attention_packed", "partial_attention_path",
+           "reference", "rescale_to_max"]
 
 
 def partial_attention(
@@ -62,7 +63,24 @@ def partial_attention(
     :func:`treeattn.kernels.reference.partial_attention` for the exact semantics.
     """
     scale = check_partial_inputs(q, k, v, scale, kv_len)
-    path = partial_attention_path(q, k, v, kv_len)
+    return _run_path(partial_attention_path(q, k, v, kv_len), q, k, v, scale, kv_len)
+
+
+def partial_attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                             scale: float | None = None) -> torch.Tensor:
+    """:func:`partial_attention` of a dense shard, packed flat as the runtime sends it:
+    fp32 ``o`` (its B·Hq rows of D) then ``lse`` (B·Hq). The C kernel writes this form
+    directly; the other paths concatenate their result."""
+    scale = check_partial_inputs(q, k, v, scale, None)
+    path = partial_attention_path(q, k, v, None)
+    if path == "native":
+        return cpu_native.partial_attention_native_packed(cpu_native.kernel(), q, k, v, scale)
+    o, lse = _run_path(path, q, k, v, scale, None)  # (B, Hq, D), (B, Hq)
+    return torch.cat([o.reshape(-1), lse.reshape(-1)])
+
+
+def _run_path(path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+              kv_len: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     if path == "triton":
         return triton_module("triton_partial").partial_attention_checked(q, k, v, scale, kv_len)
     if path == "small":

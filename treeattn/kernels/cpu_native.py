@@ -175,17 +175,35 @@ def partial_attention_native(kern: NativeKernel, q: torch.Tensor, k: torch.Tenso
     :func:`treeattn.kernels.checks.check_partial_inputs` and accepted by :func:`applies`
     and :func:`fits`."""
     b, hq, d = q.shape
+    o = torch.empty(b, hq, d, dtype=torch.float32)  # (B, Hq, D)
+    lse = torch.empty(b, hq, dtype=torch.float32)  # (B, Hq)
+    _decode_partial(kern, q, k, v, scale, o.data_ptr(), lse.data_ptr())
+    return o, lse
+
+
+def partial_attention_native_packed(kern: NativeKernel, q: torch.Tensor, k: torch.Tensor,
+                                    v: torch.Tensor, scale: float) -> torch.Tensor:
+    """:func:`partial_attention_native` written straight into one flat fp32 tensor, ``o``
+    (B·Hq rows of D) then ``lse`` (B·Hq): the form the runtime sends, with no
+    concatenation after the kernel."""
+    b, hq, d = q.shape
+    out = torch.empty(b * hq * (d + 1), dtype=torch.float32)  # (B·Hq·(D + 1),)
+    base = out.data_ptr()
+    _decode_partial(kern, q, k, v, scale, base, base + b * hq * d * out.element_size())
+    return out
+
+
+def _decode_partial(kern: NativeKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    scale: float, o_ptr: int, lse_ptr: int) -> None:
+    b, hq, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     if q.dtype != torch.float32 or not q.is_contiguous():
         q = q.to(torch.float32).contiguous()  # (B, Hq, D); the kernel applies the scale
-    o = torch.empty(b, hq, d, dtype=torch.float32)  # (B, Hq, D)
-    lse = torch.empty(b, hq, dtype=torch.float32)  # (B, Hq)
     status = kern.decode_partial(q.data_ptr(), scale, k.data_ptr(), v.data_ptr(),
                                  KV_DTYPE_CODES[k.dtype], b, hkv, hq // hkv, t, d,
-                                 *k.stride()[:3], *v.stride()[:3], o.data_ptr(), lse.data_ptr())
+                                 *k.stride()[:3], *v.stride()[:3], o_ptr, lse_ptr)
     if status != 0:  # applies() and fits() admit only shapes the kernel takes
         raise RuntimeError(f"native kernel refused shape q {tuple(q.shape)} k {tuple(k.shape)}")
-    return o, lse
 
 
 def fits(kern: NativeKernel, d: int) -> bool:

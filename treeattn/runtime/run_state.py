@@ -16,7 +16,7 @@ from treeattn.kernels import (
     finalize_sums,
     merge,
     merge_packed,
-    partial_attention,
+    partial_attention_packed,
     rescale_to_max,
 )
 from treeattn.runtime import passq
@@ -261,8 +261,8 @@ class RunState:
     def _attend(self, kv: torch.Tensor) -> torch.Tensor:
         if kv.shape[3] == 0:
             return self.ex.identity
-        o, lse = partial_attention(self.q, kv[0], kv[1], scale=self.ex.scale)  # (B,Hq,D),(B,Hq)
-        return pack_partial(o, lse)
+        # (B·Hq·(D + 1),): o then lse, written in place by the C kernel on CPU ranks
+        return partial_attention_packed(self.q, kv[0], kv[1], scale=self.ex.scale)
 
     def compute(self, step: Compute) -> None:
         bufs = self.bufs
