@@ -149,3 +149,43 @@ def test_native_without_allreduce3_is_refused(capsys) -> None:
     assert main(["run", "--nproc", "2", "--seq-len", "4k", "--algorithm", "tree",
                  "--native"]) == 2
     assert "--algorithm allreduce3" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_generate_auto_plans_with_the_calibration(profile_path, monkeypatch, capsys) -> None:
+    """`generate --algorithm auto --profile` prices the planner with the calibrated models;
+    without --profile it plans with the defaults; the tokens are the single process's."""
+    from treeattn.llm import generate_dist
+
+    priced = []
+    real = generate_dist.build
+    monkeypatch.setattr(generate_dist, "build", lambda algorithm, topology, workload, models:
+                        priced.append(models) or real(algorithm, topology, workload, models))
+    base = ["generate", "--nproc", "2", "--model", "debug", "--prompt", "abc",
+            "--max-new-tokens", "3", "--algorithm", "auto", "--json"]
+    assert main([*base, "--profile", str(profile_path), "--verify"]) == 0
+    assert json.loads(capsys.readouterr().out)["identical_to_single_process"] is True
+    assert main(base) == 0
+    hardware, backend = priced[0]
+    assert hardware is not None and backend is not None  # the calibration's cpu and p2p models
+    assert priced[1] == (None, None)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--algorithm", "tree"], "use it with --algorithm auto"),
+    (["--algorithm", "auto", "--plan", "plan.json"], "use it with --algorithm auto"),
+])
+def test_generate_profile_without_auto_is_refused(profile_path, capsys, extra, message) -> None:
+    assert main(["generate", "--nproc", "2", "--model", "debug", "--prompt", "abc",
+                 "--profile", str(profile_path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_generate_with_an_invalid_profile_is_one_error_line(tmp_path, capsys) -> None:
+    bad = tmp_path / "profile.json"
+    bad.write_text('{"format": "treeattn.profile", "version": 1}')
+    assert main(["generate", "--nproc", "2", "--model", "debug", "--prompt", "abc",
+                 "--algorithm", "auto", "--profile", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and len(err.strip().splitlines()) == 1

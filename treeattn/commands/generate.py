@@ -125,6 +125,9 @@ def _check_args(args: argparse.Namespace) -> int:
     if args.context_tokens and args.context_tokens < world:
         raise UserError(f"--context-tokens {args.context_tokens} is below the world size "
                         f"{world}")
+    if args.profile is not None and (args.plan or args.algorithm != "auto"):
+        raise UserError("--profile prices the planner's choice: use it with --algorithm auto "
+                        "(a --plan file was priced when it was made)")
     return world
 
 
@@ -271,8 +274,10 @@ def _distributed(args, loaded, prompt, segment, stream, world, sampling, topolog
     if args.plan:
         schedule = planned_schedule(args.plan, world)
     else:
+        topology, models = planning_models(args, world, topology)
         schedule = make_schedule(args.algorithm, world, model.config,
-                                 split_lengths(cached, world), dtype_of(args.dtype), topology)
+                                 split_lengths(cached, world), dtype_of(args.dtype), topology,
+                                 models)
     request = GenerateRequest(loaded.source, tuple(prompt), args.max_new_tokens, schedule, eos_id,
                               args.context_tokens, tuple(segment or ()), stream, args.dtype,
                               sampling)
@@ -284,6 +289,19 @@ def _distributed(args, loaded, prompt, segment, stream, world, sampling, topolog
     result = generate_distributed(request, world, timeout_s=args.timeout, loaded=loaded,
                                   device=args.device)
     return True, result, name
+
+
+def planning_models(args, world: int, topology):
+    """``(topology, (hardware, backend))`` the planner prices ``--algorithm auto`` with: the
+    calibrated ones of ``--profile`` (the profile's local topology unless ``--topology``
+    names the cluster), else ``topology`` and the datasheet defaults."""
+    if args.profile is None:
+        return topology, (None, None)
+    from treeattn.runtime.calibrate import read_profile
+    from treeattn.runtime.check import predictor
+
+    planned, hardware, backend = predictor(read_profile(args.profile), world, args.topology)
+    return planned, (hardware, backend)
 
 
 def planned_schedule(path: str, world: int):

@@ -28,6 +28,10 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", default=None, metavar="SPEC|FILE",
                         help="the cluster to plan for (e.g. dgx-h100:nodes=2 or a topology "
                              "file); its GPU count must equal the world size")
+    parser.add_argument("--profile", default=None, metavar="PROFILE.json",
+                        help="with --algorithm auto: price the algorithms with this "
+                             "calibration (`treeattn calibrate -o`, best with the model's head "
+                             "shape) instead of the uncalibrated defaults")
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="fp32",
                         help="weights of the transformer blocks and the KV cache (default "
                              "fp32); embeddings, logits and attention accumulate in fp32")

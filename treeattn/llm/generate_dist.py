@@ -184,15 +184,18 @@ def rank_generate(ctx: RankContext, request: GenerateRequest, loaded=None) -> di
 
 
 def make_schedule(algorithm: str, world: int, config, lengths: list[int],
-                  dtype: torch.dtype = torch.float32, topology=None) -> Schedule:
+                  dtype: torch.dtype = torch.float32, topology=None,
+                  models: tuple = (None, None)) -> Schedule:
     """The plan's schedule for one layer's decode attention with these shard lengths.
 
     ``auto`` asks the simulator's planner, on ``topology`` (a
-    :class:`~treeattn.topo.Topology` of ``world`` GPUs: the real cluster) or else the
-    uncalibrated local topology.
+    :class:`~treeattn.topo.Topology` of ``world`` GPUs: the real cluster, or a calibrated
+    local one) or else the uncalibrated local topology, pricing with ``models``
+    (``(hardware, backend)`` from a calibration; None: the defaults).
     """
     dims = AttnDims(1, config.n_heads, config.n_kv_heads, config.head_dim, dtype)
-    return build(algorithm, topology or local_topology(world), workload_for(dims, lengths))
+    return build(algorithm, topology or local_topology(world), workload_for(dims, lengths),
+                 models)
 
 
 def generate_distributed(request: GenerateRequest, world: int, timeout_s=GENERATE_TIMEOUT_S,
