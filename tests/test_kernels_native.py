@@ -255,6 +255,8 @@ def test_a_failing_or_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="could not build the native kernels"):
         cpu_native.build(tmp_path)
     assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("CC", "env TREEATTN_TEST=1 cc")  # a compiler command of several words
+    assert cpu_native.NativeKernel(cpu_native.build(tmp_path, ("-O1",))).lanes > 0
     monkeypatch.setattr(cpu_native, "_compiler", lambda: None)
     with pytest.raises(OSError, match="no C compiler found"):
         cpu_native.build(tmp_path)

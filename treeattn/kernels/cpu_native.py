@@ -31,6 +31,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -91,9 +92,13 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which(
-        "clang")
+def _compiler() -> list[str] | None:
+    """The C compiler's command: ``$CC`` (which may carry words, as ``ccache gcc`` does),
+    else the first of cc, gcc and clang on the PATH."""
+    if os.environ.get("CC", "").strip():
+        return shlex.split(os.environ["CC"])
+    found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    return [found] if found else None
 
 
 def build(out_dir: Path, flags: tuple[str, ...] | None = None) -> Path:
@@ -106,7 +111,7 @@ def build(out_dir: Path, flags: tuple[str, ...] | None = None) -> Path:
     if compiler is None:
         raise OSError("no C compiler found (set CC, or install gcc or clang)")
     source = b"".join(path.read_bytes() for path in SOURCES)
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+    version = subprocess.run([*compiler, "--version"], capture_output=True, text=True,
                              timeout=COMPILE_TIMEOUT_S).stdout.splitlines()[:1]
     errors = []
     for opt in (flags,) if flags is not None else FLAG_SETS:
@@ -119,7 +124,7 @@ def build(out_dir: Path, flags: tuple[str, ...] | None = None) -> Path:
         fd, partial = tempfile.mkstemp(dir=out_dir, prefix=".build-", suffix=".so")
         os.close(fd)
         try:
-            done = subprocess.run([compiler, *opt, *COMMON_FLAGS, "-o", partial,
+            done = subprocess.run([*compiler, *opt, *COMMON_FLAGS, "-o", partial,
                                    *map(str, SOURCES), "-lm"], capture_output=True, text=True,
                                   timeout=COMPILE_TIMEOUT_S)
             if done.returncode == 0:
@@ -130,7 +135,8 @@ def build(out_dir: Path, flags: tuple[str, ...] | None = None) -> Path:
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
-    raise OSError(f"{compiler} could not build the native kernels: {'; '.join(errors)}")
+    raise OSError(f"{' '.join(compiler)} could not build the native kernels: "
+                  f"{'; '.join(errors)}")
 
 
 @functools.lru_cache(maxsize=1)
