@@ -38,6 +38,7 @@ uses, so a collective never takes a point-to-point message still waiting in a ta
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import platform
 import socket
@@ -85,6 +86,7 @@ class _Mailbox:
         self.ctrl = seg[offset : offset + HEADER_BYTES].view(np.int64)
         self.written_at = self.ctrl.ctypes.data  # the receiver sleeps on it (futex)
         self.payload = torch.from_numpy(seg[offset + HEADER_BYTES : offset + _box_bytes()])
+        self.payload_at = self.payload.data_ptr()
         self.count = 0  # this process's own count: written (as sender) or read (as receiver)
 
 
@@ -166,15 +168,20 @@ class _SendWork:
 
     def __init__(self, channel: ShmChannel, box: _Mailbox, tensor: torch.Tensor) -> None:
         self.channel, self.box = channel, box
-        self.data = tensor.reshape(-1).view(torch.uint8)  # (nbytes,), the snapshot to send
+        # the snapshot to send, held until pushed (a strided tensor is copied once here)
+        self.data = tensor if tensor.is_contiguous() else tensor.contiguous()
+        self.nbytes = self.data.numel() * self.data.element_size()
         self.done = False
 
     def try_push(self) -> bool:
         box = self.box
         if self.done or box.ctrl[8] != box.count:  # the previous message is still unread
             return self.done
-        n = self.data.numel()
-        box.payload[:n].copy_(self.data)
+        n = self.nbytes  # at most SLOT_BYTES: carries() admitted it
+        # A plain memmove, not a torch copy: a decode step sends right after its attention
+        # has streamed the KV through the caches, where torch's slice-and-copy measured
+        # 51 µs and this 15 µs (warm: 3.7 and 1.0 µs).
+        ctypes.memmove(box.payload_at, self.data.data_ptr(), n)
         box.ctrl[1] = n
         box.count += 1
         box.ctrl[0] = box.count  # publish last: the payload is visible before the count
@@ -197,7 +204,8 @@ class _RecvWork:
 
     def __init__(self, channel: ShmChannel, box: _Mailbox, buf: torch.Tensor) -> None:
         self.channel, self.box = channel, box
-        self.out = buf.reshape(-1).view(torch.uint8)  # (nbytes,) view of the receive buffer
+        self.out = buf  # contiguous (irecv checks), kept alive until the copy
+        self.nbytes = buf.numel() * buf.element_size()
         self.done = False
 
     def try_pull(self) -> bool:
@@ -205,11 +213,11 @@ class _RecvWork:
         if self.done or box.ctrl[0] == box.count:  # nothing new written yet
             return self.done
         n = int(box.ctrl[1])
-        if n != self.out.numel():
+        if n != self.nbytes:
             raise RuntimeFailure(f"rank {self.channel.ctx.rank}: shared-memory message of {n} "
-                                 f"bytes for a {self.out.numel()}-byte receive: the ranks "
+                                 f"bytes for a {self.nbytes}-byte receive: the ranks "
                                  "disagree on the schedule")
-        self.out.copy_(box.payload[:n])
+        ctypes.memmove(self.out.data_ptr(), box.payload_at, n)  # as in try_push, not torch
         box.count += 1
         box.ctrl[8] = box.count  # hand the slot back after the copy
         self.done = True
