@@ -19,11 +19,14 @@ the output comes back in the input dtype. So a 16-bit ``o`` is held to the Trito
 tolerances (``treeattn.kernels.testing.O_TOLERANCE``, key ``"fused"``), not the exact
 path's 1e-5; an fp32 one only differs from the exact path by the order of its sums.
 
-It applies to CPU tensors with no ``kv_len`` (a decode shard is dense; ragged batches take
-the exact path) and at least one token, in 16-bit always and in fp32 for grouped-query
-heads (G > 1). With one query row per KV head the exact path's ``q·Kᵀ`` is a matrix-vector
-product, which MKL already runs at the memory's bandwidth: there the fused kernel measured
-0.90–1.05x the exact path's speed, against 0.94–1.15x for G = 3 and 1.08–1.72x for G = 4.
+Under ``auto`` it serves the dense calls that treeattn's C kernel does not take
+(:mod:`treeattn.kernels.cpu_native`: several torch threads, fp16, more than 8 query heads per
+KV head, or no C compiler). It applies to CPU tensors with no ``kv_len`` (a decode shard is
+dense; ragged batches take the exact path) and at least one token, in 16-bit always and in
+fp32 for grouped-query heads (G > 1). With one query row per KV head the exact path's
+``q·Kᵀ`` is a matrix-vector product, which MKL already runs at the memory's bandwidth: there
+the fused kernel measured 0.90–1.05x the exact path's speed, against 0.94–1.15x for G = 3
+and 1.08–1.72x for G = 4.
 ``TREEATTN_KERNEL=torch`` forces the exact path everywhere (it is the oracle of every other
 kernel).
 """
