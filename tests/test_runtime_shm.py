@@ -51,6 +51,16 @@ def test_messages_arrive_in_order_per_tag_and_tags_do_not_block_each_other():
     assert b.irecv(got, 0, tag=0).wait() and torch.equal(got, second)
 
 
+def test_a_message_larger_than_a_slot_is_refused_not_copied_past_it():
+    a, b = _pair()
+    big = torch.zeros(shm.SLOT_BYTES // 4 + 1)  # one float over the slot
+    with pytest.raises(RuntimeFailure, match="does not fit"):
+        a.isend(big, 1, tag=0)
+    with pytest.raises(RuntimeFailure, match="does not fit"):
+        b.irecv(big, 0, tag=0)
+    assert not a.deferred and a.box(0, 1, 1).ctrl[0] == 0  # nothing written anywhere
+
+
 def test_a_deferred_send_is_pushed_while_its_sender_waits_for_something_else():
     """Rank 0 sends twice on one tag, then waits for rank 1's reply. Its second message can
     only go out after rank 1 read the first; rank 0's own wait must push it, or both wait

@@ -112,7 +112,16 @@ class ShmChannel:
             found = self.boxes[key] = _Mailbox(self.seg, index * _box_bytes())
         return found
 
+    def _check_fits(self, tensor: torch.Tensor) -> None:
+        # The copies are raw memmoves: a message past the slot would overwrite the next
+        # mailbox. Callers decide by size first (carries()); this guards the mechanism.
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes > SLOT_BYTES:
+            raise RuntimeFailure(f"rank {self.ctx.rank}: a {nbytes}-byte message does not fit "
+                                 f"a {SLOT_BYTES}-byte shared-memory slot")
+
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> _SendWork:
+        self._check_fits(tensor)
         work = _SendWork(self, self.box(self.ctx.rank, dst, tag), tensor)
         queued = any(w.box is work.box for w in self.deferred)  # keep FIFO behind it
         if queued or not work.try_push():
@@ -122,6 +131,7 @@ class ShmChannel:
     def irecv(self, buf: torch.Tensor, src: int, tag: int) -> _RecvWork:
         if not buf.is_contiguous():  # a flattened copy would receive the data and drop it
             raise RuntimeFailure(f"rank {self.ctx.rank}: receive buffer must be contiguous")
+        self._check_fits(buf)
         return _RecvWork(self, self.box(src, self.ctx.rank, tag), buf)
 
     def progress(self) -> None:
