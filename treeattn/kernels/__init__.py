@@ -75,8 +75,7 @@ def partial_attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     path = partial_attention_path(q, k, v, None)
     if path == "native":
         return cpu_native.partial_attention_native_packed(cpu_native.kernel(), q, k, v, scale)
-    o, lse = _run_path(path, q, k, v, scale, None)  # (B, Hq, D), (B, Hq)
-    return torch.cat([o.reshape(-1), lse.reshape(-1)])
+    return _packed(*_run_path(path, q, k, v, scale, None))
 
 
 def _run_path(path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -162,6 +161,10 @@ def merge_packed(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
     if backend in CPU_BACKENDS and n <= cpu_small.MAX_MERGE_ELEMENTS:
         return cpu_small.merge_packed_small(a, b, rows)
     d = n // rows
-    o, lse = merge((a[:n].view(1, rows, d), a[n:].view(1, rows)),
-                   (b[:n].view(1, rows, d), b[n:].view(1, rows)))
+    return _packed(*merge((a[:n].view(1, rows, d), a[n:].view(1, rows)),
+                          (b[:n].view(1, rows, d), b[n:].view(1, rows))))
+
+
+def _packed(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``o`` (B, Hq, D) then ``lse`` (B, Hq), flat: the runtime's packed partial."""
     return torch.cat([o.reshape(-1), lse.reshape(-1)])

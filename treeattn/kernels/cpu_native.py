@@ -8,7 +8,7 @@ there for grouped-query heads: its fused FlashAttention kernel and MKL's G-row m
 head once, scores and weights each row while it is in registers, and widens bf16 to fp32 in
 registers instead of in a copy; see that file for the algorithm.
 
-How it is built: on first use, with the system's C compiler (``$CC``, else ``cc``) at
+How it is built: on first use, with the system's C compiler (``$CC``, else cc, gcc or clang) at
 ``-O3 -march=native``, into ``$TREEATTN_CACHE_DIR`` (default ``~/.cache/treeattn``) under a
 name that hashes the source, the compiler, its flags and this CPU's feature flags, so a
 shared home directory never hands one machine another's instructions. The library is written

@@ -107,4 +107,3 @@ def split_and_merge(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chunks:
     parts = [kernels.partial_attention(q, k[:, :, a:b], v[:, :, a:b])
              for a, b in zip(cuts, cuts[1:])]
     return merge_random_tree(parts, rng, kernels.merge, kernels.merge_partials)
-
