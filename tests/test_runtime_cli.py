@@ -111,14 +111,26 @@ def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     from treeattn.sim.devices import hardware_from_profile, load_profile
 
     profile = load_profile(profile_path)
-    assert profile["world"] == 2 and profile["cores"] == os.cpu_count()
+    cpus = len(os.sched_getaffinity(0))
+    assert profile["world"] == 2 and profile["cores"] == cpus
+    assert profile["pinned"] == (cpus < 2)  # --bind auto: only when ranks outnumber cores
     for section in ("p2p", "allreduce"):
         assert len(profile[section]["sizes"]) == len(profile[section]["times_s"])
         assert all(t > 0 for t in profile[section]["times_s"])
     assert profile["p2p"]["bandwidth_Bps"] > 0 and profile["p2p"]["latency_s"] >= 0
     assert profile["exchange"]["sizes"][-1] == 80 << 20  # --max-bytes: measured, not guessed
     assert profile["attention"]["threads_per_rank"] == 1
-    assert hardware_from_profile(profile).cores == os.cpu_count()
+    assert hardware_from_profile(profile).cores == cpus
+    # host steps right after the kernel: measured, non-negative, and handed to the simulator
+    from treeattn.runtime.cold import l2_bytes
+
+    cold = profile["cold"]
+    assert cold["world"] == 2 and cold["after_bytes"] == 2 * l2_bytes()
+    assert cold["merge_s"] >= 0 and cold["message_s"] >= 0
+    assert set(cold["collectives_s"]) == {"all_reduce", "all_gather", "reduce_scatter",
+                                          "all_to_all", "broadcast"}
+    assert all(0 < s < 0.5 for s in cold["collectives_s"].values())
+    assert hardware_from_profile(profile).cold.merge_s == cold["merge_s"]
     # the executor's own per-message cost, measured against raw gloo, reaches the simulator
     from treeattn.sim.devices import backend_from_profile
 

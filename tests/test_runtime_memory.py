@@ -10,7 +10,7 @@ from treeattn.runtime.check import RunRequest
 from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.plans import build, shard_lengths, workload_for
 from treeattn.runtime.run_state import KVPool
-from treeattn.sim.engine import peak_memory
+from treeattn.sim.memory import peak_memory
 from treeattn.topo import Topology
 
 WORLD = 4

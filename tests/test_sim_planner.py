@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.sim import DecodeWorkload, ModelConfig, SimError, build_schedule, plan, simulate
-from treeattn.sim.engine import peak_memory
+from treeattn.sim.memory import peak_memory
 from treeattn.topo import Topology
 
 

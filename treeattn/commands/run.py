@@ -21,6 +21,7 @@ from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_bytes, parse_tokens
 from treeattn.errors import UserError
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
+from treeattn.runtime.binding import BIND_CHOICES
 from treeattn.sim.algorithms import CLI_CHOICES
 from treeattn.sim.export import tagged
 from treeattn.sim.workload import DTYPE_BYTES
@@ -39,6 +40,9 @@ def _add_group_options(parser: argparse.ArgumentParser) -> None:
                         help="seconds any rank waits on a peer before giving up; a lost or "
                              "hung rank is named within about this long (default 30)")
     parser.add_argument("--port", type=int, default=None, help="rendezvous port (default: free)")
+    parser.add_argument("--bind", choices=BIND_CHOICES, default="auto",
+                        help="pin local ranks to cores, round-robin: auto (default) when "
+                             "the ranks outnumber the cores, cores always, none never")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=32, help="query heads Hq")
@@ -110,7 +114,7 @@ def _options(args: argparse.Namespace):
         if not torch.cuda.is_available():
             raise RuntimeFailure("--device cuda was asked for, but CUDA is not available")
     return LaunchOptions(timeout_s=args.timeout, threads=args.threads, device=args.device,
-                         port=args.port)
+                         port=args.port, bind=args.bind)
 
 
 EXIT_RUN_FAILED = 1

@@ -43,6 +43,9 @@ give each section a ``spread`` ``[p10/median, p90/median]`` (max over ranks) fro
 - **executor**: the schedule executor's own host cost per Send/Recv step beyond raw gloo
   (:func:`treeattn.runtime.overhead.measure_step_overhead`), which the simulator adds to
   both ends of every message.
+- **cold** (CPU ranks): the extra cost of the first merge, message and collective right
+  after the attention kernel has streamed a shard through the caches
+  (:mod:`treeattn.runtime.cold`).
 
 The profile::
 
@@ -55,12 +58,12 @@ The profile::
                   "sizes": [...], "times_s": [...]},
      "attention": {"bandwidth_Bps": ..., "launch_s": ..., "threads_per_rank": 1, ...},
      "executor": {"step_overhead_s": ..., "ratio_executor_raw": ...},
+     "cold": {"probe_bytes": ..., "merge_s": ..., "message_s": ..., "collectives": {...}},
      "machine": {...}}
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -68,6 +71,8 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import partial_attention
+from treeattn.runtime.binding import group_cores, is_pinned
+from treeattn.runtime.cold import busy_ranks, collective_call, measure_cold_steps
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.fitting import (  # noqa: F401  (fit_latency_bandwidth: re-export)
     fit_latency_bandwidth,
@@ -82,7 +87,6 @@ from treeattn.runtime.profile_io import (  # noqa: F401  (re-exported)
     read_profile,
     write_profile,
 )
-from treeattn.runtime.shm_collectives import CollectiveOps
 from treeattn.runtime.timing import combine_rounds, sample_stats, spread
 from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import AttnDims
@@ -211,31 +215,12 @@ def measure_allreduce(ctx: RankContext, sizes=ALLREDUCE_SIZES) -> list[float]:
     return times
 
 
-def _collective_call(ctx: RankContext, op: str, nbytes: int):
-    """A zero-argument closure running ``op`` on ``nbytes`` (whole buffer) on every rank,
-    through the executor's path (:class:`CollectiveOps`: mailboxes when the messages fit)."""
-    p = ctx.world
-    numel = max(p, -(-nbytes // 4) // p * p)  # a multiple of the world size, fp32
-    full = torch.zeros(numel, device=ctx.device)
-    part = torch.zeros(numel // p, device=ctx.device)
-    pieces = [torch.zeros(numel // p, device=ctx.device) for _ in range(p)]
-    ops = CollectiveOps(ctx, tuple(range(p)), None, transport_for(ctx).channel)
-    calls = {
-        "all_reduce": lambda: ops.all_reduce(full, "sum", op),
-        "broadcast": lambda: ops.broadcast(full, 0, op),
-        "all_gather": lambda: ops.all_gather(pieces, part, op),
-        "reduce_scatter": lambda: ops.reduce_scatter(part, full, op),
-        "all_to_all": lambda: ops.all_to_all(full.clone(), full, op),
-    }
-    return calls[op]
-
-
 def measure_collectives(ctx: RankContext, sizes=COLLECTIVE_SIZES) -> dict:
     """Median seconds of each collective per size (max over ranks), its α + n·s fit and the
     spread of its samples."""
     out: dict = {"world": ctx.world}
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
-        stats = [_group_stats(ctx, _collective_call(ctx, op, n), warmup=3) for n in sizes]
+        stats = [_group_stats(ctx, collective_call(ctx, op, n), warmup=3) for n in sizes]
         times = [s[0] for s in stats]
         try:
             alpha, per_byte = fit_latency_bandwidth(list(sizes), times)
@@ -300,7 +285,7 @@ def attention_stats(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS,
                     floor: int = MIN_SAMPLES) -> list[tuple[float, float, float]]:
     """Attention ``(median, p10, p90)`` per shard length (max over ranks), with
     ``min(world, cores)`` ranks busy at once."""
-    concurrent = _concurrent(ctx)
+    concurrent = busy_ranks(ctx)
     stats = []
     for n in tokens:
         barrier(ctx)
@@ -311,11 +296,6 @@ def attention_stats(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS,
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         stats.append(tuple(float(v) for v in worst.tolist()))
     return stats
-
-
-def _concurrent(ctx: RankContext) -> int:
-    cores = os.cpu_count() or 1
-    return min(ctx.world, cores) if ctx.device.type == "cpu" else ctx.world
 
 
 def attention_section(ctx: RankContext, dims: AttnDims, stats, tokens=ATTENTION_TOKENS) -> dict:
@@ -330,7 +310,7 @@ def attention_section(ctx: RankContext, dims: AttnDims, stats, tokens=ATTENTION_
         "bandwidth_Bps": statistics.median(rates),
         "launch_s": launch,
         "threads_per_rank": torch.get_num_threads(),
-        "concurrent_ranks": _concurrent(ctx),
+        "concurrent_ranks": busy_ranks(ctx),
         "shape": [dims.batch, dims.n_heads, dims.n_kv_heads, dims.head_dim, str(dims.kv_dtype)],
         "sizes": sizes,
         "times_s": times,
@@ -362,6 +342,7 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
     p2p_stats = measure_p2p(ctx)
     ar_times = measure_allreduce(ctx)
     collectives = measure_collectives(ctx)
+    cold = measure_cold_steps(ctx, dims) if ctx.device.type == "cpu" else None
     ex_rounds, att_rounds = [], []
     for _ in range(ROUNDS):  # interleaved bursts: a load spike hits one, not all
         ex_rounds.append(measure_exchange(ctx, ex_sizes, floor=EXCHANGE_FLOOR_PER_ROUND))
@@ -382,7 +363,8 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
         "backend": ctx.backend,
         "transport": transport.kind,  # "shm+gloo": small messages through shared memory
         "world": ctx.world,
-        "cores": os.cpu_count() or 1,
+        "cores": group_cores(),
+        "pinned": is_pinned(),  # each rank bound to its core(s) by the launcher
         "p2p": message_section(list(P2P_SIZES), p2p_stats),
         "allreduce": {
             "latency_s": ar_times[0],
@@ -393,5 +375,6 @@ def calibrate_in_group(ctx: RankContext, dims: AttnDims,
         "collectives": collectives,
         "attention": attention,
         **({"executor": executor} if executor else {}),
+        **({"cold": cold} if cold else {}),
         "machine": machine_info(),
     }

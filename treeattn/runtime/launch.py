@@ -31,6 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from treeattn.runtime.binding import BIND_CHOICES, GROUP_CPUS_ENV, available_cpus, pin_rank
 from treeattn.runtime.errors import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.group import (
     DEFAULT_TIMEOUT_S,
@@ -57,6 +58,7 @@ class LaunchOptions:
     threads: int | None = 1  # torch threads per rank
     device: str = "auto"
     port: int | None = None  # the store's loopback port; None: pick a free one
+    bind: str = "auto"  # pin ranks to cores: "auto" (when they outnumber them), "cores", "none"
 
 
 def free_port() -> int:
@@ -126,8 +128,12 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _child(local_rank: int, world: int, port: int, job, options: LaunchOptions, out: str) -> None:
+def _child(local_rank: int, world: int, port: int, job, options: LaunchOptions, out: str,
+           cpus: list[int]) -> None:
     _die_with_parent()
+    os.environ[GROUP_CPUS_ENV] = ",".join(map(str, cpus))
+    # before joining, so that gloo's threads are bound with the rank
+    pin_rank(local_rank, world, options.threads, options.bind)
     _quiet_native_stderr(Path(out, f"rank{local_rank}.log"))
     os.environ.update(
         RANK=str(local_rank),
@@ -198,6 +204,9 @@ def launch(job: Callable[[RankContext], Any], world: int, options: LaunchOptions
     """
     options = options or LaunchOptions()
     check_world(world)
+    if options.bind not in BIND_CHOICES:
+        raise RuntimeFailure(f"--bind must be one of {', '.join(BIND_CHOICES)}, "
+                             f"got {options.bind!r}")
     with _loopback_listener(options.port) as (listener, port):
         store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                               master_listen_fd=listener.fileno(),
@@ -251,9 +260,11 @@ def _stop_on_signals():
 
 def _launch_once(job, world: int, options: LaunchOptions, port: int, store=None):
     spawn = mp.get_context("spawn")
+    cpus = available_cpus()
     with tempfile.TemporaryDirectory(prefix="treeattn-launch-") as out:
         procs = [
-            spawn.Process(target=_child, args=(r, world, port, job, options, out), daemon=True)
+            spawn.Process(target=_child, args=(r, world, port, job, options, out, cpus),
+                          daemon=True)
             for r in range(world)
         ]
         try:

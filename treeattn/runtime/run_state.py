@@ -149,7 +149,7 @@ class RunState:
         """Complete the sends of forwarded KV blocks before posting a new KV receive, so a
         pooled buffer is reused instead of a third one allocated: a ring rank then holds its
         shard plus two blocks (the one it attends, the one arriving), which is what the
-        simulator's memory model counts (``sim.engine.peak_memory``). A completed send leaves
+        simulator's memory model counts (``sim.memory.peak_memory``). A completed send leaves
         ``self.sends``: gloo must not be waited on twice for one send."""
         pooled = {b.untyped_storage().data_ptr() for b in self.ex.kv_pool.buffers}
         still = []

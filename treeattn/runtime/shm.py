@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from treeattn.runtime import futex
+from treeattn.runtime.binding import group_cores
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, all_gather_objects
 
@@ -98,7 +99,7 @@ class ShmChannel:
         self.boxes: dict[tuple[int, int, int], _Mailbox] = {}
         self.deferred: list[_SendWork] = []  # sends whose mailbox was still full
         # Busy-poll only when the ranks (all on this host) do not outnumber its cores.
-        self.spin_checks = _SPIN if ctx.world <= _cores() else 0
+        self.spin_checks = _SPIN if ctx.world <= group_cores() else 0
 
     def carries(self, nbytes: int, tag: int) -> bool:
         """Whether a message of ``nbytes`` with ``tag`` goes through shared memory."""
@@ -240,14 +241,6 @@ class _RecvWork:
     def wait(self, timeout: timedelta | None = None) -> bool:
         return self.channel.spin(self.try_pull, timeout,
                                  lambda: (self.box.written_at, self.box.count))
-
-
-def _cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _eligible(ctx: RankContext) -> bool:

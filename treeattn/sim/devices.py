@@ -94,6 +94,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from treeattn.sim.cold import ColdSteps, cold_from_profile
 from treeattn.sim.payloads import SimError
 from treeattn.topo.hardware import GPU_SPECS
 
@@ -120,6 +121,8 @@ class HardwareModel:
     # ends. From calibration, where a CPU's caches make a small shard read faster than a large
     # one (:func:`hardware_from_profile`); empty: one bandwidth for every size.
     bandwidth_shape: tuple[tuple[float, float], ...] = ()
+    pinned: bool = False  # ranks bound round-robin to the ``cores`` (the local launcher's way)
+    cold: ColdSteps | None = None  # host steps right after the kernel (treeattn.sim.cold)
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth_Bps <= 0 or self.peak_flops <= 0 or self.launch_s < 0:
@@ -333,6 +336,8 @@ def hardware_from_profile(profile: dict) -> HardwareModel:
     launch = float(attention["launch_s"])
     return HardwareModel("cpu", bandwidth, flops, launch,
                          cores=max(1, profile["cores"] // threads),
+                         pinned=bool(profile.get("pinned", False)),
+                         cold=cold_from_profile(profile.get("cold")),
                          bandwidth_shape=_bandwidth_shape(attention, launch))
 
 

@@ -6,9 +6,13 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   an event, and the process only yields when a Recv's message has not been posted yet.
 * ``Compute``/``Merge`` take ``HardwareModel.compute_time``. When the hardware has
   ``cores`` (a calibrated CPU), all ranks of a host share a ``simpy.Resource`` with that
-  many servers, so ranks beyond the core count queue for compute.
+  many servers, so ranks beyond the core count queue for compute. When the launcher pinned
+  the ranks (``HardwareModel.pinned``), the host's k-th rank has core ``k mod cores`` to
+  itself and queues only behind the ranks pinned to the same core.
 * ``Send`` occupies the sender for the backend's ``send_s``; the message is injected by a
   simpy event at that moment. ``Recv`` waits for the arrival, then pays ``recv_s``.
+* With a calibrated ``HardwareModel.cold``, the first merge, send, receive and collective
+  after a rank's attention kernel also pay what running cold costs (:mod:`treeattn.sim.cold`).
 * A message is cut into chunks (:mod:`treeattn.sim.network`) that cross the route with
   cut-through pipelining: a chunk holds each link for ``chunk / bandwidth`` (and until its
   tail has arrived), and its head reaches the next link ``latency`` after it started on
@@ -20,26 +24,7 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   queues behind it). Booking at injection needs one event per message instead of one per
   chunk and hop, which is what makes tens of thousands of ranks tractable.
 
-Peak memory per rank (:func:`peak_memory`): the KV shard plus what the algorithm keeps
-alive. What is counted, walking a rank's steps in order (the peak over all points):
-
-* its own KV shard (the cache), always; ``"kv"`` starts as an alias of it (no extra bytes);
-* the payload buffers once set: ``partial`` (by ``attention``), ``max`` (``init_max``),
-  ``num`` and ``den`` (``rescale``), ``residue`` (its first Merge), ``outbox`` (its first
-  ``attention_qblock``; pass-Q's ``qblock`` by its first Recv, the own block being a view
-  of the replicated query), or by a replacing Recv
-  (a chunked replace counts the whole buffer once). A replacing Recv of ``"kv"`` makes
-  ``"kv"`` a separate block of the received size (the previous foreign block is freed at
-  that moment);
-* the block partial of an ``attention_block`` until its ``Merge(tag=None)``;
-* a message received with ``reduce=True`` until the Merge of its tag;
-* the one receive posted ahead: the runtime posts a rank's next receive as soon as the
-  previous one completed (the first at the start), so its buffer is live from then until
-  it completes.
-
-Send buffers are not counted: a send reads the buffer in place, and a replacing Recv
-allocates a fresh tensor instead of overwriting it. Ring therefore peaks at
-``shard + current block + incoming block (+ partials)``, and tree at ``shard + partials``.
+Peak memory per rank is modelled in :mod:`treeattn.sim.memory`.
 """
 
 from __future__ import annotations
@@ -49,13 +34,12 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from treeattn.sim.cold import KINDS
+from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import CostModel, LinkCalendar
 from treeattn.sim.payloads import (
-    COMPUTE_SETS,
-    ComputeLabel,
+    CollectiveOp,
     GroupIds,
-    MergeOp,
-    Payload,
     ScheduleError,
 )
 from treeattn.sim.schedule import (
@@ -85,6 +69,16 @@ class _Run:
         self.cause: list[list] = [[None] * len(st) for st in schedule.steps]
         self.finished = 0
         self.cores = self._core_pools(schedule.world)
+        # per rank: the calibrated cold-step costs and the kinds still cold (treeattn.sim.cold)
+        self.cold_costs = [h.cold for h in self.c.hardware]
+        self.cold: list[set] = [set() for _ in range(schedule.world)]
+        # ranks whose core pool has fewer servers than ranks: their host work queues too
+        sharing: dict[int, int] = {}
+        for pool in self.cores:
+            if pool is not None:
+                sharing[id(pool)] = sharing.get(id(pool), 0) + 1
+        self.crowded = [pool is not None and sharing[id(pool)] > pool.capacity
+                        for pool in self.cores]
         # Collectives in flight: (group, k-th call of that group) -> arrivals and the event
         # that the last member to arrive fires with the finish time.
         self.calls: dict[tuple, dict] = {}
@@ -92,15 +86,25 @@ class _Run:
         self.group_id = GroupIds()  # cheap keys for large groups (see payloads.GroupIds)
 
     def _core_pools(self, world: int) -> list:
+        """Each rank's compute servers: the host's pool, or its own core when pinned."""
         hw = self.c.hardware
         if all(h.cores is None for h in hw):
             return [None] * world
         pools: dict = {}
+        out = []
         for r in range(world):
             host = self.c.topology.host_of(r)
-            if host not in pools:
-                pools[host] = simpy.Resource(self.env, capacity=hw[r].cores or 1)
-        return [pools[self.c.topology.host_of(r)] for r in range(world)]
+            if hw[r].pinned:  # the launcher binds the host's k-th rank to core k mod cores
+                cores, placed = pools.setdefault(
+                    host, ([simpy.Resource(self.env, capacity=1)
+                            for _ in range(hw[r].cores or 1)], [0]))
+                out.append(cores[placed[0] % len(cores)])
+                placed[0] += 1
+            else:
+                if host not in pools:
+                    pools[host] = simpy.Resource(self.env, capacity=hw[r].cores or 1)
+                out.append(pools[host])
+        return out
 
     def post(self, src: int, step_index: int, step: Send, at: float) -> None:
         """Inject ``step``'s message at simulated time ``at`` (now or later)."""
@@ -146,14 +150,22 @@ class _Run:
             if isinstance(step, Compute | Merge):
                 flops = step.flops if isinstance(step, Compute) else 0
                 duration = c.compute(r, step.nbytes, flops)
+                streams = isinstance(step, Compute) and self.cold_costs[r] is not None and \
+                    self.cold_costs[r].makes_cold(step.label, step.nbytes)
+                if not streams:
+                    duration += self._cold_extra(r, "merge")
                 if self.cores[r] is None:
                     t += duration
                 else:
                     t = yield from self._shared_compute(r, t, duration)
+                if streams:
+                    self.cold[r].update(KINDS)
             elif isinstance(step, Send):
-                t += c.send_s
+                t = yield from self._host(r, t, c.send_s + self._cold_extra(r, "send"))
                 self.post(r, i, step, t)
             elif isinstance(step, Collective):
+                # a cold member first runs its cold code, on its core, then joins
+                t = yield from self._host(r, t, self._cold_extra(r, "collective", step))
                 t = yield from self._collective(r, i, step, t)
             elif isinstance(step, Recv):
                 key = (step.src, r, step.tag)
@@ -163,7 +175,7 @@ class _Run:
                 if info[3] > t:
                     self.cause[r][i] = info
                     t = info[3]
-                t += c.recv_s
+                t = yield from self._host(r, t, c.recv_s + self._cold_extra(r, "recv"))
             self.start[r][i], self.end[r][i] = start, t
         self.finished += 1
 
@@ -196,6 +208,29 @@ class _Run:
             for edge, bw, _lat in net.hops(a, b):
                 self.link_bytes[edge] = self.link_bytes.get(edge, 0) + int(moved)
                 self.links.reserve(edge, start, min(moved / bw, end - start), start, start)
+
+    def _cold_extra(self, r: int, kind: str, step: Collective | None = None) -> float:
+        """What rank ``r``'s next step of ``kind`` pays for running cold (0 once warm)."""
+        if kind not in self.cold[r]:
+            return 0.0
+        self.cold[r].discard(kind)
+        costs = self.cold_costs[r]
+        if kind == "merge":
+            return costs.merge_s
+        if kind == "collective":
+            warm = self.c.collective_time(step.op, step.group, step.nbytes)
+            op = CollectiveOp(step.op).library_op  # a plan file's op is a plain string
+            return costs.collective_extra(op, len(step.group), warm)
+        return costs.send_s if kind == "send" else costs.recv_s
+
+    def _host(self, r: int, t: float, seconds: float):
+        """Host work of ``seconds`` from ``t``: on the rank's core when it shares one (a rank
+        pinned beside another cannot post a message while the other computes)."""
+        if seconds <= 0:
+            return t
+        if not self.crowded[r]:
+            return t + seconds
+        return (yield from self._shared_compute(r, t, seconds))
 
     def _shared_compute(self, r: int, t: float, duration: float):
         env = self.env
@@ -336,57 +371,3 @@ def critical_path(steps, start, end, cause) -> dict:
             out["overhead_s"] += end[r][i] - start[r][i]
         i -= 1
     return out
-
-
-# -- peak memory -------------------------------------------------------------------------
-
-def _set_by_compute(label: str, workload: DecodeWorkload, world: int) -> dict[str, int]:
-    return {p: workload.buffer_bytes(p, world) for p in COMPUTE_SETS[ComputeLabel(label)]}
-
-
-def rank_peak(steps, shard_bytes: int, workload: DecodeWorkload, world: int = 1) -> int:
-    """Peak bytes of one rank's schedule of ``world`` ranks (see the module docstring)."""
-    recvs = [i for i, s in enumerate(steps) if isinstance(s, Recv)]
-    posted = steps[recvs[0]].nbytes if recvs else 0
-    next_recv = 1
-    named: dict[str, int] = {}
-    kept: dict[int, int] = {}
-    block = 0
-    peak = shard_bytes + posted
-    for s in steps:
-        if isinstance(s, Compute):
-            named.update(_set_by_compute(s.label, workload, world))
-            if s.label == ComputeLabel.ATTENTION_BLOCK:
-                block = workload.partial_bytes
-        elif isinstance(s, Recv):
-            if s.reduce:
-                kept[s.tag] = s.nbytes
-            elif s.payload == Payload.KV:
-                named[Payload.KV] = s.nbytes
-            else:
-                full = s.nbytes if s.chunk is None else workload.buffer_bytes(s.payload, world)
-                named[s.payload] = max(named.get(s.payload, 0), full)
-            posted = steps[recvs[next_recv]].nbytes if next_recv < len(recvs) else 0
-            next_recv += 1
-        elif isinstance(s, Collective):
-            if s.keeps_messages:  # the other members' contributions, until the Merge
-                kept[s.tag] = int(s.nbytes * (len(s.group) - 1) / len(s.group))
-            else:
-                named[s.payload] = workload.buffer_bytes(s.payload, world)
-        elif isinstance(s, Merge):
-            if s.op == MergeOp.RESIDUE:
-                named[Payload.RESIDUE] = workload.partial_bytes
-            if s.tag is None and s.op == MergeOp.PARTIAL:
-                block = 0
-            elif s.tag is not None:
-                kept.pop(s.tag, None)
-        live = shard_bytes + sum(named.values()) + sum(kept.values()) + posted + block
-        peak = max(peak, live)
-    return peak
-
-
-def peak_memory(schedule: Schedule, workload: DecodeWorkload) -> list[int]:
-    """Peak bytes per rank for ``schedule`` on ``workload``'s shards."""
-    shards = workload.shards(schedule.world)
-    return [rank_peak(steps, workload.kv_bytes(shards[r]), workload, schedule.world)
-            for r, steps in enumerate(schedule.steps)]

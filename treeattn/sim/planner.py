@@ -46,7 +46,8 @@ from treeattn.sim.algorithms import BASELINES, SOURCES, build_schedule
 from treeattn.sim.algorithms.tree import make_trees
 from treeattn.sim.algorithms.trees import Tree
 from treeattn.sim.closed_form import closed_form, collective_schedule, ring_passq
-from treeattn.sim.engine import SimResult, peak_memory, simulate
+from treeattn.sim.engine import SimResult, simulate
+from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import CostModel
 from treeattn.sim.parallel import cp_view
 from treeattn.sim.payloads import SimError
