@@ -76,7 +76,7 @@ def summarize(raw: dict) -> dict:
 
 
 def profile_section(rows: dict) -> dict:
-    """The optional profile key the simulator reads (``sim.devices.executor_step_overhead``):
+    """The optional profile key the simulator reads (``sim.profiles.executor_step_overhead``):
     the executor's cost beyond raw messages + kernels, per Send/Recv step, the smallest median
     over the schedules (never negative)."""
     per_msg = min(r["overhead_per_message_s"]["median"] for r in rows.values())

@@ -108,7 +108,7 @@ def profile_path(tmp_path_factory):
 def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     import os
 
-    from treeattn.sim.devices import hardware_from_profile, load_profile
+    from treeattn.sim.profiles import hardware_from_profile, load_profile
 
     profile = load_profile(profile_path)
     cpus = len(os.sched_getaffinity(0))
@@ -132,7 +132,7 @@ def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     assert all(0 < s < 0.5 for s in cold["collectives_s"].values())
     assert hardware_from_profile(profile).cold.merge_s == cold["merge_s"]
     # the executor's own per-message cost, measured against raw gloo, reaches the simulator
-    from treeattn.sim.devices import backend_from_profile
+    from treeattn.sim.profiles import backend_from_profile
 
     step = profile["executor"]["step_overhead_s"]
     assert 0 <= step < 0.05 and profile["executor"]["ratio_executor_raw"] > 0

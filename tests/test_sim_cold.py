@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from treeattn.sim import DecodeWorkload, HardwareModel, SimError, build_schedule, simulate
 from treeattn.sim.cold import ColdSteps, cold_from_profile
-from treeattn.sim.devices import BackendModel, hardware_from_profile
+from treeattn.sim.devices import BackendModel
 from treeattn.sim.payloads import CollectiveOp, ComputeLabel, Payload
+from treeattn.sim.profiles import hardware_from_profile
 from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send
 from treeattn.topo import Topology
 

@@ -89,7 +89,7 @@ def handle(args: argparse.Namespace) -> int:
     topology = Topology.load(args.topology)
     calibration = None
     if args.profile:
-        from treeattn.sim.devices import plan_overrides
+        from treeattn.sim.profiles import plan_overrides
 
         backend = plan_overrides(args.profile, topology).get("backend")
         calibration = getattr(backend, "calibration", None)

@@ -23,9 +23,10 @@ from treeattn import atomic
 from treeattn.atomic import check_output_path
 from treeattn.errors import UserError
 from treeattn.sim.collectives import GroupShape
-from treeattn.sim.devices import NCCL_TESTS_KIND, VERSION, default_backend
+from treeattn.sim.devices import default_backend
 from treeattn.sim.nccl_fit import fit
 from treeattn.sim.nccl_tests import NCCL_TESTS_OPS, read_nccl_tests
+from treeattn.sim.profiles import NCCL_TESTS_KIND, VERSION
 
 
 def _read(spec: str):

@@ -31,7 +31,7 @@ which set the bandwidth-bound predictions, are measured in :data:`ROUNDS` bursts
 the calibration and combined by :func:`combine_rounds`, so one burst caught by another
 user's load spike does not move them; and the p10/p90 of the samples
 give each section a ``spread`` ``[p10/median, p90/median]`` (max over ranks) from which
-``run --check`` derives the predicted band (:func:`treeattn.sim.devices.profile_bound`).
+``run --check`` derives the predicted band (:func:`treeattn.sim.profiles.profile_bound`).
 - **attention**: ``treeattn.kernels.partial_attention`` over local shards of several lengths,
   with ``min(world, cores)`` ranks running at once so the memory-bandwidth contention of
   concurrent ranks is captured. Oversubscription (more ranks than cores) is *not* folded in

@@ -21,7 +21,7 @@ the same machine load:
 
 :func:`measure_step_overhead` turns that into the profile key the simulator charges on every
 Send and Recv step (``executor.step_overhead_s``, read by
-:func:`treeattn.sim.devices.executor_step_overhead`); ``treeattn calibrate`` records it, and
+:func:`treeattn.sim.profiles.executor_step_overhead`); ``treeattn calibrate`` records it, and
 ``benchmarks/executor_overhead.py`` reports the full comparison.
 """
 
