@@ -162,3 +162,21 @@ def test_plans_that_do_not_fit_in_gpu_memory_are_refused():
     assert plan(topo, w, hardware=snug).algorithm != "ring"
     with pytest.raises(SimError, match="no plan fits"):
         plan(topo, w, hardware=snug, algorithms=("ring",))
+
+
+@pytest.mark.parametrize("max_simulated", [1, 3, 8])
+def test_a_lower_bound_never_beats_a_simulation(max_simulated):
+    # Cold host steps make the p2p schedules cost far more than their closed forms, and at
+    # world 2 every tree shape has the same bound: once the budget is spent on some of them,
+    # the others must not win on their bound alone.
+    from treeattn.sim import HardwareModel
+    from treeattn.sim.cold import ColdSteps
+
+    cold = ColdSteps(merge_s=2e-4, message_s=2e-4, world=2,
+                     collective_s=(("all_gather", 2e-4),))
+    hw = HardwareModel("cpu", 1e10, 1e12, 1e-5, cores=2, cold=cold)
+    w = DecodeWorkload("smollm2-135m", 32768)
+    chosen = plan(local(2), w, hardware=hw, max_simulated=max_simulated)
+    assert chosen.winner.result.method == "simulated"
+    simulated = [c for c in chosen.candidates if c.result and c.result.method == "simulated"]
+    assert chosen.latency_s == min(c.latency_s for c in simulated)
