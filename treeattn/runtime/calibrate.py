@@ -58,7 +58,7 @@ The profile::
                   "sizes": [...], "times_s": [...]},
      "attention": {"bandwidth_Bps": ..., "launch_s": ..., "threads_per_rank": 1, ...},
      "executor": {"step_overhead_s": ..., "ratio_executor_raw": ...},
-     "cold": {"probe_bytes": ..., "merge_s": ..., "message_s": ..., "collectives": {...}},
+     "cold": {"probe_bytes": ..., "merge_s": ..., "message_s": ..., "collectives_s": {...}},
      "machine": {...}}
 """
 

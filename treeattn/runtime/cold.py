@@ -115,7 +115,7 @@ def _message_extra(ctx: RankContext, dims: AttnDims, q, kv) -> float:
     samples: dict[str, list[float]] = {"cold": [], "warm": []}
     for i in range(2 * SAMPLES):
         mode = "cold" if i % 2 == 0 else "warm"
-        if mode == "cold" and ctx.rank < 2:  # ranks 0 and 1 own their cores when pinned
+        if mode == "cold" and ctx.rank < 2:  # only the pair: the others would share its cores
             partial_attention(q, kv[0], kv[1])
         elif mode == "warm":
             _message_once(ctx, buf, tag=40)
@@ -181,7 +181,7 @@ def measure_cold_steps(ctx: RankContext, dims: AttnDims) -> dict:
     """The profile's ``cold`` section (see the module docstring); every rank calls it."""
     q, kv = _probe(dims, ctx.device)
     partial_bytes = 4 * dims.batch * dims.n_heads * (dims.head_dim + 1)
-    section = {
+    return {
         "probe_bytes": int(kv.numel() * kv.element_size()),
         # a kernel that reads twice the L2 leaves nothing of the host code in it
         "after_bytes": 2 * l2_bytes(),
@@ -193,4 +193,3 @@ def measure_cold_steps(ctx: RankContext, dims: AttnDims) -> dict:
         "collectives_s": {op: _collective_after_kernel(ctx, op, partial_bytes, q, kv)
                           for op in COLD_OPS},
     }
-    return section

@@ -95,9 +95,10 @@ class _Run:
         for r in range(world):
             host = self.c.topology.host_of(r)
             if hw[r].pinned:  # the launcher binds the host's k-th rank to core k mod cores
-                cores, placed = pools.setdefault(
-                    host, ([simpy.Resource(self.env, capacity=1)
-                            for _ in range(hw[r].cores or 1)], [0]))
+                if host not in pools:
+                    pools[host] = ([simpy.Resource(self.env, capacity=1)
+                                    for _ in range(hw[r].cores or 1)], [0])
+                cores, placed = pools[host]
                 out.append(cores[placed[0] % len(cores)])
                 placed[0] += 1
             else:
@@ -150,8 +151,9 @@ class _Run:
             if isinstance(step, Compute | Merge):
                 flops = step.flops if isinstance(step, Compute) else 0
                 duration = c.compute(r, step.nbytes, flops)
-                streams = isinstance(step, Compute) and self.cold_costs[r] is not None and \
-                    self.cold_costs[r].makes_cold(step.label, step.nbytes)
+                costs = self.cold_costs[r]
+                streams = (costs is not None and isinstance(step, Compute)
+                           and costs.makes_cold(step.label, step.nbytes))
                 if not streams:
                     duration += self._cold_extra(r, "merge")
                 if self.cores[r] is None:
@@ -161,11 +163,13 @@ class _Run:
                 if streams:
                     self.cold[r].update(KINDS)
             elif isinstance(step, Send):
-                t = yield from self._host(r, t, c.send_s + self._cold_extra(r, "send"))
+                host = c.send_s + self._cold_extra(r, "send")
+                t = (yield from self._crowded_host(r, t, host)) if self.crowded[r] else t + host
                 self.post(r, i, step, t)
             elif isinstance(step, Collective):
                 # a cold member first runs its cold code, on its core, then joins
-                t = yield from self._host(r, t, self._cold_extra(r, "collective", step))
+                host = self._cold_extra(r, "collective", step)
+                t = (yield from self._crowded_host(r, t, host)) if self.crowded[r] else t + host
                 t = yield from self._collective(r, i, step, t)
             elif isinstance(step, Recv):
                 key = (step.src, r, step.tag)
@@ -175,7 +179,8 @@ class _Run:
                 if info[3] > t:
                     self.cause[r][i] = info
                     t = info[3]
-                t = yield from self._host(r, t, c.recv_s + self._cold_extra(r, "recv"))
+                host = c.recv_s + self._cold_extra(r, "recv")
+                t = (yield from self._crowded_host(r, t, host)) if self.crowded[r] else t + host
             self.start[r][i], self.end[r][i] = start, t
         self.finished += 1
 
@@ -223,13 +228,12 @@ class _Run:
             return costs.collective_extra(op, len(step.group), warm)
         return costs.send_s if kind == "send" else costs.recv_s
 
-    def _host(self, r: int, t: float, seconds: float):
-        """Host work of ``seconds`` from ``t``: on the rank's core when it shares one (a rank
-        pinned beside another cannot post a message while the other computes)."""
+    def _crowded_host(self, r: int, t: float, seconds: float):
+        """Host work of ``seconds`` from ``t`` on a rank that shares its core: it waits for
+        the core (a rank pinned beside another cannot post a message while the other
+        computes). Uncrowded ranks just add the seconds, without a generator per step."""
         if seconds <= 0:
             return t
-        if not self.crowded[r]:
-            return t + seconds
         return (yield from self._shared_compute(r, t, seconds))
 
     def _shared_compute(self, r: int, t: float, duration: float):

@@ -357,7 +357,7 @@ def _verify_leader(cands: list[Candidate], topology, cm: CostModel, budget: int)
     its bound alone. Costs the engine adds on top of the bound (shared cores, cold host
     steps) make this likely. At most ``budget`` more simulations; a leader still unverified
     after them, or too large to simulate, wins on its bound and says so (``closed_form``).
-    Without such costs the first simulations already verify the leader, and this adds none.
+    Usually the first simulations have already verified the leader, and this adds none.
     """
     ranked = sorted(cands, key=lambda c: (c.latency_s, c.name))
     for _ in range(budget):
