@@ -252,7 +252,7 @@ def test_builds_are_cached_and_concurrent_builders_agree(tmp_path):
 
 def test_a_failing_or_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "false")
-    with pytest.raises(OSError, match="could not build the native kernels"):
+    with pytest.raises(OSError, match="could not build treeattn-native"):
         cpu_native.build(tmp_path)
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setenv("CC", "env TREEATTN_TEST=1 cc")  # a compiler command of several words

@@ -101,23 +101,27 @@ def _compiler() -> list[str] | None:
     return [found] if found else None
 
 
-def build(out_dir: Path, flags: tuple[str, ...] | None = None) -> Path:
-    """Compile the kernel into ``out_dir`` (or reuse an earlier build) and return the path.
+def build(out_dir: Path, flags: tuple[str, ...] | None = None,
+          sources: tuple[Path, ...] = SOURCES, name: str = "treeattn-native") -> Path:
+    """Compile ``sources`` into one library in ``out_dir`` (or reuse an earlier build) and
+    return its path, ``{name}-{hash}.so``.
 
     ``flags`` replaces the optimisation flags (tests build a portable variant with it).
-    Raises OSError with the compiler's message when no flag set compiles.
+    The runtime builds its own library from its own sources the same way
+    (:mod:`treeattn.runtime.shm_program`). Raises OSError with the compiler's message when no
+    flag set compiles.
     """
     compiler = _compiler()
     if compiler is None:
         raise OSError("no C compiler found (set CC, or install gcc or clang)")
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in sources)
     version = subprocess.run([*compiler, "--version"], capture_output=True, text=True,
                              timeout=COMPILE_TIMEOUT_S).stdout.splitlines()[:1]
     errors = []
     for opt in (flags,) if flags is not None else FLAG_SETS:
         key = hashlib.sha256(repr((source, compiler, version, opt, COMMON_FLAGS,
                                    platform.machine(), _cpu_flags())).encode()).hexdigest()
-        target = out_dir / f"treeattn-native-{key[:16]}.so"
+        target = out_dir / f"{name}-{key[:16]}.so"
         if target.exists():
             return target
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -125,7 +129,7 @@ def build(out_dir: Path, flags: tuple[str, ...] | None = None) -> Path:
         os.close(fd)
         try:
             done = subprocess.run([*compiler, *opt, *COMMON_FLAGS, "-o", partial,
-                                   *map(str, SOURCES), "-lm"], capture_output=True, text=True,
+                                   *map(str, sources), "-lm"], capture_output=True, text=True,
                                   timeout=COMPILE_TIMEOUT_S)
             if done.returncode == 0:
                 os.replace(partial, target)  # atomic: a concurrent loader sees all or nothing
@@ -135,19 +139,25 @@ def build(out_dir: Path, flags: tuple[str, ...] | None = None) -> Path:
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
-    raise OSError(f"{' '.join(compiler)} could not build the native kernels: "
+    raise OSError(f"{' '.join(compiler)} could not build {name}: "
                   f"{'; '.join(errors)}")
+
+
+def build_cached(sources: tuple[Path, ...], name: str) -> Path:
+    """:func:`build` into :func:`cache_dir`, or per user in the temp directory where the
+    cache is read-only. Raises OSError or SubprocessError as :func:`build` does."""
+    try:
+        return build(cache_dir(), sources=sources, name=name)
+    except PermissionError:
+        return build(Path(tempfile.gettempdir()) / f"treeattn-native-{os.getuid()}",
+                     sources=sources, name=name)
 
 
 @functools.lru_cache(maxsize=1)
 def _load() -> tuple[NativeKernel | None, str]:
     """The kernel, built and loaded once per process, or None and the reason it is not."""
     try:
-        try:
-            path = build(cache_dir())
-        except PermissionError:  # a read-only home: build per user in the temp directory
-            path = build(Path(tempfile.gettempdir()) / f"treeattn-native-{os.getuid()}")
-        return NativeKernel(path), ""
+        return NativeKernel(build_cached(SOURCES, "treeattn-native")), ""
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"the native CPU kernel is unavailable: {exc}"
 
@@ -199,15 +209,23 @@ def partial_attention_native_packed(kern: NativeKernel, q: torch.Tensor, k: torc
     return out
 
 
-def _decode_partial(kern: NativeKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    scale: float, o_ptr: int, lse_ptr: int) -> None:
+def decode_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                     ) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``treeattn_decode_partial``'s integer arguments after the scale, up to the outputs:
+    (k, v addresses, dtype code, B, Hkv, G, T, D, k's and v's first three strides), and the
+    fp32 contiguous query whose address comes first (keep it alive until the call)."""
     b, hq, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     if q.dtype != torch.float32 or not q.is_contiguous():
         q = q.to(torch.float32).contiguous()  # (B, Hq, D); the kernel applies the scale
-    status = kern.decode_partial(q.data_ptr(), scale, k.data_ptr(), v.data_ptr(),
-                                 KV_DTYPE_CODES[k.dtype], b, hkv, hq // hkv, t, d,
-                                 *k.stride()[:3], *v.stride()[:3], o_ptr, lse_ptr)
+    return q, (k.data_ptr(), v.data_ptr(), KV_DTYPE_CODES[k.dtype], b, hkv, hq // hkv, t, d,
+               *k.stride()[:3], *v.stride()[:3])
+
+
+def _decode_partial(kern: NativeKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    scale: float, o_ptr: int, lse_ptr: int) -> None:
+    q32, args = decode_arguments(q, k, v)
+    status = kern.decode_partial(q32.data_ptr(), scale, *args, o_ptr, lse_ptr)
     if status != 0:  # applies() and fits() admit only shapes the kernel takes
         raise RuntimeError(f"native kernel refused shape q {tuple(q.shape)} k {tuple(k.shape)}")
 

@@ -100,9 +100,9 @@ class ShardBackend:
             self.executor = Executor(self.ctx, self.schedule, lengths, self.dims)
         t0 = time.perf_counter()
         shard = self.cache.stage(layer, k, v)  # (2, B, Hkv, T, D), the new token included
-        (o, _), stats = self.executor.run(q[:, :, 0], shard)  # (B, Hq, D), (B, Hq)
+        (o, _), sent = self.executor.decode(q[:, :, 0], shard)  # (B, Hq, D), (B, Hq)
         self.attention_s += time.perf_counter() - t0
-        self.bytes_sent += stats.bytes_sent
+        self.bytes_sent += sent
         if layer == self.cache.n_layers - 1:
             self.cache.commit()
         return o.to(q.dtype)[:, :, None]  # (B, Hq, 1, D)

@@ -27,6 +27,11 @@ per executor and reused by every run (KV blocks come from the executor's pool); 
 is stamped into a preallocated list; the empty shard's identity partial is made once; and the
 CPU memory walk, whose result is the same on every run of one executor with the same inputs,
 runs on the first run only (``memory=True`` forces it on every run).
+
+On CPU ranks that share a host, a rank whose steps are its attention followed by whole-partial
+sends, receives and merges (tree, butterfly at powers of two) runs them, the attention
+included, as one C call over the shared-memory mailboxes (:mod:`treeattn.runtime.shm_program`)
+on every run that does not walk memory. Its results and timeline are the Python steps'.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from treeattn.runtime import passq
 from treeattn.runtime.collectives import Groups
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.run_state import KVPool, RunState, RunStats, handler_for
+from treeattn.runtime.run_state import KVPool, RunState, RunStats, attend_packed, handler_for
+from treeattn.runtime.shm_program import compile_program
 from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import (
     AttnDims,
@@ -113,6 +119,9 @@ class Executor:
         self.owned = {b.untyped_storage().data_ptr()
                       for b in [*self.recv_buffers.values(), self.identity]}
         self.peaks: dict[tuple, int] = {}  # input signature -> CPU memory peak of a run
+        # A partial-only reduction over the mailboxes runs as one C call (shm_program.py)
+        self.program = None if self.on_cuda else compile_program(
+            self.steps, self.names, ctx.rank, self.transport.channel, self.dims)
 
     # -- public ----------------------------------------------------------------------------
     def run(
@@ -131,7 +140,6 @@ class Executor:
         Returns the final partial ``(o (B, Hq, D), lse (B, Hq))`` and the run's stats.
         """
         resident = resident or [kv]
-        state = RunState(self, q, kv, resident)
         key = None
         if not self.on_cuda and memory is not True:
             key = (tuple(q.shape), tuple(kv.shape),
@@ -139,6 +147,10 @@ class Executor:
                         for t in resident}.values()))
         cached = None if memory else self.peaks.get(key)
         sample = not self.on_cuda and cached is None and memory is not False
+        if (self.program is not None and not sample
+                and not self.transport.channel.deferred):  # FIFO behind those: Python path
+            return self._run_program(q, kv, cached or 0)
+        state = RunState(self, q, kv, resident)
         if self.on_cuda:
             torch.cuda.reset_peak_memory_stats(self.ctx.device)
         n = len(self.steps)
@@ -169,3 +181,26 @@ class Executor:
         if final.untyped_storage().data_ptr() in self.owned:  # a reused receive buffer
             final = final.clone()
         return unpack_partial(final, self.dims), state.stats
+
+    def decode(self, q: torch.Tensor, kv: torch.Tensor
+               ) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+        """The final partial ``(o (B, Hq, D), lse (B, Hq))`` and the bytes this rank sent,
+        without the timeline or the memory peak: for generation, which runs a schedule per
+        layer per token and needs neither. Through the program where there is one (with no
+        deferred sends ahead of it); otherwise :meth:`run`."""
+        program = self.program
+        if program is not None and not self.transport.channel.deferred:
+            final = program.run(q, kv, self.scale, lambda: attend_packed(self, q, kv),
+                                self.ctx.rank, self.ctx.timeout_s)
+            return unpack_partial(final, self.dims), program.bytes_sent
+        result, stats = self.run(q, kv)
+        return result, stats.bytes_sent
+
+    def _run_program(self, q: torch.Tensor, kv: torch.Tensor, peak: int
+                     ) -> tuple[tuple[torch.Tensor, torch.Tensor], RunStats]:
+        """:meth:`run` through the compiled program: attention and steps in one C call."""
+        final = self.program.run(q, kv, self.scale, lambda: attend_packed(self, q, kv),
+                                 self.ctx.rank, self.ctx.timeout_s)
+        stats = RunStats(timeline=self.program.timeline(self.ctx.rank),
+                         bytes_sent=self.program.bytes_sent, peak_bytes=peak)
+        return unpack_partial(final, self.dims), stats

@@ -93,6 +93,14 @@ class KVPool:
         return buf[:numel]
 
 
+def attend_packed(ex, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """The executor's partial of ``kv`` (2, B, Hkv, T, D), packed: (B·Hq·(D + 1),), o then
+    lse, written in place by the C kernel on CPU ranks; the shared identity when T = 0."""
+    if kv.shape[3] == 0:
+        return ex.identity
+    return partial_attention_packed(q, kv[0], kv[1], scale=ex.scale)
+
+
 def handler_for(step: Step):
     """The ``RunState`` method that runs ``step``, as ``fn(state, index, step)``."""
     if isinstance(step, Compute):
@@ -259,10 +267,7 @@ class RunState:
             self.bufs[step.payload] = value
 
     def _attend(self, kv: torch.Tensor) -> torch.Tensor:
-        if kv.shape[3] == 0:
-            return self.ex.identity
-        # (B·Hq·(D + 1),): o then lse, written in place by the C kernel on CPU ranks
-        return partial_attention_packed(self.q, kv[0], kv[1], scale=self.ex.scale)
+        return attend_packed(self.ex, self.q, kv)
 
     def compute(self, step: Compute) -> None:
         bufs = self.bufs

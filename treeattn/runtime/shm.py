@@ -14,7 +14,9 @@ receiver stores it). A send waits for ``read == written`` (the slot is free), co
 payload, then stores ``written + 1``; a receive waits for ``written > read``, copies the
 payload out, then stores ``read + 1``. Each counter has one writer, so no lock is needed;
 on x86-64 (TSO) stores become visible in program order, so a receiver that sees the new
-count sees the payload. Other architectures keep gloo (no fences from Python).
+count sees the payload. Other architectures keep gloo (no fences from Python). A process
+reads its own counter back from the segment instead of keeping a copy, so this path and the
+C one of :mod:`treeattn.runtime.shm_program` can take turns on a mailbox.
 
 Matching is FIFO per (sender, receiver, tag), as gloo's is. A send whose slot is still
 full (the previous message with that tag not yet read) is kept and pushed by any later
@@ -88,7 +90,6 @@ class _Mailbox:
         self.written_at = self.ctrl.ctypes.data  # the receiver sleeps on it (futex)
         self.payload = torch.from_numpy(seg[offset + HEADER_BYTES : offset + _box_bytes()])
         self.payload_at = self.payload.data_ptr()
-        self.count = 0  # this process's own count: written (as sender) or read (as receiver)
 
 
 class ShmChannel:
@@ -186,7 +187,8 @@ class _SendWork:
 
     def try_push(self) -> bool:
         box = self.box
-        if self.done or box.ctrl[8] != box.count:  # the previous message is still unread
+        written = int(box.ctrl[0])  # only this process stores it: no copy to keep in step
+        if self.done or box.ctrl[8] != written:  # the previous message is still unread
             return self.done
         n = self.nbytes  # at most SLOT_BYTES: carries() admitted it
         # A plain memmove, not a torch copy: a decode step sends right after its attention
@@ -194,8 +196,7 @@ class _SendWork:
         # 51 µs and this 15 µs (warm: 3.7 and 1.0 µs).
         ctypes.memmove(box.payload_at, self.data.data_ptr(), n)
         box.ctrl[1] = n
-        box.count += 1
-        box.ctrl[0] = box.count  # publish last: the payload is visible before the count
+        box.ctrl[0] = written + 1  # publish last: the payload is visible before the count
         futex.wake(box.written_at)
         self.done = True
         return True
@@ -221,7 +222,8 @@ class _RecvWork:
 
     def try_pull(self) -> bool:
         box = self.box
-        if self.done or box.ctrl[0] == box.count:  # nothing new written yet
+        read = int(box.ctrl[8])  # only this process stores it
+        if self.done or box.ctrl[0] == read:  # nothing new written yet
             return self.done
         n = int(box.ctrl[1])
         if n != self.nbytes:
@@ -229,8 +231,7 @@ class _RecvWork:
                                  f"bytes for a {self.nbytes}-byte receive: the ranks "
                                  "disagree on the schedule")
         ctypes.memmove(self.out.data_ptr(), box.payload_at, n)  # as in try_push, not torch
-        box.count += 1
-        box.ctrl[8] = box.count  # hand the slot back after the copy
+        box.ctrl[8] = read + 1  # hand the slot back after the copy
         self.done = True
         return True
 
@@ -240,7 +241,7 @@ class _RecvWork:
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         return self.channel.spin(self.try_pull, timeout,
-                                 lambda: (self.box.written_at, self.box.count))
+                                 lambda: (self.box.written_at, int(self.box.ctrl[8])))
 
 
 def _eligible(ctx: RankContext) -> bool:
