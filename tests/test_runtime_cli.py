@@ -138,6 +138,14 @@ def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     assert 0 <= step < 0.05 and profile["executor"]["ratio_executor_raw"] > 0
     alpha = profile["p2p"]["latency_s"]
     assert backend_from_profile(profile).send_s == pytest.approx(alpha / 2 + step)
+    # and the C program's, for the ranks that run as one (shared memory here, a C compiler)
+    from treeattn.runtime import shm, shm_program
+
+    if shm_program.unavailable_reason() == "":
+        program = backend_from_profile(profile).program
+        assert profile["executor"]["program_message_bytes"] == shm.SLOT_BYTES
+        assert program.send_s == pytest.approx(
+            max(0.0, alpha / 2 + profile["executor"]["program_step_s"]))
 
 
 @pytest.mark.timeout(240)

@@ -78,6 +78,10 @@ class Executor:
         Batch, heads, head dim and KV dtype.
     scale
         Score scale, default ``1 / sqrt(D)``.
+    compiled
+        Run a plain reduction of partials as one C call where it can
+        (:mod:`treeattn.runtime.shm_program`); False keeps the Python steps (calibration
+        measures both).
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class Executor:
         lengths: list[int],
         dims: AttnDims,
         scale: float | None = None,
+        compiled: bool = True,
     ) -> None:
         if schedule.world != ctx.world:
             raise RuntimeFailure(f"schedule is for {schedule.world} ranks, group has {ctx.world}")
@@ -120,7 +125,7 @@ class Executor:
                       for b in [*self.recv_buffers.values(), self.identity]}
         self.peaks: dict[tuple, int] = {}  # input signature -> CPU memory peak of a run
         # A partial-only reduction over the mailboxes runs as one C call (shm_program.py)
-        self.program = None if self.on_cuda else compile_program(
+        self.program = None if self.on_cuda or not compiled else compile_program(
             self.steps, self.names, ctx.rank, self.transport.channel, self.dims)
 
     # -- public ----------------------------------------------------------------------------

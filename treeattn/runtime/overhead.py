@@ -9,7 +9,11 @@ invisible in the ping-pong and matters wherever messages are tiny (a tree's part
 interleaved within every repetition (the order rotates), so each ratio compares runs that saw
 the same machine load:
 
-- ``executor``: :meth:`treeattn.runtime.executor.Executor.run`, the whole step;
+- ``executor``: :meth:`treeattn.runtime.executor.Executor.run` with its Python steps, the
+  whole step;
+- ``program``: the same with the rank's steps run as one C call
+  (:mod:`treeattn.runtime.shm_program`), where the group can (CPU ranks of one host,
+  shared memory, a C compiler); otherwise it repeats ``executor``;
 - ``raw``: the same messages (sizes, order, peers, tags) as plain ``isend``/``irecv`` of
   preallocated buffers through the executor's transport (:mod:`treeattn.runtime.transport`:
   shared memory for small messages between CPU ranks of one host), the sends waited for at
@@ -21,7 +25,9 @@ the same machine load:
 
 :func:`measure_step_overhead` turns that into the profile key the simulator charges on every
 Send and Recv step (``executor.step_overhead_s``, read by
-:func:`treeattn.sim.profiles.executor_step_overhead`); ``treeattn calibrate`` records it, and
+:func:`treeattn.sim.profiles.executor_step_overhead`), and the program's own, which may be
+below the raw messages' (``executor.program_step_s``, for ranks that run as a program, see
+:mod:`treeattn.sim.partial_reduction`); ``treeattn calibrate`` records both, and
 ``benchmarks/executor_overhead.py`` reports the full comparison.
 """
 
@@ -37,10 +43,11 @@ from treeattn.kernels import merge_packed, partial_attention
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.plans import build, local_topology, workload_for
+from treeattn.runtime.shm import MAX_TAGS, SLOT_BYTES
 from treeattn.runtime.wire import AttnDims, kv_message_lengths, message_numel
 from treeattn.sim.schedule import Compute, Merge, Recv, Send
 
-VARIANTS = ("executor", "raw", "raw+kernels", "raw-gloo")
+VARIANTS = ("executor", "program", "raw", "raw+kernels", "raw-gloo")
 TINY = AttnDims(1, 1, 1, 8)  # data costs nothing: what is left is the per-step host cost
 TINY_TOKENS = 4  # per shard
 INNER = 10  # back-to-back runs per timed sample
@@ -101,9 +108,12 @@ def time_variants(ctx: RankContext, algorithm: str, reps: int) -> dict:
     kv = torch.randn(2, dims.batch, dims.n_kv_heads, TINY_TOKENS, dims.head_dim,
                      generator=g)  # (2, B, Hkv, T, D)
     schedule = build(algorithm, local_topology(ctx.world), workload_for(dims, lengths))
-    executor = Executor(ctx, schedule, lengths, dims)
+    executor = Executor(ctx, schedule, lengths, dims, compiled=False)
+    compiled = Executor(ctx, schedule, lengths, dims)
+    programs = all(all_gather_objects(ctx, compiled.program is not None))
     plan = raw_plan(ctx, schedule, dims, lengths)
-    runners = {"executor": lambda: executor.run(q, kv),  # as `run` and `generate` call it
+    runners = {"executor": lambda: executor.run(q, kv),  # as `run` calls it
+               "program": lambda: compiled.run(q, kv),  # as `run` and `generate` call it
                "raw": raw_runner(ctx, plan, dims, q, kv, False, executor.transport),
                "raw+kernels": raw_runner(ctx, plan, dims, q, kv, True, executor.transport),
                "raw-gloo": raw_runner(ctx, plan, dims, q, kv, kernels=False)}
@@ -121,6 +131,7 @@ def time_variants(ctx: RankContext, algorithm: str, reps: int) -> dict:
                 times[variant].append((time.perf_counter() - t0) / INNER)
     everyone = all_gather_objects(ctx, times)
     return {
+        "programs": programs,
         "steps_busiest_rank": max(len(s) for s in schedule.steps),
         "messages_busiest_rank": max(sum(isinstance(x, (Send, Recv)) for x in s)
                                      for s in schedule.steps),
@@ -128,18 +139,28 @@ def time_variants(ctx: RankContext, algorithm: str, reps: int) -> dict:
     }  # fmt: skip
 
 
-def overhead_per_message(result: dict) -> np.ndarray:
-    """Per repetition: (executor − raw+kernels) / messages of the busiest rank, seconds."""
+def overhead_per_message(result: dict, variant: str = "executor") -> np.ndarray:
+    """Per repetition: (``variant`` − raw+kernels) / messages of the busiest rank, seconds."""
     runs = {v: np.asarray(t) for v, t in result["per_run_s"].items()}
-    return (runs["executor"] - runs["raw+kernels"]) / max(1, result["messages_busiest_rank"])
+    return (runs[variant] - runs["raw+kernels"]) / max(1, result["messages_busiest_rank"])
 
 
 def measure_step_overhead(ctx: RankContext, reps: int = CALIBRATION_REPS) -> dict:
-    """The profile section ``{"step_overhead_s": …, "ratio_executor_raw": …}`` from the tree
-    schedule at this world size: the median extra host time per Send/Recv step (never below
-    zero), and the median executor/raw time ratio, for the record."""
+    """The profile section ``executor`` from the tree schedule at this world size:
+
+    - ``step_overhead_s``: the Python steps' median extra host time per Send/Recv step
+      (never below zero), and ``ratio_executor_raw``, their median time over raw, for the
+      record;
+    - where the ranks ran as a program: ``program_step_s``, the program's median host time
+      per message step beyond raw+kernels (signed: the C call can beat Python's raw
+      messages, which the ping-pong α is measured with), and the mailboxes' limits
+      ``program_message_bytes`` and ``program_tags``."""
     result = time_variants(ctx, "tree", reps)
     runs = {v: np.asarray(t) for v, t in result["per_run_s"].items()}
-    return {"step_overhead_s": max(0.0, float(np.median(overhead_per_message(result)))),
-            "ratio_executor_raw": float(np.median(runs["executor"] / runs["raw"])),
-            "schedule": "tree", "reps": reps}  # fmt: skip
+    section = {"step_overhead_s": max(0.0, float(np.median(overhead_per_message(result)))),
+               "ratio_executor_raw": float(np.median(runs["executor"] / runs["raw"])),
+               "schedule": "tree", "reps": reps}  # fmt: skip
+    if result["programs"]:
+        section.update(program_step_s=float(np.median(overhead_per_message(result, "program"))),
+                       program_message_bytes=SLOT_BYTES, program_tags=MAX_TAGS)
+    return section

@@ -49,7 +49,7 @@ from treeattn.kernels.checks import check_partial_inputs
 from treeattn.runtime.errors import RankTimeout, RuntimeFailure
 from treeattn.runtime.group import silent_ranks_text
 from treeattn.runtime.wire import message_numel
-from treeattn.sim.schedule import Compute, Merge, Recv, Send
+from treeattn.sim.partial_reduction import RECV_MERGE, SEND, reduction_ops
 
 SOURCES = (Path(__file__).with_name("native") / "shm_program.c", *cpu_native.SOURCES)
 ABI_VERSION = 3
@@ -193,37 +193,23 @@ class ShmProgram:
 
 def compile_program(steps, names: list[str], rank: int, channel, dims) -> ShmProgram | None:
     """The program for ``steps`` (a rank's schedule), or None where it does not apply or the
-    library is unavailable (module docstring)."""
-    if channel is None or not steps or dims.dtype("partial") != torch.float32:
+    library is unavailable (module docstring). Which steps qualify is
+    :func:`treeattn.sim.partial_reduction.reduction_ops`, the rule the simulator prices by."""
+    if channel is None or dims.dtype("partial") != torch.float32:
         return None
     if os.environ.get(ENV_SWITCH, "1").strip() == "0":
         return None
-    first = steps[0]
-    if not isinstance(first, Compute) or first.label != "attention":
+    ops = reduction_ops(steps)
+    nbytes = message_numel(dims, "partial", None, 0) * 4
+    if ops is None or not all(channel.carries(nbytes, tag) for _, _, _, tag, _ in ops):
         return None
-    numel = message_numel(dims, "partial", None, 0)
-    nbytes = numel * 4
-    ops, index = [], 1
-    while index < len(steps):
-        step = steps[index]
-        whole_partial = (isinstance(step, Send | Recv) and step.payload == "partial"
-                         and step.chunk is None and channel.carries(nbytes, step.tag))
-        if not whole_partial:
-            return None
-        if isinstance(step, Send):
-            ops.append((OP_SEND, channel.box(rank, step.dst, step.tag), index, step.dst))
-            index += 1
-            continue
-        box = channel.box(step.src, rank, step.tag)
-        if not step.reduce:
-            ops.append((OP_RECV_REPLACE, box, index, step.src))
-            index += 1
-            continue
-        merge = steps[index + 1] if index + 1 < len(steps) else None
-        if not (isinstance(merge, Merge) and merge.op == "partial" and merge.tag == step.tag):
-            return None  # a merge that is not the very next step: the Python path
-        ops.append((OP_RECV_MERGE, box, index, step.src))
-        index += 2
-    if not ops or _load()[0] is None:
+    if _load()[0] is None:
         return None
-    return ShmProgram(channel, ops, names, dims.batch * dims.n_heads, dims.head_dim)
+    mailboxes = []
+    for kind, index, peer, tag, _ in ops:
+        if kind == SEND:
+            mailboxes.append((OP_SEND, channel.box(rank, peer, tag), index, peer))
+        else:
+            mailboxes.append((OP_RECV_MERGE if kind == RECV_MERGE else OP_RECV_REPLACE,
+                              channel.box(peer, rank, tag), index, peer))
+    return ShmProgram(channel, mailboxes, names, dims.batch * dims.n_heads, dims.head_dim)

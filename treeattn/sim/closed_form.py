@@ -2,8 +2,9 @@
 
 Every message from ``a`` to ``b`` of ``n`` bytes costs ``send_s`` on the sender, then the
 cut-through wire time of :mod:`treeattn.sim.network` (``Σ latency + n/β_bottleneck``),
-then ``recv_s`` on the receiver: ``α_ab + n/β_ab``. Compute steps cost
-``max(bytes/BW, FLOPs/peak) + launch``. The formulas below follow each algorithm's step
+then ``recv_s`` on the receiver: ``α_ab + n/β_ab`` (the cheaper of the Python steps' and the
+C program's costs, where a calibration has both, so that these stay lower bounds). Compute
+steps cost ``max(bytes/BW, FLOPs/peak) + launch``. The formulas below follow each algorithm's step
 order (the schedule generators' docstrings) and propagate per-rank ready times:
 
 * tree, up: ``T(v) = fold over children c (reduce order) of max(T, T(c) + send + wire) + recv
@@ -44,10 +45,10 @@ def tree_up(cm: CostModel, start, tree: Tree, nbytes: float) -> list[float]:
     for v in reversed(tree.pre_order):
         now = t[v]
         for c in tree.reduce_order(v):
-            now = max(now, arrive[c]) + cm.recv_s + cm.compute(v, 3 * nbytes)
+            now = max(now, arrive[c]) + cm.least_recv_s + cm.compute(v, 3 * nbytes)
         u = tree.parent[v]
         if u >= 0:
-            now += cm.send_s
+            now += cm.least_send_s
             arrive[v] = now + cm.wire(v, u, nbytes)
         t[v] = now
     return t
@@ -60,9 +61,9 @@ def tree_down(cm: CostModel, start, tree: Tree, nbytes: float) -> list[float]:
     for v in tree.pre_order:
         now = t[v]
         if tree.parent[v] >= 0:
-            now = max(now, arrive[v]) + cm.recv_s
+            now = max(now, arrive[v]) + cm.least_recv_s
         for c in tree.bcast_order(v):
-            now += cm.send_s
+            now += cm.least_send_s
             arrive[c] = now + cm.wire(v, c, nbytes)
         t[v] = now
     return t
@@ -90,8 +91,8 @@ def butterfly(cm: CostModel) -> float:
     if p & (p - 1) == 0:
         k = 1
         while k < p:
-            sent = [t[r] + cm.send_s for r in range(p)]
-            t = [max(sent[r], sent[r ^ k] + cm.wire(r ^ k, r, n)) + cm.recv_s + merge[r]
+            sent = [t[r] + cm.least_send_s for r in range(p)]
+            t = [max(sent[r], sent[r ^ k] + cm.wire(r ^ k, r, n)) + cm.least_recv_s + merge[r]
                  for r in range(p)]
             k <<= 1
         return max(t)
@@ -116,10 +117,10 @@ def _cyclic_round(cm: CostModel, t: list[float], dist: int, n: float, messages: 
     for r in range(p):
         src = (r + dist) % p
         wire, serial = cm.wire(src, r, n), cm.wire(src, r, n) - cm.wire(src, r, 0)
-        now, arrival = t[r] + messages * cm.send_s, 0.0
+        now, arrival = t[r] + messages * cm.least_send_s, 0.0
         for i in range(messages):
-            arrival = max(t[src] + (i + 1) * cm.send_s + wire, arrival + serial)
-            now = max(now, arrival) + cm.recv_s
+            arrival = max(t[src] + (i + 1) * cm.least_send_s + wire, arrival + serial)
+            now = max(now, arrival) + cm.least_recv_s
         out.append(now + merges[r])
     return out
 
@@ -129,12 +130,12 @@ def allgather(cm: CostModel) -> float:
     attn = cm.attention_vec()
     end = 0.0
     for r in range(p):
-        now = attn[r] + (p - 1) * cm.send_s
+        now = attn[r] + (p - 1) * cm.least_send_s
         merge = cm.compute(r, 3 * n)
         for j in range(1, p):
             src = (r - j) % p
-            arrival = attn[src] + j * cm.send_s + cm.wire(src, r, n)
-            now = max(now, arrival) + cm.recv_s + merge
+            arrival = attn[src] + j * cm.least_send_s + cm.wire(src, r, n)
+            now = max(now, arrival) + cm.least_recv_s + merge
         end = max(end, now)
     return end
 
@@ -158,12 +159,12 @@ def ring(cm: CostModel) -> float:
     for i in range(p - 1):
         held = (ranks - i) % p
         work = cm.compute_vec(att[held], fl[held]) + (merge if i else 0.0)
-        sent = t + cm.send_s
+        sent = t + cm.least_send_s
         size = kv[(prv - i) % p]
         arrival = np.maximum(sent[prv] + cm.wire_vec(prv, ranks, size),
                              last_arrival + size * inv_min)
         last_arrival = arrival
-        t = np.maximum(sent + work, arrival) + cm.recv_s
+        t = np.maximum(sent + work, arrival) + cm.least_recv_s
     last = (ranks + 1) % p
     return float(np.max(t + cm.compute_vec(att[last], fl[last]) + merge))
 
@@ -177,9 +178,9 @@ def ring_allreduce(cm: CostModel, start, payload: str, op_merge: bool = True) ->
         for s in range(p - 1):
             send_c = (ranks + int(replace) - s) % p
             recv_c = (ranks - s - (0 if replace else 1)) % p
-            sent = t + cm.send_s
+            sent = t + cm.least_send_s
             arrival = sent[prv] + cm.wire_vec(prv, ranks, sizes[send_c[prv]])
-            t = np.maximum(sent, arrival) + cm.recv_s
+            t = np.maximum(sent, arrival) + cm.least_recv_s
             if not replace:
                 t = t + cm.compute_vec(3 * sizes[recv_c])
     return t
@@ -235,10 +236,10 @@ def ring_passq(cm: CostModel, schedule) -> float:
     inv_min = cm.pair_summary(prv, ranks)[:, 1]
     t, last_arrival = np.zeros(p), np.full(p, -np.inf)
     for _ in range(p - 1):
-        sent = t + cm.send_s
+        sent = t + cm.least_send_s
         arrival = np.maximum(sent[prv] + cm.wire_vec(prv, ranks, qb), last_arrival + qb * inv_min)
         last_arrival = arrival
-        t = np.maximum(sent + work, arrival) + cm.recv_s
+        t = np.maximum(sent + work, arrival) + cm.least_recv_s
     tails = [steps[next(i for i, s in enumerate(steps) if isinstance(s, Collective)):]
              for steps in schedule.steps]
     return collective_steps(cm, tails, list(t + work))

@@ -62,6 +62,7 @@ import math
 from dataclasses import dataclass, field
 
 from treeattn.sim.cold import ColdSteps
+from treeattn.sim.partial_reduction import ProgramCosts
 from treeattn.sim.payloads import SimError
 from treeattn.topo.hardware import GPU_SPECS
 
@@ -167,6 +168,8 @@ class BackendModel:
     collectives: tuple[tuple[str, int, float, float], ...] = ()
     # A GPU cluster's calibration from nccl-tests (treeattn.sim.nccl_fit), if any.
     calibration: object = field(default=None, compare=False, hash=False)
+    # CPU ranks of one host: the C program's message costs (treeattn.sim.partial_reduction)
+    program: ProgramCosts | None = None
 
     def __post_init__(self) -> None:
         if self.send_s < 0 or self.recv_s < 0:

@@ -13,6 +13,9 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   simpy event at that moment. ``Recv`` waits for the arrival, then pays ``recv_s``.
 * With a calibrated ``HardwareModel.cold``, the first merge, send, receive and collective
   after a rank's attention kernel also pay what running cold costs (:mod:`treeattn.sim.cold`).
+* A rank whose steps the runtime runs as one C program (a plain reduction of partials with a
+  calibrated ``BackendModel.program``, :mod:`treeattn.sim.partial_reduction`) pays the
+  program's message costs instead, and no cold extras.
 * A message is cut into chunks (:mod:`treeattn.sim.network`) that cross the route with
   cut-through pipelining: a chunk holds each link for ``chunk / bandwidth`` (and until its
   tail has arrived), and its head reaches the next link ``latency`` after it started on
@@ -72,6 +75,9 @@ class _Run:
         # per rank: the calibrated cold-step costs and the kinds still cold (treeattn.sim.cold)
         self.cold_costs = [h.cold for h in self.c.hardware]
         self.cold: list[set] = [set() for _ in range(schedule.world)]
+        # ranks whose steps run as one C program: its message costs, and nothing runs cold
+        self.programmed = [costs.program is not None and costs.program.takes(steps)
+                           for steps in schedule.steps]
         # ranks whose core pool has fewer servers than ranks: their host work queues too
         sharing: dict[int, int] = {}
         for pool in self.cores:
@@ -154,7 +160,7 @@ class _Run:
                 costs = self.cold_costs[r]
                 streams = (costs is not None and isinstance(step, Compute)
                            and costs.makes_cold(step.label, step.nbytes))
-                if not streams:
+                if not streams and not self.programmed[r]:
                     duration += self._cold_extra(r, "merge")
                 if self.cores[r] is None:
                     t += duration
@@ -163,7 +169,8 @@ class _Run:
                 if streams:
                     self.cold[r].update(KINDS)
             elif isinstance(step, Send):
-                host = c.send_s + self._cold_extra(r, "send")
+                host = (c.program.send_s if self.programmed[r]
+                        else c.send_s + self._cold_extra(r, "send"))
                 t = (yield from self._crowded_host(r, t, host)) if self.crowded[r] else t + host
                 self.post(r, i, step, t)
             elif isinstance(step, Collective):
@@ -179,7 +186,8 @@ class _Run:
                 if info[3] > t:
                     self.cause[r][i] = info
                     t = info[3]
-                host = c.recv_s + self._cold_extra(r, "recv")
+                host = (c.program.recv_s if self.programmed[r]
+                        else c.recv_s + self._cold_extra(r, "recv"))
                 t = (yield from self._crowded_host(r, t, host)) if self.crowded[r] else t + host
             self.start[r][i], self.end[r][i] = start, t
         self.finished += 1

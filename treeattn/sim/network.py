@@ -210,6 +210,11 @@ class CostModel:
         self.net = Network(topology, self.backend, chunk_bytes, max_chunks)
         self.send_s = self.backend.send_s
         self.recv_s = self.backend.recv_s
+        # Ranks that run as a C program pay its message costs (treeattn.sim.partial_reduction);
+        # the closed-form lower bounds take the cheaper of the two.
+        self.program = self.backend.program
+        self.least_send_s = min(self.send_s, self.program.send_s if self.program else math.inf)
+        self.least_recv_s = min(self.recv_s, self.program.recv_s if self.program else math.inf)
         self.bw = np.array([h.memory_bandwidth_Bps for h in self.hardware])
         self.shaped = any(h.bandwidth_shape for h in self.hardware)
         self.flops = np.array([h.peak_flops for h in self.hardware])

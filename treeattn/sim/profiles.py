@@ -7,7 +7,7 @@ checked, and turned into the simulator's models (:mod:`treeattn.sim.devices`).
      "p2p": {"latency_s": α, "bandwidth_Bps": β, "sizes": [...], "times_s": [...]},
      "allreduce": {"latency_s": ..., "sizes": [...], "times_s": [...]},
      "attention": {"bandwidth_Bps": ..., "launch_s": ..., "threads_per_rank": 1},
-     "executor": {"step_overhead_s": ...},  # optional
+     "executor": {"step_overhead_s": ..., "program_step_s": ...},  # optional
      "pinned": bool,  # optional: the launcher bound each rank to a core
      "cold": {"merge_s": ..., "message_s": ..., "collectives_s": {...}, ...},  # optional
      "machine": {...}}
@@ -45,6 +45,7 @@ from pathlib import Path
 
 from treeattn.sim.cold import cold_from_profile
 from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
+from treeattn.sim.partial_reduction import ProgramCosts
 from treeattn.sim.payloads import SimError
 
 VERSION = 1
@@ -178,7 +179,33 @@ def backend_from_profile(profile: dict) -> BackendModel:
     alpha = float(profile["p2p"]["latency_s"])
     step = executor_step_overhead(profile)
     return BackendModel(str(profile.get("backend", "gloo")), alpha / 2 + step, alpha / 2 + step,
-                        collectives=_collective_fits(profile))
+                        collectives=_collective_fits(profile),
+                        program=program_costs(profile, alpha))
+
+
+def program_costs(profile: dict, alpha: float) -> ProgramCosts | None:
+    """The C program's cost per message step (optional ``executor.program_step_s``, with
+    ``program_message_bytes`` and ``program_tags``): α/2 plus the calibrated step cost, at
+    least zero, on each end. None when the profile has none (no program ran there).
+
+    >>> program_costs({"executor": {"program_step_s": -3e-6, "program_message_bytes": 65536,
+    ...                             "program_tags": 8}}, 10e-6).send_s
+    2e-06
+    """
+    section = profile.get("executor")
+    if not isinstance(section, dict) or "program_step_s" not in section:
+        return None
+    try:
+        step = float(section["program_step_s"])
+        limit, tags = int(section["program_message_bytes"]), int(section["program_tags"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SimError(f"calibration profile: executor's program entries are malformed "
+                       f"({exc})") from None
+    if not math.isfinite(step) or limit <= 0 or tags <= 0:
+        raise SimError("calibration profile: executor's program entries must be finite, "
+                       "with a positive message limit and tag count")
+    host = max(0.0, alpha / 2 + step)
+    return ProgramCosts(host, host, limit, tags)
 
 
 def executor_step_overhead(profile: dict) -> float:
