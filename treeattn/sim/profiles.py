@@ -189,8 +189,8 @@ def program_costs(profile: dict, alpha: float) -> ProgramCosts | None:
     least zero, on each end. None when the profile has none (no program ran there).
 
     >>> program_costs({"executor": {"program_step_s": -3e-6, "program_message_bytes": 65536,
-    ...                             "program_tags": 8}}, 10e-6).send_s
-    2e-06
+    ...                             "program_tags": 8}}, 10e-6).send_s * 1e6
+    2.0...
     """
     section = profile.get("executor")
     if not isinstance(section, dict) or "program_step_s" not in section:
