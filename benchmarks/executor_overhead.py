@@ -2,7 +2,7 @@
 
 World 2 on this machine (gloo on loopback, one torch thread per rank), tiny payloads (B=1,
 Hq=Hkv=1, D=8, 4 tokens per shard) so data costs nothing. For each schedule (butterfly,
-tree) the variants ``executor``, ``raw``, ``raw+kernels`` and ``raw-gloo`` of
+tree) the variants ``executor``, ``program``, ``raw``, ``raw+kernels`` and ``raw-gloo`` of
 :func:`treeattn.runtime.overhead.time_variants` run the same messages in one process group,
 interleaved within every repetition. ``raw`` goes through the executor's transport (small
 messages between ranks of one host take shared memory, ``treeattn/runtime/shm.py``);
@@ -14,7 +14,10 @@ lines the ranks up, not timed) and takes the max over ranks; per-run time is tha
 median and p10–p90 over repetitions, and the ratio executor / raw computed per repetition
 (so both sides of a ratio saw the same machine load).
 
-``treeattn calibrate`` uses the same timing to record ``executor.step_overhead_s``. Run:
+``program`` is the executor running each rank's steps as one C call
+(:mod:`treeattn.runtime.shm_program`), as ``run`` and ``generate`` do on CPU ranks of one host;
+``executor`` keeps its Python steps. ``treeattn calibrate`` uses the same timing to record
+``executor.step_overhead_s`` and ``executor.program_step_s``. Run:
 ``.venv/bin/python benchmarks/executor_overhead.py [--reps N]``. Writes
 ``benchmarks/results/executor_overhead.json`` and ``.md``.
 """
@@ -71,6 +74,10 @@ def summarize(raw: dict) -> dict:
             "ratio_executor_raw_kernels": _stats(per_run["executor"] / per_run["raw+kernels"]),
             "overhead_per_step_s": _stats((per_run["executor"] - per_run["raw+kernels"]) / steps),
             "overhead_per_message_s": _stats(overhead_per_message(r)),
+            "programs": r["programs"],
+            "ratio_program_raw": _stats(per_run["program"] / per_run["raw"]),
+            "ratio_program_executor": _stats(per_run["program"] / per_run["executor"]),
+            "program_per_message_s": _stats(overhead_per_message(r, "program")),
         }
     return rows
 
@@ -80,7 +87,10 @@ def profile_section(rows: dict) -> dict:
     the executor's cost beyond raw messages + kernels, per Send/Recv step, the smallest median
     over the schedules (never negative)."""
     per_msg = min(r["overhead_per_message_s"]["median"] for r in rows.values())
-    return {"executor": {"step_overhead_s": max(0.0, per_msg)}}
+    section = {"step_overhead_s": max(0.0, per_msg)}
+    if all(r["programs"] for r in rows.values()):  # as calibration records it (tree's)
+        section["program_step_s"] = rows["tree"]["program_per_message_s"]["median"]
+    return {"executor": section}
 
 
 def markdown(rows: dict, meta: dict) -> str:
@@ -94,27 +104,34 @@ def markdown(rows: dict, meta: dict) -> str:
         f"max over ranks. Load average at start {meta['load_avg_start'][0]:.1f}, at end "
         f"{meta['load_avg_end'][0]:.1f}: the machine is shared; compare ratios, not times.", "",
         "Per-step host time in µs, median (p10–p90); ratio per repetition, median (p10–p90).", "",
-        "| schedule | steps | msgs | executor | raw | raw+kernels | raw gloo | exec/raw "
-        "| exec/(raw+kernels) | exec/raw gloo | exec − (raw+kernels) per step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| schedule | steps | msgs | executor | program | raw | raw+kernels | raw gloo "
+        "| exec/raw | exec/(raw+kernels) | exec/raw gloo | exec − (raw+kernels) per step "
+        "| program/raw | program/exec |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for algorithm, r in rows.items():
         p = r["per_step_s"]
         lines.append(
             f"| {algorithm} | {r['steps_busiest_rank']} | {r['messages_busiest_rank']} "
-            f"| {us(p['executor'])} | {us(p['raw'])} | {us(p['raw+kernels'])} "
-            f"| {us(p['raw-gloo'])} | {x(r['ratio_executor_raw'])} "
+            f"| {us(p['executor'])} | {us(p['program'])} | {us(p['raw'])} "
+            f"| {us(p['raw+kernels'])} | {us(p['raw-gloo'])} | {x(r['ratio_executor_raw'])} "
             f"| {x(r['ratio_executor_raw_kernels'])} | {x(r['ratio_executor_raw_gloo'])} "
-            f"| {us(r['overhead_per_step_s'])} |")
+            f"| {us(r['overhead_per_step_s'])} | {x(r['ratio_program_raw'])} "
+            f"| {x(r['ratio_program_executor'])} |")
     lines += ["", f"raw: plain isend/irecv + wait of preallocated buffers, same sizes, "
               f"order, peers and tags, through the executor's transport "
               f"(`{meta['transport']}`). raw+kernels adds the same kernel calls "
               "(partial_attention, merge) on preallocated tensors. raw gloo: raw through "
-              "torch.distributed's gloo directly.", "",
+              "torch.distributed's gloo directly. program: the executor running the rank's "
+              "steps as one C call (`treeattn/runtime/shm_program.py`)"
+              + ("" if all(r["programs"] for r in rows.values())
+                 else "; it did not apply here, so it repeats the executor") + ".", "",
               "Profile key for the simulator (the JSON's `profile`): "
               f"`executor.step_overhead_s` = "
               f"{profile_section(rows)['executor']['step_overhead_s'] * 1e6:.1f} µs "
-              "per Send/Recv step.", ""]
+              "per Send/Recv step for the Python steps; `executor.program_step_s` = "
+              f"{profile_section(rows)['executor'].get('program_step_s', float('nan')) * 1e6:.1f}"
+              " µs for the program (relative to raw+kernels, so it may be negative).", ""]
     return "\n".join(lines) + "\n"
 
 
