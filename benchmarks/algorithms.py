@@ -111,14 +111,17 @@ class BenchJob:
         return profile, out
 
 
-def run_world(world: int, seq_lens: tuple[int, ...], quick: bool) -> dict:
+def run_world(world: int, seq_lens: tuple[int, ...], quick: bool,
+              timing: dict | None = None) -> dict:
+    """Every algorithm at every seq_len on ``world`` local ranks, calibrated once; ``timing``
+    (``steps``, ``min_time_s``) overrides the mode's, as the repeatability benchmark does."""
     budget = MEMORY_BUDGET * mem_available()
     requests = []
+    settings = timing if timing is not None else (QUICK if quick else {})
     for n in seq_lens:
         algorithms = tuple(a for a in ALGORITHM_NAMES
                            if a != "ring" or ring_bytes(n, world) <= budget)
-        requests.append(replace(BASE, seq_lens=(n,), algorithms=algorithms,
-                                **(QUICK if quick else {})))
+        requests.append(replace(BASE, seq_lens=(n,), algorithms=algorithms, **settings))
     max_bytes = max(largest_message_bytes(r, world) for r in requests)
     profile, parts = launch(BenchJob(requests, max_bytes), world,
                             LaunchOptions(timeout_s=180.0, deadline_s=1500.0))
