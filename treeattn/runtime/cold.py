@@ -49,7 +49,7 @@ from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import AttnDims
 
 PROBE_BYTES = 32 << 20  # K+V read before a cold sample: 16x a 2 MiB L2, like a 16k shard
-SAMPLES = 15  # per quantity and mode; each cold one costs a probe (a few ms)
+SAMPLES = 25  # per quantity and mode; each cold one costs a probe (a few ms)
 COLD_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
@@ -145,19 +145,24 @@ def collective_call(ctx: RankContext, op: str, nbytes: int):
     return calls[op]
 
 
-def _collective_after_kernel(ctx: RankContext, op: str, nbytes: int, q, kv) -> float:
-    """Median seconds of ``op`` run right after every rank's kernel, from the last member
-    entering to the last leaving: the whole price, not an extra (see the module doc)."""
-    call = collective_call(ctx, op, nbytes)
-    call()  # the buffers' first touch is not part of any step
-    samples = []
+def _collectives_after_kernel(ctx: RankContext, nbytes: int, q, kv) -> dict[str, float]:
+    """Median seconds of each of :data:`COLD_OPS` run right after every rank's kernel, from
+    the last member entering to the last leaving: the whole price, not an extra (see the
+    module doc). The ops take turns sample by sample, so a burst of another process's work
+    lands on all of them a little rather than on one of them wholly (it moved one op's
+    median by 10% between calibrations when each op took its samples in a row)."""
+    calls = {op: collective_call(ctx, op, nbytes) for op in COLD_OPS}
+    for call in calls.values():
+        call()  # the buffers' first touch is not part of any step
+    samples: dict[str, list[float]] = {op: [] for op in COLD_OPS}
     for _ in range(SAMPLES):
-        partial_attention(q, kv[0], kv[1])
-        entered = time.perf_counter()
-        call()
-        stamps = _all_times(ctx, entered, time.perf_counter())
-        samples.append(max(s[1] for s in stamps) - max(s[0] for s in stamps))
-    return statistics.median(samples)
+        for op, call in calls.items():
+            partial_attention(q, kv[0], kv[1])
+            entered = time.perf_counter()
+            call()
+            stamps = _all_times(ctx, entered, time.perf_counter())
+            samples[op].append(max(s[1] for s in stamps) - max(s[0] for s in stamps))
+    return {op: statistics.median(times) for op, times in samples.items()}
 
 
 def l2_bytes(default: int = 2 << 20) -> int:
@@ -190,6 +195,5 @@ def measure_cold_steps(ctx: RankContext, dims: AttnDims) -> dict:
         "message_s": _message_extra(ctx, dims, q, kv),
         "world": ctx.world,
         "collective_bytes": partial_bytes,
-        "collectives_s": {op: _collective_after_kernel(ctx, op, partial_bytes, q, kv)
-                          for op in COLD_OPS},
+        "collectives_s": _collectives_after_kernel(ctx, partial_bytes, q, kv),
     }
