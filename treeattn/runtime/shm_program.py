@@ -8,15 +8,15 @@ and that capped generation at 1.7x one process. ``native/shm_program.c`` runs th
 call, on the same mailboxes and protocol as :mod:`treeattn.runtime.shm`, with the merge
 reading the peer's partial straight from its mailbox.
 
-Which schedules: :func:`compile_program` accepts a rank's steps when the first is its
-``attention`` and every later one is a Send or Recv of the whole ``partial`` through a
-mailbox, or a partial Merge right after the Recv it merges: tree, butterfly and the
-tree-shaped reductions of every world size. Anything else (KV blocks, chunks, collectives,
-messages over a slot) returns None and the executor keeps its Python steps, as it does
-with ``TREEATTN_SHM_PROGRAM=0``. The executor also
-keeps them for a run that walks memory (:meth:`Executor.run`'s first run of a shape), so both
-paths run in every executor's life, and for any run that starts with mailbox sends still
-deferred by an earlier Python run.
+Which schedules: :func:`compile_program` takes a rank's steps when they are a plain
+reduction of partials (:func:`treeattn.sim.partial_reduction.reduction_ops`, the rule the
+simulator prices by: the attention, then whole-partial sends, receives, and merges right after
+the receive they merge; tree and all-gather at every world size, butterfly at powers of two)
+and every message fits a mailbox. Anything else (KV blocks, chunks, collectives, messages over
+a slot) returns None and the executor keeps its Python steps, as it does with
+``TREEATTN_SHM_PROGRAM=0``. The executor also keeps them for a run that walks memory
+(:meth:`Executor.run`'s first run of a shape), so both paths run in every executor's life,
+and for any run that starts with mailbox sends still deferred by an earlier Python run.
 
 The timeline keeps the schedule's step indices: a fused receive-and-merge reports the
 receive up to the message's arrival and the merge from there, timed by the C code with the
@@ -69,6 +69,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         return None, f"the shared-memory program library is unavailable: {exc}"
     fn = lib.treeattn_shm_program
     fn.restype = ctypes.c_int
+    # fixed per program: ops, n_ops, scratch, rows, d, spin_s, stamps, failed;
+    # per call: attention (kernel arguments or NULL), scale, running, out, timeout_s
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 2
                    + [ctypes.c_double] + [ctypes.c_void_p] * 3 + [ctypes.c_float]
                    + [ctypes.c_void_p] * 2 + [ctypes.c_double])
@@ -87,7 +89,6 @@ class ShmProgram:
                  rows: int, head_dim: int) -> None:
         """``ops``: (kind, mailbox, first step index, peer) per op; ``names``: the steps'
         names; ``rows`` = B·Hq."""
-        self.rows, self.head_dim = rows, head_dim
         self.numel = rows * (head_dim + 1)  # one packed partial
         nbytes = self.numel * 4
         n = len(ops)

@@ -24,7 +24,6 @@
  * peer; the program returns only when every send has been pushed.
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <linux/futex.h>
 #include <stdint.h>
 #include <string.h>
@@ -130,7 +129,7 @@ static int wait_for(int64_t header, deferred_t *q, double spin_s, double timeout
 /* Run `n_ops` ops on the packed partial `running` (rows x d of o, then rows of lse, fp32).
  * With `attention` non-NULL, first compute `running` with the decode kernel
  * (treeattn/kernels/native/decode_partial.c), whose arguments after the scale, up to its
- * outputs, are `attention[1..15]` (q's address at [0]): the step that follows a kernel then
+ * outputs, are `attention[1..14]` (q's address at [0]): the step that follows a kernel then
  * starts without a trip through Python, whose state the kernel has just evicted.
  * `scratch` holds one partial per receive: no buffer is written twice in a run, so a
  * deferred send's source stays intact however long it waits. The result is copied into
