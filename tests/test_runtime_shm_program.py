@@ -332,3 +332,20 @@ def test_the_executors_program_runs_equal_its_python_runs(algorithm, world):
         assert all(torch.equal(x, y) for x, y in zip(python_run, program_run, strict=True))
         torch.testing.assert_close(program_run[0], ref_o, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(program_run[1], ref_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_a_query_or_partial_that_does_not_fit_the_program_is_refused_not_written():
+    a, b = _channels(2)
+    program = _two_rank_exchange([a, b], DIMS)[0]  # 1 x 2 rows of 8
+    kv = torch.randn(2, 1, 1, 40, 16)  # (2, B, Hkv, T, D): D = 16, not the schedule's 8
+    with _one_thread(), pytest.raises(RuntimeFailure, match="rows of 8"):
+        program.run(torch.randn(1, 2, 16), kv, 0.25, lambda: None, 0, 1.0)
+    with pytest.raises(RuntimeFailure, match="for a program of 18"):
+        program.run(**_given(torch.zeros(36)), rank=0, timeout_s=1.0)
+    assert a.box(0, 1, 0).ctrl[0] == 0  # nothing was sent
+
+
+def test_kernel_backends_other_than_native_keep_the_python_steps(monkeypatch):
+    """Their merge is not the C one, so a program would not give the Python path's bits."""
+    monkeypatch.setenv("TREEATTN_KERNEL", "torch")
+    assert _two_rank_exchange(_channels(2), DIMS) == [None, None]

@@ -106,25 +106,45 @@ def test_messages_past_the_mailboxes_keep_the_python_costs(steps):
     assert makespan(steps, PROGRAM) == pytest.approx(makespan(steps), rel=1e-12)
 
 
+def test_groups_without_mailboxes_keep_the_python_costs():
+    """More ranks than get a segment, or ranks on two hosts: no program runs there."""
+    small = ProgramCosts(1e-6, 2e-6, 65536, 8, max_world=1)
+    assert makespan(exchange(), small) == pytest.approx(makespan(exchange()), rel=1e-12)
+    two_hosts = Topology.from_spec("dgx-h100:nodes=2")
+    schedule = build_schedule("tree", two_hosts, W)
+    python = BackendModel("toy", SEND_S, RECV_S)
+    with_program = BackendModel("toy", SEND_S, RECV_S, program=PROGRAM)
+    assert (simulate(schedule, two_hosts, W, None, with_program).makespan_s
+            == pytest.approx(simulate(schedule, two_hosts, W, None, python).makespan_s,
+                             rel=1e-12))
+
+
 def test_the_profile_gives_the_program_alpha_half_plus_its_step_never_below_zero():
     base = copy.deepcopy(PROFILE)
     base["p2p"]["latency_s"] = 10e-6
     base["executor"] = {"step_overhead_s": 4e-6, "program_message_bytes": 65536,
-                        "program_tags": 8}
+                        "program_tags": 8, "program_max_world": 8}
     assert backend_from_profile(base).program is None  # no program ran there
     base["executor"]["program_step_s"] = -2e-6
     backend = backend_from_profile(base)
     assert backend.send_s == pytest.approx(9e-6)  # α/2 + the Python steps' overhead
     assert backend.program.send_s == pytest.approx(3e-6)
     assert program_costs({"executor": {"program_step_s": -9e-6, "program_message_bytes": 1,
-                                       "program_tags": 1}}, 10e-6).recv_s == 0.0
+                                       "program_tags": 1, "program_max_world": 2}},
+                         10e-6).recv_s == 0.0
 
 
 @pytest.mark.parametrize("section", [
-    {"program_step_s": "x", "program_message_bytes": 1, "program_tags": 1},
-    {"program_step_s": 1e-6, "program_tags": 1},
-    {"program_step_s": float("nan"), "program_message_bytes": 1, "program_tags": 1},
-    {"program_step_s": 1e-6, "program_message_bytes": 0, "program_tags": 1},
+    {"program_step_s": "x", "program_message_bytes": 1, "program_tags": 1,
+     "program_max_world": 8},
+    {"program_step_s": 1e-6, "program_tags": 1, "program_max_world": 8},
+    {"program_step_s": float("nan"), "program_message_bytes": 1, "program_tags": 1,
+     "program_max_world": 8},
+    {"program_step_s": 1e-6, "program_message_bytes": 0, "program_tags": 1,
+     "program_max_world": 8},
+    {"program_step_s": 1e-6, "program_message_bytes": 1, "program_tags": 1},
+    {"program_step_s": 1e-6, "program_message_bytes": 1, "program_tags": 1,
+     "program_max_world": 1},
 ])
 def test_malformed_program_entries_are_a_clear_error(section):
     with pytest.raises(SimError, match="program entries"):

@@ -43,7 +43,7 @@ from treeattn.kernels import merge_packed, partial_attention
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.plans import build, local_topology, workload_for
-from treeattn.runtime.shm import MAX_TAGS, SLOT_BYTES
+from treeattn.runtime.shm import MAX_TAGS, SLOT_BYTES, max_world
 from treeattn.runtime.wire import AttnDims, kv_message_lengths, message_numel
 from treeattn.sim.schedule import Compute, Merge, Recv, Send
 
@@ -154,7 +154,7 @@ def measure_step_overhead(ctx: RankContext, reps: int = CALIBRATION_REPS) -> dic
     - where the ranks ran as a program: ``program_step_s``, the program's median host time
       per message step beyond raw+kernels (signed: the C call can beat Python's raw
       messages, which the ping-pong α is measured with), and the mailboxes' limits
-      ``program_message_bytes`` and ``program_tags``."""
+      ``program_message_bytes``, ``program_tags`` and ``program_max_world``."""
     result = time_variants(ctx, "tree", reps)
     runs = {v: np.asarray(t) for v, t in result["per_run_s"].items()}
     section = {"step_overhead_s": max(0.0, float(np.median(overhead_per_message(result)))),
@@ -162,5 +162,6 @@ def measure_step_overhead(ctx: RankContext, reps: int = CALIBRATION_REPS) -> dic
                "schedule": "tree", "reps": reps}  # fmt: skip
     if result["programs"]:
         section.update(program_step_s=float(np.median(overhead_per_message(result, "program"))),
-                       program_message_bytes=SLOT_BYTES, program_tags=MAX_TAGS)
+                       program_message_bytes=SLOT_BYTES, program_tags=MAX_TAGS,
+                       program_max_world=max_world())
     return section

@@ -81,6 +81,18 @@ def segment_bytes(world: int) -> int:
     return world * world * (MAX_TAGS + 1) * _box_bytes()
 
 
+def max_world() -> int:
+    """The largest group that gets mailboxes (:data:`MAX_SEGMENT_BYTES`): 8.
+
+    >>> max_world()
+    8
+    """
+    world = 1
+    while segment_bytes(world + 1) <= MAX_SEGMENT_BYTES:
+        world += 1
+    return world
+
+
 class _Mailbox:
     """One (sender, receiver, tag) slot: numpy views of its counters and its payload."""
 

@@ -46,6 +46,7 @@ import torch
 
 from treeattn.kernels import cpu_native, partial_attention_path
 from treeattn.kernels.checks import check_partial_inputs
+from treeattn.kernels.dispatch import choose_backend
 from treeattn.runtime.errors import RankTimeout, RuntimeFailure
 from treeattn.runtime.group import silent_ranks_text
 from treeattn.runtime.wire import message_numel
@@ -89,6 +90,7 @@ class ShmProgram:
                  rows: int, head_dim: int) -> None:
         """``ops``: (kind, mailbox, first step index, peer) per op; ``names``: the steps'
         names; ``rows`` = B·Hq."""
+        self.rows, self.head_dim = rows, head_dim
         self.numel = rows * (head_dim + 1)  # one packed partial
         nbytes = self.numel * 4
         n = len(ops)
@@ -97,8 +99,9 @@ class ShmProgram:
         self.peers = [peer for _, _, _, peer in ops]
         self.bytes_sent = nbytes * sum(kind == OP_SEND for kind, _, _, _ in ops)
         receives = n - sum(kind == OP_SEND for kind, _, _, _ in ops)
-        self.running = torch.empty(self.numel)  # (B·Hq·(D+1),) the attention's partial
-        self.scratch = torch.empty(max(1, receives) * self.numel)  # a partial per receive
+        self.running = torch.empty(self.numel, dtype=torch.float32)  # the attention's partial
+        # a partial per receive
+        self.scratch = torch.empty(max(1, receives) * self.numel, dtype=torch.float32)
         self.plans: dict[tuple, tuple | bool] = {}  # input signature -> _kernel_plan
         # attention start, end; each op's start, end; each receive's arrival (the C file's)
         self.stamps = np.zeros(2 + 3 * n)
@@ -140,7 +143,11 @@ class ShmProgram:
             begin = time.perf_counter()
             running = attend()  # (B·Hq·(D+1),) fp32
             python_span = (begin, time.perf_counter())
-        out = torch.empty(self.numel)  # (B·Hq·(D+1),)
+            if (running.numel() != self.numel or running.dtype != torch.float32
+                    or not running.is_contiguous()):  # the C code reads numel floats
+                raise RuntimeFailure(f"rank {rank}: a partial of {running.numel()} "
+                                     f"{running.dtype} values for a program of {self.numel}")
+        out = torch.empty(self.numel, dtype=torch.float32)  # (B·Hq·(D+1),)
         status = self.call(*self.fixed, attention, scale, running.data_ptr(), out.data_ptr(),
                            timeout_s)
         if python_span is not None:
@@ -163,6 +170,10 @@ class ShmProgram:
         if kv.shape[3] == 0:
             return False  # the empty shard's partial is the executor's shared identity
         scale = check_partial_inputs(q, k, v, scale, None)  # errors as the Python path's
+        if q.shape[0] * q.shape[1] != self.rows or q.shape[2] != self.head_dim:
+            # the kernel writes q's rows into a buffer sized by the schedule's dims
+            raise RuntimeFailure(f"query of shape {tuple(q.shape)} for a schedule of "
+                                 f"{self.rows} rows of {self.head_dim}")
         if partial_attention_path(q, k, v, None) != "native":
             return False
         q32, args = cpu_native.decode_arguments(q, k, v)
@@ -181,7 +192,10 @@ class ShmProgram:
         if op >= len(self.peers):
             return RankTimeout(f"rank {rank}: timed out after {timeout_s:g}s pushing its sends "
                                f"of 'partial'{silent_ranks_text()}")
-        peer = self.peers[op] if op >= 0 else None
+        if op < 0:
+            return RuntimeFailure(f"rank {rank}: the C attention kernel refused the shard's "
+                                  f"shape (status {status})")
+        peer = self.peers[op]
         if status == TIMED_OUT:
             return RankTimeout(f"rank {rank}: timed out after {timeout_s:g}s waiting for rank "
                                f"{peer} (receive of 'partial'){silent_ranks_text()}")
@@ -198,6 +212,8 @@ def compile_program(steps, names: list[str], rank: int, channel, dims) -> ShmPro
     :func:`treeattn.sim.partial_reduction.reduction_ops`, the rule the simulator prices by."""
     if channel is None or dims.dtype("partial") != torch.float32:
         return None
+    if choose_backend(torch.device("cpu")) != "native":
+        return None  # merge_packed would not take the C merge: results would differ
     if os.environ.get(ENV_SWITCH, "1").strip() == "0":
         return None
     ops = reduction_ops(steps)

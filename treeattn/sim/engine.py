@@ -15,7 +15,8 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   after a rank's attention kernel also pay what running cold costs (:mod:`treeattn.sim.cold`).
 * A rank whose steps the runtime runs as one C program (a plain reduction of partials with a
   calibrated ``BackendModel.program``, :mod:`treeattn.sim.partial_reduction`) pays the
-  program's message costs instead, and no cold extras.
+  program's message costs instead, and no cold extras (in a group that gets the mailboxes:
+  one host, at most ``program.max_world`` ranks).
 * A message is cut into chunks (:mod:`treeattn.sim.network`) that cross the route with
   cut-through pipelining: a chunk holds each link for ``chunk / bandwidth`` (and until its
   tail has arrived), and its head reaches the next link ``latency`` after it started on
@@ -76,8 +77,10 @@ class _Run:
         self.cold_costs = [h.cold for h in self.c.hardware]
         self.cold: list[set] = [set() for _ in range(schedule.world)]
         # ranks whose steps run as one C program: its message costs, and nothing runs cold
-        self.programmed = [costs.program is not None and costs.program.takes(steps)
-                           for steps in schedule.steps]
+        program, world = costs.program, schedule.world
+        one_host = len({costs.topology.host_of(r) for r in range(world)}) == 1
+        grouped = program is not None and program.runs(world, one_host)
+        self.programmed = [grouped and program.takes(steps) for steps in schedule.steps]
         # ranks whose core pool has fewer servers than ranks: their host work queues too
         sharing: dict[int, int] = {}
         for pool in self.cores:

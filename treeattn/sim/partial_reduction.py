@@ -35,10 +35,16 @@ class ProgramCosts:
     recv_s: float
     max_bytes: int  # the largest message a mailbox holds
     tags: int  # tags 0 .. tags - 1 have mailboxes
+    max_world: int = 8  # larger groups get no mailboxes (their segment would be too large)
+
+    def runs(self, world: int, one_host: bool) -> bool:
+        """Whether a group of ``world`` ranks gets the mailboxes programs run over: every
+        rank on one host, and no more ranks than :attr:`max_world`."""
+        return one_host and world <= self.max_world
 
     def takes(self, steps) -> bool:
-        """Whether a rank with these steps runs as a program: a plain reduction whose every
-        message fits a mailbox."""
+        """Whether a rank with these steps runs as a program in a group that has mailboxes
+        (:meth:`runs`): a plain reduction whose every message fits a mailbox."""
         ops = reduction_ops(steps)
         return ops is not None and all(0 <= tag < self.tags and nbytes <= self.max_bytes
                                        for _, _, _, tag, nbytes in ops)

@@ -185,11 +185,12 @@ def backend_from_profile(profile: dict) -> BackendModel:
 
 def program_costs(profile: dict, alpha: float) -> ProgramCosts | None:
     """The C program's cost per message step (optional ``executor.program_step_s``, with
-    ``program_message_bytes`` and ``program_tags``): α/2 plus the calibrated step cost, at
-    least zero, on each end. None when the profile has none (no program ran there).
+    ``program_message_bytes``, ``program_tags`` and ``program_max_world``): α/2 plus the
+    calibrated step cost, at least zero, on each end. None when the profile has none (no
+    program ran there).
 
     >>> program_costs({"executor": {"program_step_s": -3e-6, "program_message_bytes": 65536,
-    ...                             "program_tags": 8}}, 10e-6).send_s * 1e6
+    ...                             "program_tags": 8, "program_max_world": 8}}, 10e-6).send_s * 1e6
     2.0...
     """
     section = profile.get("executor")
@@ -198,14 +199,15 @@ def program_costs(profile: dict, alpha: float) -> ProgramCosts | None:
     try:
         step = float(section["program_step_s"])
         limit, tags = int(section["program_message_bytes"]), int(section["program_tags"])
+        world = int(section["program_max_world"])
     except (KeyError, TypeError, ValueError) as exc:
         raise SimError(f"calibration profile: executor's program entries are malformed "
                        f"({exc})") from None
-    if not math.isfinite(step) or limit <= 0 or tags <= 0:
+    if not math.isfinite(step) or limit <= 0 or tags <= 0 or world < 2:
         raise SimError("calibration profile: executor's program entries must be finite, "
-                       "with a positive message limit and tag count")
+                       "with a positive message limit and tag count and a world of 2 or more")
     host = max(0.0, alpha / 2 + step)
-    return ProgramCosts(host, host, limit, tags)
+    return ProgramCosts(host, host, limit, tags, world)
 
 
 def executor_step_overhead(profile: dict) -> float:
