@@ -29,7 +29,7 @@ CPU memory walk, whose result is the same on every run of one executor with the 
 runs on the first run only (``memory=True`` forces it on every run).
 
 On CPU ranks that share a host, a rank whose steps are its attention followed by whole-partial
-sends, receives and merges (tree, butterfly at powers of two) runs them, the attention
+sends, receives and merges (tree, all-gather, butterfly at powers of two) runs them, the attention
 included, as one C call over the shared-memory mailboxes (:mod:`treeattn.runtime.shm_program`)
 on every run that does not walk memory. Its results and timeline are the Python steps'.
 """
@@ -154,7 +154,9 @@ class Executor:
         sample = not self.on_cuda and cached is None and memory is not False
         if (self.program is not None and not sample
                 and not self.transport.channel.deferred):  # FIFO behind those: Python path
-            return self._run_program(q, kv, cached or 0)
+            result = self._program_partial(q, kv)
+            return result, RunStats(timeline=self.program.timeline(self.ctx.rank),
+                                    bytes_sent=self.program.bytes_sent, peak_bytes=cached or 0)
         state = RunState(self, q, kv, resident)
         if self.on_cuda:
             torch.cuda.reset_peak_memory_stats(self.ctx.device)
@@ -193,19 +195,15 @@ class Executor:
         without the timeline or the memory peak: for generation, which runs a schedule per
         layer per token and needs neither. Through the program where there is one (with no
         deferred sends ahead of it); otherwise :meth:`run`."""
-        program = self.program
-        if program is not None and not self.transport.channel.deferred:
-            final = program.run(q, kv, self.scale, lambda: attend_packed(self, q, kv),
-                                self.ctx.rank, self.ctx.timeout_s)
-            return unpack_partial(final, self.dims), program.bytes_sent
+        if self.program is not None and not self.transport.channel.deferred:
+            return self._program_partial(q, kv), self.program.bytes_sent
         result, stats = self.run(q, kv)
         return result, stats.bytes_sent
 
-    def _run_program(self, q: torch.Tensor, kv: torch.Tensor, peak: int
-                     ) -> tuple[tuple[torch.Tensor, torch.Tensor], RunStats]:
-        """:meth:`run` through the compiled program: attention and steps in one C call."""
+    def _program_partial(self, q: torch.Tensor, kv: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final partial through the compiled program: attention and steps in one C
+        call."""
         final = self.program.run(q, kv, self.scale, lambda: attend_packed(self, q, kv),
                                  self.ctx.rank, self.ctx.timeout_s)
-        stats = RunStats(timeline=self.program.timeline(self.ctx.rank),
-                         bytes_sent=self.program.bytes_sent, peak_bytes=peak)
-        return unpack_partial(final, self.dims), stats
+        return unpack_partial(final, self.dims)

@@ -97,8 +97,9 @@ class ShmProgram:
         self.table = np.array([(kind, box.ctrl.ctypes.data, box.payload_at, nbytes)
                                for kind, box, _, _ in ops], dtype=np.int64)  # (n, 4)
         self.peers = [peer for _, _, _, peer in ops]
-        self.bytes_sent = nbytes * sum(kind == OP_SEND for kind, _, _, _ in ops)
-        receives = n - sum(kind == OP_SEND for kind, _, _, _ in ops)
+        sends = sum(kind == OP_SEND for kind, _, _, _ in ops)
+        self.bytes_sent = nbytes * sends
+        receives = n - sends
         self.running = torch.empty(self.numel, dtype=torch.float32)  # the attention's partial
         # a partial per receive
         self.scratch = torch.empty(max(1, receives) * self.numel, dtype=torch.float32)
