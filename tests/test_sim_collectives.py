@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.sim import SimError
+from treeattn.sim import nccl_tables as T
 from treeattn.sim.collectives import (
     OPS,
     GroupShape,
@@ -115,16 +116,31 @@ def test_bad_input_is_a_sim_error(dgx, op, size):
 @given(op=st.sampled_from(OPS), a=st.integers(1, 1 << 34), b=st.integers(1, 1 << 34),
        spec=st.sampled_from(["dgx-h100", "dgx-h100:nodes=2", "mi300x", "pcie-4090:gpus=8",
                              "dgx-h100:nodes=4/rail0"]))
-def test_best_time_is_monotone_in_size(op, a, b, spec):
+def test_time_is_monotone_in_size_among_the_same_variants(op, a, b, spec):
     topo = _topology(spec.split("/")[0])
     # ".../rail0": one GPU per node (a context-parallel group under TP8), all on the network
     ranks = range(0, topo.num_gpus, 8) if spec.endswith("/rail0") else range(topo.num_gpus)
     shape = GroupShape.of(topo, ranks)
     small, large = sorted((a, b))
-    t_small = collective_cost(op, small, shape).time_s
-    t_large = collective_cost(op, large, shape).time_s
-    assert 0 < t_small <= t_large * (1 + 1e-9)
-    assert math.isfinite(t_large)
+    offered = {(c.algorithm, c.protocol): c.time_s for c in candidates(op, small, shape)}
+    for c in candidates(op, large, shape):  # every priced variant alone
+        if (c.algorithm, c.protocol) in offered:
+            assert 0 < offered[(c.algorithm, c.protocol)] <= c.time_s * (1 + 1e-9)
+        assert math.isfinite(c.time_s)
+    if set(offered) == {(c.algorithm, c.protocol) for c in candidates(op, large, shape)}:
+        t_small = collective_cost(op, small, shape).time_s
+        assert t_small <= collective_cost(op, large, shape).time_s * (1 + 1e-9)
+
+
+def test_rccl_forced_ll_makes_reduce_scatter_slower_just_below_its_limit():
+    """RCCL forces LL for a one-node reduce-scatter up to a per-rank size, after its model
+    chose; past that size Simple runs, and a larger message finishes sooner. The model
+    keeps that, so the best time is monotone only among the same variants (above)."""
+    shape = GroupShape.of(_topology("mi300x"), range(8))
+    limit = 8 * T.RCCL_LL_MAX_PER_RANK_RS_ONE_NODE
+    below, above = (collective_cost("reduce_scatter", n, shape) for n in (limit, 4 * limit))
+    assert (below.protocol, above.protocol) == ("LL", "Simple")
+    assert above.time_s < below.time_s
 
 
 _TOPOLOGIES: dict[str, Topology] = {}

@@ -11,7 +11,9 @@ Why only then (``bind="auto"``, the default): with no more ranks than cores Linu
 rank on its own core anyway, and pinning made the large loopback exchange that prices a
 ring's KV blocks less repeatable: at 2 ranks on 2 cores, 1 GiB took 593–785 ms pinned (two
 calibrations) and 712–984 ms with only the main thread pinned (three), against 876–973 ms
-unpinned (three). ``"cores"`` pins always, ``"none"`` never.
+unpinned (three), all timed with the exchange of that time, which posted its send before
+its receive (see :func:`treeattn.runtime.calibrate.measure_exchange`). ``"cores"`` pins
+always, ``"none"`` never.
 
 How: the launcher (:mod:`treeattn.runtime.launch`) reads the CPUs it may use once and hands
 them to each child (:data:`GROUP_CPUS_ENV`), which pins itself before it joins the group.

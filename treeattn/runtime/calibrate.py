@@ -104,6 +104,7 @@ COLLECTIVE_SIZES = (256, 4096, 65536, 1 << 20)  # bytes, nccl-tests' size conven
 EXCHANGE_SIZES = (4096, 1 << 20, 1 << 24, 1 << 26)
 ATTENTION_TOKENS = (16, 16384, 65536)  # the first measures the fixed per-call cost
 TARGET_S = 0.2  # time budget per measured point (the floor may exceed it)
+EXCHANGE_TAG = 5
 
 
 def exchange_sizes(max_bytes: int | None) -> tuple[int, ...]:
@@ -184,22 +185,32 @@ def measure_exchange(ctx: RankContext, sizes=EXCHANGE_SIZES,
     so concurrent messages share the host's copy throughput instead of each getting the
     ping-pong bandwidth; this measurement shows by how much. Buffers are filled first, so no
     first-touch page fault lands in a timed sample.
+
+    The receive is posted before the send, as the executor posts its receives ahead of its
+    sends. The order matters on gloo: at 2 ranks on this project's 2-core box, send-first
+    moved 1 GiB in either ~515 or ~790 ms, switching from sample to sample (and 64 MiB in
+    32–55 ms), while receive-first took 505–535 ms (and 32–43 ms) in the same processes;
+    the ring's own transfers ran at the receive-first speed, so the send-first median priced
+    them 17–28% slow or right depending on which mode a calibration happened to catch.
     """
     out = []
-    nxt, prv = (ctx.rank + 1) % ctx.world, (ctx.rank - 1) % ctx.world
+    p2p = transport_for(ctx)
     for size in sizes:
         send = torch.full((max(1, size // 4),), 0.5, device=ctx.device)
         inc = torch.full_like(send, 0.5)
-
-        def exchange(send=send, inc=inc) -> None:
-            p2p = transport_for(ctx)
-            works = [p2p.isend(send, nxt, tag=5), p2p.irecv(inc, prv, tag=5)]
-            for work, peer in zip(works, (nxt, prv), strict=True):
-                wait_work(work, ctx, peer, "exchange")
-
-        out.append(_group_stats(ctx, exchange, warmup=1, floor=floor))
+        out.append(_group_stats(ctx, lambda send=send, inc=inc: exchange_once(ctx, p2p, send, inc),
+                                warmup=1, floor=floor))
         del send, inc
     return out
+
+
+def exchange_once(ctx: RankContext, p2p, send: torch.Tensor, inc: torch.Tensor) -> None:
+    """One exchange: receive ``inc`` from ``r−1`` and send ``send`` to ``r+1``, the receive
+    posted first (see :func:`measure_exchange`), then wait for both."""
+    nxt, prv = (ctx.rank + 1) % ctx.world, (ctx.rank - 1) % ctx.world
+    works = [p2p.irecv(inc, prv, tag=EXCHANGE_TAG), p2p.isend(send, nxt, tag=EXCHANGE_TAG)]
+    for work, peer in zip(works, (prv, nxt), strict=True):
+        wait_work(work, ctx, peer, "exchange")
 
 
 def measure_allreduce(ctx: RankContext, sizes=ALLREDUCE_SIZES) -> list[float]:

@@ -91,6 +91,9 @@ class HardwareModel:
     bandwidth_shape: tuple[tuple[float, float], ...] = ()
     pinned: bool = False  # ranks bound round-robin to the ``cores`` (the local launcher's way)
     cold: ColdSteps | None = None  # host steps right after the kernel (treeattn.sim.cold)
+    # The host's cores copy every byte of a message (gloo's sockets), so a rank's compute
+    # and the copies of its own messages take turns (treeattn.sim.engine)
+    copies_messages: bool = False
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth_Bps <= 0 or self.peak_flops <= 0 or self.launch_s < 0:

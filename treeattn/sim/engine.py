@@ -11,6 +11,13 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   itself and queues only behind the ranks pinned to the same core.
 * ``Send`` occupies the sender for the backend's ``send_s``; the message is injected by a
   simpy event at that moment. ``Recv`` waits for the arrival, then pays ``recv_s``.
+* On a host whose cores copy every byte of a message (``HardwareModel.copies_messages``:
+  gloo's sockets, on loopback or a NIC), a rank's compute and the copies of its own messages
+  take turns: a Compute or Merge books the rank's own links (its first hop out and last hop
+  in, which only its own messages use) for its duration, at the first time both are free of
+  message chunks, and chunks booked later fit around it. Measured on a 2-core box, a ring
+  step took the exchange's time plus the attention, not the larger of the two: both stream
+  memory through the same cores, and a transfer made no headway while the kernel ran.
 * With a calibrated ``HardwareModel.cold``, the first merge, send, receive and collective
   after a rank's attention kernel also pay what running cold costs (:mod:`treeattn.sim.cold`).
 * A rank whose steps the runtime runs as one C program (a plain reduction of partials with a
@@ -28,13 +35,11 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   queues behind it). Booking at injection needs one event per message instead of one per
   chunk and hop, which is what makes tens of thousands of ranks tractable.
 
-Peak memory per rank is modelled in :mod:`treeattn.sim.memory`.
+Peak memory per rank is modelled in :mod:`treeattn.sim.memory`; what a run returns, and its
+critical path, in :mod:`treeattn.sim.result`.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import simpy
 
@@ -46,6 +51,7 @@ from treeattn.sim.payloads import (
     GroupIds,
     ScheduleError,
 )
+from treeattn.sim.result import SimResult, critical_path
 from treeattn.sim.schedule import (
     Collective,
     Compute,
@@ -73,6 +79,9 @@ class _Run:
         self.cause: list[list] = [[None] * len(st) for st in schedule.steps]
         self.finished = 0
         self.cores = self._core_pools(schedule.world)
+        # ranks whose compute takes turns with their messages' copies: the links they book
+        self.copy_edges = [self._own_edges(r) if h.copies_messages else ()
+                           for r, h in enumerate(self.c.hardware)]
         # per rank: the calibrated cold-step costs and the kinds still cold (treeattn.sim.cold)
         self.cold_costs = [h.cold for h in self.c.hardware]
         self.cold: list[set] = [set() for _ in range(schedule.world)]
@@ -115,6 +124,23 @@ class _Run:
                     pools[host] = simpy.Resource(self.env, capacity=hw[r].cores or 1)
                 out.append(pools[host])
         return out
+
+    def _own_edges(self, r: int) -> tuple:
+        """Rank ``r``'s first link out and last link in: only its own messages cross them
+        (no edges in a world of one)."""
+        world = self.s.world
+        if world < 2:
+            return ()
+        peer = (r + 1) % world
+        return (self.c.net.hops(r, peer)[0][0], self.c.net.hops(peer, r)[-1][0])
+
+    def _compute_end(self, r: int, t: float, duration: float) -> float:
+        """When a compute of ``duration`` that may start at ``t`` ends on rank ``r``: at once,
+        or, where the host copies messages, after the copies already booked on its links."""
+        edges = self.copy_edges[r]
+        if not edges or duration <= 0:
+            return t + duration
+        return self.links.reserve_together(edges, t, duration, self.env.now) + duration
 
     def post(self, src: int, step_index: int, step: Send, at: float) -> None:
         """Inject ``step``'s message at simulated time ``at`` (now or later)."""
@@ -166,9 +192,9 @@ class _Run:
                 if not streams and not self.programmed[r]:
                     duration += self._cold_extra(r, "merge")
                 if self.cores[r] is None:
-                    t += duration
+                    t = self._compute_end(r, t, duration)
                 else:
-                    t = yield from self._shared_compute(r, t, duration)
+                    t = yield from self._shared_compute(r, t, duration, compute=True)
                 if streams:
                     self.cold[r].update(KINDS)
             elif isinstance(step, Send):
@@ -247,13 +273,16 @@ class _Run:
             return t
         return (yield from self._shared_compute(r, t, seconds))
 
-    def _shared_compute(self, r: int, t: float, duration: float):
+    def _shared_compute(self, r: int, t: float, duration: float, compute: bool = False):
+        """Host work on a shared core from ``t``: wait for the core, then (a Compute or
+        Merge, ``compute``) for this rank's message copies, holding the core meanwhile."""
         env = self.env
         if t > env.now:
             yield env.timeout(t - env.now)
         with self.cores[r].request() as req:
             yield req
-            yield env.timeout(duration)
+            end = self._compute_end(r, env.now, duration) if compute else env.now + duration
+            yield env.timeout(end - env.now)
         return env.now
 
     def run(self) -> None:
@@ -300,89 +329,3 @@ def simulate(schedule: Schedule, topology, workload: DecodeWorkload, hardware=No
         steps_timeline=run.timeline if timeline else [], bytes_per_link=run.link_bytes,
         critical_path=critical_path(schedule.steps, run.start, run.end, run.cause),
     )
-
-
-# -- results -----------------------------------------------------------------------------
-
-@dataclass
-class SimResult:
-    """The prediction for one schedule.
-
-    ``timeline`` holds ``(rank, step_index, step_name, start_s, end_s)``; ``bytes_per_link``
-    maps a directed edge ``(u, v)`` to the bytes that crossed it; ``bytes_per_rank`` is what
-    each rank sent; ``comm_bytes`` their sum (each message counted once, not per hop).
-    ``critical_path`` splits the makespan into ``compute_s`` (Compute and Merge steps,
-    waiting for a shared core included), ``overhead_s`` (software send/recv overhead) and
-    ``wire_s`` (in flight, contention included). ``method`` is ``"simulated"`` or
-    ``"closed_form"`` (see :mod:`treeattn.sim.closed_form`).
-    """
-
-    algorithm: str
-    params: dict
-    makespan_s: float
-    comm_bytes: int
-    bytes_per_rank: list[int]
-    memory: list[int] | Callable[[], list[int]] = field(default_factory=list, repr=False)
-    steps_timeline: list | Callable[[], list] = field(default_factory=list, repr=False)
-    bytes_per_link: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
-    critical_path: dict = field(default_factory=dict)
-    method: str = "simulated"
-
-    @property
-    def peak_memory_bytes(self) -> list[int]:
-        """Peak bytes per rank (computed on first use; see :func:`peak_memory`)."""
-        if callable(self.memory):
-            self.memory = self.memory()
-        return self.memory
-
-    @property
-    def timeline(self) -> list[tuple[int, int, str, float, float]]:
-        """``(rank, step_index, step_name, start_s, end_s)`` for every step (built lazily)."""
-        if callable(self.steps_timeline):
-            self.steps_timeline = self.steps_timeline()
-        return self.steps_timeline
-
-    @property
-    def latency_s(self) -> float:
-        return self.makespan_s
-
-    def summary(self) -> dict:
-        return {
-            "algorithm": self.algorithm, "latency_s": self.makespan_s,
-            "comm_bytes": self.comm_bytes, "peak_memory_bytes": max(self.peak_memory_bytes),
-            "method": self.method, "critical_path": self.critical_path,
-        }
-
-
-def critical_path(steps, start, end, cause) -> dict:
-    """Walk back from the last step to finish, following what each step waited for.
-
-    ``start[r][i]``/``end[r][i]`` are step times; ``cause[r][i]`` is, for a Recv that waited
-    on its message, ``(src_rank, src_step, inject_time, arrival_time)``, else ``None``.
-    """
-    r = max(range(len(end)), key=lambda x: end[x][-1] if end[x] else 0.0)
-    i = len(steps[r]) - 1
-    out = {"compute_s": 0.0, "overhead_s": 0.0, "wire_s": 0.0, "steps": 0}
-    while i >= 0:
-        step = steps[r][i]
-        out["steps"] += 1
-        if isinstance(step, Compute | Merge):
-            out["compute_s"] += end[r][i] - start[r][i]
-        elif isinstance(step, Send):
-            out["overhead_s"] += end[r][i] - start[r][i]
-        elif isinstance(step, Collective):
-            found = cause[r][i]
-            out["wire_s"] += end[r][i] - (found[2] if found else start[r][i])
-            if found is not None:  # a later member held everyone up: follow it
-                r, i = found[0], found[1] - 1
-                continue
-        elif isinstance(step, Recv) and cause[r][i] is not None:
-            src, j, inject, arrival = cause[r][i]
-            out["overhead_s"] += end[r][i] - arrival
-            out["wire_s"] += arrival - inject
-            r, i = src, j
-            continue
-        else:
-            out["overhead_s"] += end[r][i] - start[r][i]
-        i -= 1
-    return out

@@ -133,6 +133,32 @@ class LinkCalendar:
         self._starts: dict = {}
         self._ends: dict = {}
 
+    def fit(self, edge, ready: float, hold: float) -> float:
+        """The earliest ``begin ≥ ready`` at which ``edge`` is idle for ``hold`` seconds;
+        books nothing."""
+        starts = self._starts.get(edge)
+        if not starts:
+            return ready
+        ends = self._ends[edge]
+        begin, idx = ready, bisect_right(ends, ready)
+        while idx < len(starts) and begin + hold > starts[idx]:
+            begin = max(begin, ends[idx])
+            idx += 1
+        return begin
+
+    def reserve_together(self, edges, ready: float, hold: float, now: float) -> float:
+        """Book every edge of ``edges`` for the same ``hold`` seconds at the earliest time
+        ``≥ ready`` when all of them are idle; return that time."""
+        begin = ready
+        while True:  # each pass moves begin to a later busy interval's end, so it stops
+            latest = max((self.fit(edge, begin, hold) for edge in edges), default=begin)
+            if latest == begin:
+                break
+            begin = latest
+        for edge in edges:
+            self.reserve(edge, begin, hold, begin, now)
+        return begin
+
     def reserve(self, edge, ready: float, hold: float, tail: float, now: float) -> tuple:
         """Book ``edge`` at the earliest fit ≥ ``ready``; return ``(begin, end)``.
 
