@@ -52,14 +52,37 @@ TARGETS = {"predicted": 0.10, "measured": 0.15, "error": 0.25}
 TIMING = {"steps": algorithms.BASE.steps, "min_time_s": algorithms.BASE.min_time_s}
 
 
+def cpu_times() -> list[int] | None:
+    """The machine's CPU time counters (``/proc/stat``'s first line, in ticks), or None
+    where there is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """The share of the machine's CPU time the hypervisor gave to other guests (steal, the
+    8th counter) between two :func:`cpu_times` readings."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    total = sum(after[:8]) - sum(before[:8])
+    return (after[7] - before[7]) / total if total > 0 else None
+
+
 def ring_check() -> dict:
-    """One ``treeattn run ... --check --json`` in a fresh process: its only row."""
+    """One ``treeattn run ... --check --json`` in a fresh process: its only row, with the
+    exchange bandwidth its calibration measured and the CPU steal over its run."""
+    before = cpu_times()
     done = subprocess.run([sys.executable, "-m", "treeattn", *RING_CHECK], capture_output=True,
                           text=True, timeout=900, check=False)
     if done.returncode not in (0, 1):  # 1: a prediction outside its band, still reported
         raise RuntimeError(f"ring check failed: {done.stderr.strip()[-300:]}")
     (row,) = json.loads(done.stdout)["rows"]
-    return {"key": "ring check, world 2, 256k", **_point(row)}
+    return {"key": "ring check, world 2, 256k", **_point(row),
+            "exchange_Bps": row["profile"]["exchange_bandwidth_Bps"],
+            "steal": steal_share(before, cpu_times())}
 
 
 def _point(p: dict) -> dict:
@@ -124,7 +147,7 @@ def summarize(repeats: list[list[dict]]) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], meta: dict) -> str:
+def markdown(rows: list[dict], meta: dict, repeats: list[list[dict]] = ()) -> str:
     pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
     lines = ["# Repeatability: the same checks, run again", "",
              f"{meta['repeats']} repeats on {meta['machine']['cpu']} "
@@ -149,6 +172,18 @@ def markdown(rows: list[dict], meta: dict) -> str:
               f"GB/s, a spread of {pct(meta['read_bandwidth_spread'])}. A calibration pools "
               "bursts spread over its run and a measurement times many steps, so both "
               "spread less than this instantaneous probe."]
+    if repeats:
+        lines += ["", "The ring check in each repeat: what its calibration measured, and the "
+                  "share of the machine's CPU time the hypervisor gave to other guests (steal) "
+                  "while it ran.", "",
+                  "| repeat | predicted ms | measured ms | error | exchange GB/s | steal |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for i, points in enumerate(repeats, 1):
+            ring = points[0]
+            steal = "n/a" if ring.get("steal") is None else pct(ring["steal"])
+            lines.append(f"| {i} | {1e3 * ring['predicted_s']:.0f} | "
+                         f"{1e3 * ring['measured_s']:.0f} | {pct(ring['error'])} | "
+                         f"{ring['exchange_Bps'] / 1e9:.2f} | {steal} |")
     return "\n".join(lines) + "\n"
 
 
@@ -174,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
             "targets": TARGETS, "timing": TIMING, "read_bandwidth_Bps": probes,
             "read_bandwidth_spread": spread([b for probe in probes for b in probe])}
-    text = markdown(rows, meta)
+    text = markdown(rows, meta, repeats)
     write_results("repeatability", {"meta": meta, "rows": rows, "repeats": repeats}, text)
     print(text)
     return 0
