@@ -194,3 +194,26 @@ def test_both_paths_follow_member_order_and_leave_tagged_messages_alone():
     out = launch(BothPaths(), 3, LaunchOptions(timeout_s=30))
     assert [r["kind"] for r in out] == ["shm+gloo"] * 3
     assert [r["failures"] for r in out] == [[], [], []]
+
+
+def _starts_then_gathers(ctx: RankContext) -> list:
+    """Timed-step starts interleaved with a schedule's mailbox all-gathers; every rank's
+    ``(used the mailboxes, what it gathered)``."""
+    from treeattn.runtime import timing
+
+    channel = transport_for(ctx).channel
+    ops = CollectiveOps(ctx, tuple(range(ctx.world)), None, channel)
+    gathered = []
+    for i in range(12):
+        timing.start_together(ctx)
+        pieces = [torch.zeros(2) for _ in range(ctx.world)]
+        ops.all_gather(pieces, torch.tensor([ctx.rank, i], dtype=torch.float32), "gather")
+        gathered.append([float(v) for piece in pieces for v in piece])
+    return all_gather_objects(ctx, ((id(channel), ctx.rank) in timing._STARTS, gathered))
+
+
+def test_timed_starts_go_through_the_mailboxes_and_leave_collectives_intact():
+    out = launch(_starts_then_gathers, 3, LaunchOptions(timeout_s=30))
+    for used_mailboxes, gathered in out:
+        assert used_mailboxes  # the release after the barrier took the shared memory
+        assert gathered == [[0.0, i, 1.0, i, 2.0, i] for i in range(12)]

@@ -87,7 +87,7 @@ from treeattn.runtime.profile_io import (  # noqa: F401  (re-exported)
     read_profile,
     write_profile,
 )
-from treeattn.runtime.timing import combine_rounds, sample_stats, spread
+from treeattn.runtime.timing import combine_rounds, sample_stats, spread, start_together
 from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import AttnDims
 
@@ -245,8 +245,9 @@ def measure_collectives(ctx: RankContext, sizes=COLLECTIVE_SIZES) -> dict:
 
 def _group_stats(ctx: RankContext, operation, warmup: int,
                  floor: int = MIN_SAMPLES) -> tuple[float, float, float]:
-    """``(median, p10, p90)`` seconds of ``operation()`` run by every rank at once (a
-    barrier before each repetition, ``warmup`` untimed first), each the max over ranks.
+    """``(median, p10, p90)`` seconds of ``operation()`` run by every rank at once (started
+    together before each repetition, :func:`start_together`; ``warmup`` untimed first), each
+    the max over ranks.
 
     The repetition count is time-based (:func:`_reps` of the slowest rank's first timed
     run, so every rank agrees on it), never under ``floor``.
@@ -254,7 +255,7 @@ def _group_stats(ctx: RankContext, operation, warmup: int,
     for _ in range(warmup):
         barrier(ctx)
         operation()
-    barrier(ctx)
+    start_together(ctx)
     t0 = time.perf_counter()
     operation()
     _sync(ctx)
@@ -262,7 +263,7 @@ def _group_stats(ctx: RankContext, operation, warmup: int,
     dist.all_reduce(first, op=dist.ReduceOp.MAX)
     samples = [float(first.item())]
     for _ in range(_reps(samples[0], lo=floor) - 1):
-        barrier(ctx)
+        start_together(ctx)
         t0 = time.perf_counter()
         operation()
         _sync(ctx)

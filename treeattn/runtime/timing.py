@@ -1,8 +1,9 @@
 """The timing harness: warm up, then time decode steps with every rank starting together,
 and the robust statistics (median, p10, p90) every measurement is reported with.
 
-Before each step all ranks pass a barrier; each rank times its own execution of the schedule.
-A step's time is the maximum over ranks (the step is done when the last rank is done).
+Before each step all ranks start together (:func:`start_together`); each rank times its own
+execution of the schedule. A step's time is the maximum over ranks (the step is done when the
+last rank is done).
 
 How many steps: at least ``steps`` (the floor), and more until ``min_time_s`` of timed steps
 have passed (at most ``max_steps``): a 1 ms tree step gets hundreds of samples, a 1.5 s ring
@@ -31,8 +32,35 @@ import torch.distributed as dist
 
 from treeattn.runtime.group import RankContext, all_gather_objects, barrier, wait_work
 from treeattn.runtime.run_state import RunStats
+from treeattn.runtime.shm_collectives import CollectiveOps
+from treeattn.runtime.transport import transport_for
 
 MAX_STEPS = 200
+# per (channel, rank): the group's mailbox collectives and the float they all-reduce
+_STARTS: dict[tuple[int, int], tuple[CollectiveOps, torch.Tensor]] = {}
+
+
+def start_together(ctx: RankContext) -> None:
+    """Release every rank for a timed sample at nearly the same instant (all ranks call it).
+
+    gloo's barrier wakes each rank through a socket read. At 2 ranks on this project's 2-core
+    box, 21 of 150 releases came more than 1 ms apart, and a 64k tree step timed after such
+    a release counted the early rank's wait of up to 4 ms for the late one: a third of the
+    steps ran 3–8 ms slow, and the median moved by whether more or fewer than half did.
+    So after the barrier (which names a rank that does not arrive), a one-float all-reduce
+    through the shared-memory mailboxes, whose waits spin and then sleep on a futex, releases
+    them: 2 of 150 more than 1 ms apart. A group without mailboxes keeps the barrier alone.
+    """
+    barrier(ctx)
+    channel = transport_for(ctx).channel
+    if channel is None:
+        return
+    key = (id(channel), ctx.rank)
+    if key not in _STARTS:
+        _STARTS[key] = (CollectiveOps(ctx, tuple(range(ctx.world)), None, channel),
+                        torch.zeros(1))
+    ops, token = _STARTS[key]
+    ops.all_reduce(token, "sum", "the start of a timed step")
 
 
 def sample_stats(samples) -> tuple[float, float, float]:
@@ -133,7 +161,7 @@ def time_interleaved(
     while _keep_going(ctx, rounds, max(1, floor), elapsed / n, min_time_s, max_steps):
         for k in range(n):
             i = (rounds + k) % n
-            barrier(ctx)
+            start_together(ctx)
             t0 = time.perf_counter()
             stats = steps[i]()
             took = time.perf_counter() - t0
