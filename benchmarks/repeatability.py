@@ -81,7 +81,7 @@ def ring_check() -> dict:
         raise RuntimeError(f"ring check failed: {done.stderr.strip()[-300:]}")
     (row,) = json.loads(done.stdout)["rows"]
     return {"key": "ring check, world 2, 256k", **_point(row),
-            "exchange_Bps": row["profile"]["exchange_bandwidth_Bps"],
+            "exchange_Bps": (row.get("profile") or {}).get("exchange_bandwidth_Bps"),
             "steal": steal_share(before, cpu_times())}
 
 
@@ -181,9 +181,11 @@ def markdown(rows: list[dict], meta: dict, repeats: list[list[dict]] = ()) -> st
         for i, points in enumerate(repeats, 1):
             ring = points[0]
             steal = "n/a" if ring.get("steal") is None else pct(ring["steal"])
+            exchange = ("n/a" if ring.get("exchange_Bps") is None
+                        else f"{ring['exchange_Bps'] / 1e9:.2f}")
             lines.append(f"| {i} | {1e3 * ring['predicted_s']:.0f} | "
                          f"{1e3 * ring['measured_s']:.0f} | {pct(ring['error'])} | "
-                         f"{ring['exchange_Bps'] / 1e9:.2f} | {steal} |")
+                         f"{exchange} | {steal} |")
     return "\n".join(lines) + "\n"
 
 

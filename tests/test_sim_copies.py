@@ -50,8 +50,8 @@ def test_two_rank_ring_takes_turns_only_when_the_host_copies(copies):
     attention, block, merge = (_compute_s(hw, s) for s in (steps[1], steps[3], steps[4]))
     wire = steps[0].nbytes / BANDWIDTH
     assert wire > attention  # otherwise the two cases would not differ
-    if copies:  # the attention first, then the copies of both blocks, which its links carry
-        first = SEND_S + attention + wire
+    if copies:  # the block's copies hold the rank's links first; the attention waits for them
+        first = SEND_S + wire + attention
     else:  # the block moves while the attention runs
         first = SEND_S + max(attention, wire)
     assert result.makespan_s == pytest.approx(first + SEND_S + block + merge, rel=1e-9)
@@ -69,6 +69,43 @@ def test_copies_never_overlap_a_ranks_compute_and_cost_at_least_the_serial_sum(w
         # a rank's links carry its incoming blocks and its compute, one at a time
         assert result.makespan_s >= busy + wire_in - 1e-12
     assert result.makespan_s >= overlapped.makespan_s - 1e-12
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 6])
+def test_a_core_per_rank_books_the_turns_as_no_core_model_does(world):
+    """Ranks that never queue for a core must take their turns at the same times whether or
+    not the hardware models cores: both book an attention when it starts."""
+    topo = Topology.from_spec(f"local:ranks={world},latency=0,bandwidth={BANDWIDTH}")
+    w = DecodeWorkload("llama-3.1-8b", 65536)
+    schedule = build_schedule("ring", topo, w)
+    makespans = [simulate(schedule, topo, w, HardwareModel(
+        "cpu", 1e10, 1e15, 1e-5, cores=cores, copies_messages=True), BACKEND).makespan_s
+        for cores in (None, world)]
+    assert makespans[0] == pytest.approx(makespans[1], rel=1e-12)
+
+
+def test_the_wait_for_copies_is_wire_time_on_the_critical_path():
+    schedule, result = _ring(2, 65536, True)
+    hw, steps = _hardware(True), schedule.steps[0]
+    path = result.critical_path
+    assert path["compute_s"] + path["overhead_s"] + path["wire_s"] == pytest.approx(
+        result.makespan_s, rel=1e-12)
+    # the path runs through the rank's own attention, which waited out the block's copy:
+    # compute is the three computes' own time, and the wait is on the wire
+    own = sum(_compute_s(hw, s) for s in (steps[1], steps[3], steps[4]))
+    assert path["compute_s"] == pytest.approx(own, rel=1e-9)
+    assert path["wire_s"] >= steps[0].nbytes / BANDWIDTH * (1 - 1e-9)
+
+
+def test_links_that_are_no_ranks_own_take_no_turns():
+    """On a mesh (MI300X's xGMI: a link per peer) no link is a rank's own, so copies
+    change nothing there."""
+    topo = Topology.from_spec("mi300x")
+    w = DecodeWorkload("llama-3.1-8b", 65536)
+    schedule = build_schedule("ring", topo, w)
+    alone, copied = (simulate(schedule, topo, w, _hardware(c), BACKEND).makespan_s
+                     for c in (False, True))
+    assert copied == alone
 
 
 def test_small_messages_barely_move_a_tree():

@@ -24,7 +24,8 @@ What is measured; a cold sample first runs the kernel over a probe shard of
 - ``collectives_s``: per collective of one packed partial (``collective_bytes``) over all
   ``world`` ranks, every rank running the kernel first: the *whole* median seconds from the
   last member entering to the last leaving. Not an extra over the warm fit, because the
-  warm samples start from a barrier with every member awake, and a decode step's members
+  warm samples start together (a barrier, then a release through the mailboxes) with every
+  member awake, and a decode step's members
   arrive staggered, some asleep; the collective after the kernel is the one that matters.
 
 The simulator charges these once per kind after an attention step that streams at least

@@ -12,12 +12,14 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
 * ``Send`` occupies the sender for the backend's ``send_s``; the message is injected by a
   simpy event at that moment. ``Recv`` waits for the arrival, then pays ``recv_s``.
 * On a host whose cores copy every byte of a message (``HardwareModel.copies_messages``:
-  gloo's sockets, on loopback or a NIC), a rank's compute and the copies of its own messages
-  take turns: a Compute or Merge books the rank's own links (its first hop out and last hop
-  in, which only its own messages use) for its duration, at the first time both are free of
-  message chunks, and chunks booked later fit around it. Measured on a 2-core box, a ring
-  step took the exchange's time plus the attention, not the larger of the two: both stream
-  memory through the same cores, and a transfer made no headway while the kernel ran.
+  gloo's sockets), a rank's attention and the copies of its own messages take turns: when it
+  starts, a Compute books the rank's own links (its one link out and one link in, which only
+  its own messages use: the ``local`` star) for its duration, at the first time both are
+  free of message chunks, and chunks booked later fit around it. Measured on a 2-core box, a
+  ring step took the exchange's time plus the attention, not the larger of the two: both
+  stream memory through the same cores. Merges (microseconds) do not take turns, and on a
+  topology where links are not a rank's own nothing does. The critical path counts the wait
+  as wire time.
 * With a calibrated ``HardwareModel.cold``, the first merge, send, receive and collective
   after a rank's attention kernel also pay what running cold costs (:mod:`treeattn.sim.cold`).
 * A rank whose steps the runtime runs as one C program (a plain reduction of partials with a
@@ -79,9 +81,9 @@ class _Run:
         self.cause: list[list] = [[None] * len(st) for st in schedule.steps]
         self.finished = 0
         self.cores = self._core_pools(schedule.world)
-        # ranks whose compute takes turns with their messages' copies: the links they book
-        self.copy_edges = [self._own_edges(r) if h.copies_messages else ()
-                           for r, h in enumerate(self.c.hardware)]
+        # ranks whose attention takes turns with their messages' copies: the links they book
+        self.copy_edges = self._copy_edges()
+        self.copy_wait = [[0.0] * len(st) for st in schedule.steps]  # for the critical path
         # per rank: the calibrated cold-step costs and the kinds still cold (treeattn.sim.cold)
         self.cold_costs = [h.cold for h in self.c.hardware]
         self.cold: list[set] = [set() for _ in range(schedule.world)]
@@ -125,22 +127,38 @@ class _Run:
                 out.append(pools[host])
         return out
 
-    def _own_edges(self, r: int) -> tuple:
-        """Rank ``r``'s first link out and last link in: only its own messages cross them
-        (no edges in a world of one)."""
-        world = self.s.world
-        if world < 2:
-            return ()
-        peer = (r + 1) % world
-        return (self.c.net.hops(r, peer)[0][0], self.c.net.hops(peer, r)[-1][0])
+    def _copy_edges(self) -> list[tuple]:
+        """Per rank, the links its compute books where the host copies messages: its one link
+        out and its one link in, when every copying rank has exactly one of each and shares
+        neither with another rank (the ``local`` star: rank to host and back). Elsewhere (a
+        direct rank-to-rank link, a mesh) a link is no rank's own, so nothing is booked and
+        compute overlaps the copies as on hardware that does not copy."""
+        world, net = self.s.world, self.c.net
+        copying = [r for r, h in enumerate(self.c.hardware) if h.copies_messages]
+        if world < 2 or not copying:
+            return [()] * world
+        edges = {}
+        for r in copying:
+            outs = {net.hops(r, d)[0][0] for d in range(world) if d != r}
+            ins = {net.hops(s, r)[-1][0] for s in range(world) if s != r}
+            if len(outs) != 1 or len(ins) != 1:
+                return [()] * world
+            edges[r] = (outs.pop(), ins.pop())
+        taken = [e for pair in edges.values() for e in pair]
+        if len(set(taken)) != len(taken):
+            return [()] * world
+        return [edges.get(r, ()) for r in range(world)]
 
-    def _compute_end(self, r: int, t: float, duration: float) -> float:
-        """When a compute of ``duration`` that may start at ``t`` ends on rank ``r``: at once,
-        or, where the host copies messages, after the copies already booked on its links."""
-        edges = self.copy_edges[r]
+    def _compute_end(self, r: int, i: int, duration: float) -> float:
+        """When rank ``r``'s attention of ``duration``, starting now, ends: at once, or, where
+        the host copies messages, at the first time after the copies already booked on its
+        links (the wait is kept for the critical path)."""
+        now, edges = self.env.now, self.copy_edges[r]
         if not edges or duration <= 0:
-            return t + duration
-        return self.links.reserve_together(edges, t, duration, self.env.now) + duration
+            return now + duration
+        begin = self.links.reserve_together(edges, now, duration, now)
+        self.copy_wait[r][i] = begin - now
+        return begin + duration
 
     def post(self, src: int, step_index: int, step: Send, at: float) -> None:
         """Inject ``step``'s message at simulated time ``at`` (now or later)."""
@@ -191,10 +209,15 @@ class _Run:
                            and costs.makes_cold(step.label, step.nbytes))
                 if not streams and not self.programmed[r]:
                     duration += self._cold_extra(r, "merge")
-                if self.cores[r] is None:
-                    t = self._compute_end(r, t, duration)
+                turns = isinstance(step, Compute) and bool(self.copy_edges[r])
+                if self.cores[r] is not None:
+                    t = yield from self._shared_compute(r, t, duration, (i if turns else None))
+                elif turns:  # booked at its own start, in simulated-time order with messages
+                    if t > env.now:
+                        yield env.timeout(t - env.now)
+                    t = self._compute_end(r, i, duration)
                 else:
-                    t = yield from self._shared_compute(r, t, duration, compute=True)
+                    t += duration
                 if streams:
                     self.cold[r].update(KINDS)
             elif isinstance(step, Send):
@@ -249,7 +272,8 @@ class _Run:
         for a, b in zip(group, group[1:] + group[:1]):
             for edge, bw, _lat in net.hops(a, b):
                 self.link_bytes[edge] = self.link_bytes.get(edge, 0) + int(moved)
-                self.links.reserve(edge, start, min(moved / bw, end - start), start, start)
+                self.links.reserve(edge, start, min(moved / bw, end - start), start,
+                                   self.env.now)
 
     def _cold_extra(self, r: int, kind: str, step: Collective | None = None) -> float:
         """What rank ``r``'s next step of ``kind`` pays for running cold (0 once warm)."""
@@ -273,15 +297,16 @@ class _Run:
             return t
         return (yield from self._shared_compute(r, t, seconds))
 
-    def _shared_compute(self, r: int, t: float, duration: float, compute: bool = False):
-        """Host work on a shared core from ``t``: wait for the core, then (a Compute or
-        Merge, ``compute``) for this rank's message copies, holding the core meanwhile."""
+    def _shared_compute(self, r: int, t: float, duration: float, turns: int | None = None):
+        """Host work on a shared core from ``t``: wait for the core, then (the attention of
+        step ``turns`` on a copying rank) for this rank's message copies, holding the core
+        meanwhile: the copies run on it."""
         env = self.env
         if t > env.now:
             yield env.timeout(t - env.now)
         with self.cores[r].request() as req:
             yield req
-            end = self._compute_end(r, env.now, duration) if compute else env.now + duration
+            end = env.now + duration if turns is None else self._compute_end(r, turns, duration)
             yield env.timeout(end - env.now)
         return env.now
 
@@ -327,5 +352,6 @@ def simulate(schedule: Schedule, topology, workload: DecodeWorkload, hardware=No
         comm_bytes=sum(run.sent), bytes_per_rank=list(run.sent),
         memory=lambda: peak_memory(schedule, workload),
         steps_timeline=run.timeline if timeline else [], bytes_per_link=run.link_bytes,
-        critical_path=critical_path(schedule.steps, run.start, run.end, run.cause),
+        critical_path=critical_path(schedule.steps, run.start, run.end, run.cause,
+                                    run.copy_wait),
     )

@@ -14,8 +14,9 @@ different messages interleave. The engine simulates this with contention.
 Links are reservable resources (:class:`LinkCalendar`): first-fit calendars of busy
 intervals. A chunk whose head can reach a link at ``ready`` is granted the earliest idle
 interval starting no earlier than ``ready`` that is long enough for it (see
-:meth:`LinkCalendar.reserve`). Reservations are made in the order messages are injected
-(posted): simulated time order.
+:meth:`LinkCalendar.reserve`). Reservations are made in simulated-time order: a message's
+chunks when it is injected (posted), and, on hosts that copy messages, an attention's turn
+on its rank's links when it starts (:meth:`LinkCalendar.reserve_together`).
 
 :class:`CostModel`, the cost context shared by the engine, the closed forms and the
 planner, binds a topology, a workload, per-rank hardware models and a backend: it
@@ -152,7 +153,7 @@ class LinkCalendar:
         begin = ready
         while True:  # each pass moves begin to a later busy interval's end, so it stops
             latest = max((self.fit(edge, begin, hold) for edge in edges), default=begin)
-            if latest == begin:
+            if not latest > begin:  # (also stops on a NaN time instead of looping)
                 break
             begin = latest
         for edge in edges:

@@ -36,7 +36,7 @@ after the attention kernel (:mod:`treeattn.sim.cold`).
 
 Copies: on gloo every message byte goes through the kernel's sockets, copied by the host's
 cores, so a gloo profile's hardware has ``copies_messages`` and the engine lets a rank's
-compute and its own messages' copies take turns instead of overlapping. Measured at 2 ranks
+attention and its own messages' copies take turns instead of overlapping. Measured at 2 ranks
 on a 2-core box, a ring step took the exchange's time plus the attention's (a 1 GiB block:
 ~520 ms exchange, ~95 ms attention each side, 700–730 ms a step), not the larger of the two.
 """

@@ -17,8 +17,9 @@ class SimResult:
     maps a directed edge ``(u, v)`` to the bytes that crossed it; ``bytes_per_rank`` is what
     each rank sent; ``comm_bytes`` their sum (each message counted once, not per hop).
     ``critical_path`` splits the makespan into ``compute_s`` (Compute and Merge steps,
-    waiting for a shared core or for the rank's message copies included), ``overhead_s``
-    (software send/recv overhead) and ``wire_s`` (in flight, contention included).
+    waiting for a shared core included), ``overhead_s``
+    (software send/recv overhead) and ``wire_s`` (in flight, contention and an attention's
+    wait for its rank's message copies included).
     ``method`` is ``"simulated"`` or ``"closed_form"`` (see :mod:`treeattn.sim.closed_form`).
     """
 
@@ -59,11 +60,12 @@ class SimResult:
         }
 
 
-def critical_path(steps, start, end, cause) -> dict:
+def critical_path(steps, start, end, cause, copy_wait=None) -> dict:
     """Walk back from the last step to finish, following what each step waited for.
 
     ``start[r][i]``/``end[r][i]`` are step times; ``cause[r][i]`` is, for a Recv that waited
-    on its message, ``(src_rank, src_step, inject_time, arrival_time)``, else ``None``.
+    on its message, ``(src_rank, src_step, inject_time, arrival_time)``, else ``None``;
+    ``copy_wait[r][i]``, how long a Compute waited for its rank's message copies (wire time).
     """
     r = max(range(len(end)), key=lambda x: end[x][-1] if end[x] else 0.0)
     i = len(steps[r]) - 1
@@ -72,7 +74,9 @@ def critical_path(steps, start, end, cause) -> dict:
         step = steps[r][i]
         out["steps"] += 1
         if isinstance(step, Compute | Merge):
-            out["compute_s"] += end[r][i] - start[r][i]
+            waited = copy_wait[r][i] if copy_wait is not None else 0.0
+            out["compute_s"] += end[r][i] - start[r][i] - waited
+            out["wire_s"] += waited
         elif isinstance(step, Send):
             out["overhead_s"] += end[r][i] - start[r][i]
         elif isinstance(step, Collective):
