@@ -3,7 +3,7 @@
 On gloo, a message's bytes go through the kernel's sockets, copied by the host's cores; a
 measured ring step on CPU ranks took the exchange's time *plus* the attention's, not the
 larger of the two. The engine models it (``HardwareModel.copies_messages``): a rank's
-compute books its own links, so it and its messages' chunks fit around each other.
+attention books its own links, so it and its messages' chunks fit around each other.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from treeattn.sim import DecodeWorkload, HardwareModel, build_schedule, simulate
 from treeattn.sim.devices import BackendModel
 from treeattn.sim.network import LinkCalendar
 from treeattn.sim.profiles import hardware_from_profile
-from treeattn.sim.schedule import Compute, Merge, Recv
+from treeattn.sim.schedule import Compute, Recv
 from treeattn.topo import Topology
 
 SEND_S = 3e-5
@@ -59,14 +59,15 @@ def test_two_rank_ring_takes_turns_only_when_the_host_copies(copies):
 
 @settings(max_examples=25, deadline=None)
 @given(world=st.integers(2, 5), seq_len=st.integers(4096, 200_000))
-def test_copies_never_overlap_a_ranks_compute_and_cost_at_least_the_serial_sum(world, seq_len):
+def test_copies_never_overlap_a_ranks_attention_and_cost_at_least_the_serial_sum(world,
+                                                                                  seq_len):
     schedule, result = _ring(world, seq_len, True)
     _, overlapped = _ring(world, seq_len, False)
     hw = _hardware(True)
     for steps in schedule.steps:
-        busy = sum(_compute_s(hw, s) for s in steps if isinstance(s, Compute | Merge))
+        busy = sum(_compute_s(hw, s) for s in steps if isinstance(s, Compute))
         wire_in = sum(s.nbytes / BANDWIDTH for s in steps if isinstance(s, Recv))
-        # a rank's links carry its incoming blocks and its compute, one at a time
+        # a rank's links carry its incoming blocks and its attention, one at a time
         assert result.makespan_s >= busy + wire_in - 1e-12
     assert result.makespan_s >= overlapped.makespan_s - 1e-12
 

@@ -91,7 +91,7 @@ class HardwareModel:
     bandwidth_shape: tuple[tuple[float, float], ...] = ()
     pinned: bool = False  # ranks bound round-robin to the ``cores`` (the local launcher's way)
     cold: ColdSteps | None = None  # host steps right after the kernel (treeattn.sim.cold)
-    # The host's cores copy every byte of a message (gloo's sockets), so a rank's compute
+    # The host's cores copy every byte of a message (gloo's sockets), so a rank's attention
     # and the copies of its own messages take turns (treeattn.sim.engine)
     copies_messages: bool = False
 

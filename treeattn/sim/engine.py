@@ -139,11 +139,13 @@ class _Run:
             return [()] * world
         edges = {}
         for r in copying:
-            outs = {net.hops(r, d)[0][0] for d in range(world) if d != r}
-            ins = {net.hops(s, r)[-1][0] for s in range(world) if s != r}
-            if len(outs) != 1 or len(ins) != 1:
-                return [()] * world
-            edges[r] = (outs.pop(), ins.pop())
+            peer = (r + 1) % world
+            out, into = net.hops(r, peer)[0][0], net.hops(peer, r)[-1][0]
+            for other in range(world):  # stops at the first peer reached another way
+                if other != r and (net.hops(r, other)[0][0] != out
+                                   or net.hops(other, r)[-1][0] != into):
+                    return [()] * world
+            edges[r] = (out, into)
         taken = [e for pair in edges.values() for e in pair]
         if len(set(taken)) != len(taken):
             return [()] * world
