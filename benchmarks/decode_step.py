@@ -33,10 +33,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from treeattn.llm.formats.weights import load_model  # noqa: E402
 from treeattn.llm.generate import generate_local  # noqa: E402
 from treeattn.llm.options import dtype_of, place_model  # noqa: E402
 from treeattn.llm.static_decode import StaticDecoder, generate_static  # noqa: E402
-from treeattn.llm.weights import load_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = [(37 * i + 11) % 1000 + 1 for i in range(100)]

@@ -2,9 +2,9 @@
 
 For every row of every run listed in ``benchmarks/data/published_collectives.json`` (the raw
 outputs are the fixtures in ``tests/fixtures/nccl-tests/``), predict the collective with
-:func:`treeattn.sim.collectives.collective_cost` on the matching built-in topology and
+:func:`treeattn.sim.nccl.collectives.collective_cost` on the matching built-in topology and
 compare. Nothing in the model was fitted to these points: its constants come from NCCL's and
-RCCL's source (see ``treeattn/sim/nccl_tables.py``).
+RCCL's source (see ``treeattn/sim/nccl/tables.py``).
 
 The published time of a row is the faster of its out-of-place and in-place columns: both
 measure the same call, and the first row of a run often carries a warm-up outlier in one.
@@ -26,8 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from treeattn import atomic
-from treeattn.sim.collectives import GroupShape, collective_cost
-from treeattn.sim.nccl_tests import read_nccl_tests
+from treeattn.sim.nccl.collectives import GroupShape, collective_cost
+from treeattn.sim.nccl.nccltests import read_nccl_tests
 from treeattn.sim.payloads import busbw_factor
 from treeattn.topo import Topology
 

@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from treeattn.commands.run import CalibrateJob  # noqa: E402
+from treeattn.llm.formats.weights import load_model  # noqa: E402
 from treeattn.llm.generate import generate_local  # noqa: E402
 from treeattn.llm.generate_context import document_segment  # noqa: E402
 from treeattn.llm.generate_dist import (  # noqa: E402
@@ -46,7 +47,6 @@ from treeattn.llm.generate_dist import (  # noqa: E402
     make_schedule,
     split_lengths,
 )
-from treeattn.llm.weights import load_model  # noqa: E402
 from treeattn.runtime.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.check import predictor  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402

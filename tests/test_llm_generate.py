@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from treeattn.cli import main
+from treeattn.llm.formats.weights import load_model
 from treeattn.llm.generate import generate_local
 from treeattn.llm.generate_dist import (
     GenerateRequest,
@@ -23,7 +24,6 @@ from treeattn.llm.generate_dist import (
     split_lengths,
 )
 from treeattn.llm.local_cache import LocalCache
-from treeattn.llm.weights import load_model
 
 LOGIT_ATOL, LOGIT_RTOL = 1e-4, 1e-4
 torch.set_num_threads(1)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from test_llm_generate import _assert_same, _run_distributed
 
+from treeattn.llm.formats.weights import load_model
 from treeattn.llm.generate import generate_local
-from treeattn.llm.weights import load_model
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -19,9 +19,9 @@ from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
 from treeattn.llm.errors import ModelError  # noqa: E402
-from treeattn.llm.gguf_quants import BLOCKS, dequantize  # noqa: E402
+from treeattn.llm.formats.gguf_quants import BLOCKS, dequantize  # noqa: E402
+from treeattn.llm.formats.weights import load_model  # noqa: E402
 from treeattn.llm.model import LlamaConfig, random_model  # noqa: E402
-from treeattn.llm.weights import load_model  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 # byte offsets of the fp16 scales inside one block
@@ -70,7 +70,7 @@ def write_llama_gguf(path, model, kind: str = "Q8_0", arch: str = "llama") -> No
     """Write ``model`` as a llama GGUF with a tiny byte-level vocabulary."""
     from gguf import GGUFWriter
 
-    from treeattn.llm.tokenizer import byte_tokenizer
+    from treeattn.llm.formats.tokenizer import byte_tokenizer
 
     c = model.config
     writer = GGUFWriter(str(path), arch)

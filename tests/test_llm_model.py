@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.llm.errors import ModelError
+from treeattn.llm.formats.weights import load_model
 from treeattn.llm.local_cache import LocalCache, prefill
 from treeattn.llm.model import LlamaConfig, apply_rope, random_model, rope_cos_sin
-from treeattn.llm.weights import load_model
 
 torch.set_num_threads(1)
 
@@ -86,7 +86,7 @@ def write_hf_checkpoint(path, conf: dict, seed: int = 0) -> dict:
     """A random Llama checkpoint (config.json, model.safetensors, tokenizer.json) in ``path``."""
     from safetensors.torch import save_file
 
-    from treeattn.llm.tokenizer import byte_tokenizer
+    from treeattn.llm.formats.tokenizer import byte_tokenizer
 
     gen = torch.Generator().manual_seed(seed)
     dim, hid, v = conf["hidden_size"], conf["intermediate_size"], conf["vocab_size"]
@@ -194,7 +194,7 @@ def test_bad_shapes_and_names_are_model_errors(tmp_path):
 
 
 def test_tokenizer_and_chat_template(tmp_path):
-    from treeattn.llm.tokenizer import Tokenizer, byte_tokenizer
+    from treeattn.llm.formats.tokenizer import Tokenizer, byte_tokenizer
 
     tok = byte_tokenizer()
     text = "héllo, wörld ✓ 123\n\ttab"
@@ -212,7 +212,7 @@ def test_tokenizer_and_chat_template(tmp_path):
 
 
 def test_bos_is_added_once():
-    from treeattn.llm.tokenizer import Tokenizer, byte_tokenizer
+    from treeattn.llm.formats.tokenizer import Tokenizer, byte_tokenizer
 
     backend = byte_tokenizer().backend
     bos = backend.token_to_id("A")

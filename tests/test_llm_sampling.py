@@ -107,8 +107,8 @@ def test_half_dtypes_verify(dtype, nproc, capsys):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_smollm2_bf16_on_cpu_gives_the_fp32_greedy_tokens():
+    from treeattn.llm.formats.weights import load_model
     from treeattn.llm.generate import generate_local
-    from treeattn.llm.weights import load_model
 
     loaded = load_model("smollm2-135m-instruct")
     tok, model = loaded.tokenizer, loaded.model

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from treeattn.llm.errors import ModelError
+from treeattn.llm.formats.weights import load_model
 from treeattn.llm.generate import generate_local
 from treeattn.llm.options import place_model
 from treeattn.llm.static_decode import StaticCache, StaticDecoder, generate_static
-from treeattn.llm.weights import load_model
 
 torch.set_num_threads(1)
 PROMPT = [(37 * i + 11) % 256 for i in range(19)]

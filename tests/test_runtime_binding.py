@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from treeattn.runtime.binding import (
+from treeattn.runtime.errors import RuntimeFailure
+from treeattn.runtime.launch import LaunchOptions, launch
+from treeattn.runtime.local.binding import (
     GROUP_CPUS_ENV,
     available_cpus,
     cpus_for_rank,
@@ -17,8 +19,6 @@ from treeattn.runtime.binding import (
     group_cpus,
     resolve_bind,
 )
-from treeattn.runtime.errors import RuntimeFailure
-from treeattn.runtime.launch import LaunchOptions, launch
 
 linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux affinity")
 
@@ -47,7 +47,7 @@ def test_the_group_cpus_come_from_the_launcher(monkeypatch):
 
 
 def _placement(ctx):
-    from treeattn.runtime.binding import group_cores
+    from treeattn.runtime.local.binding import group_cores
 
     return ctx.rank, sorted(os.sched_getaffinity(0)), group_cores()
 

@@ -1,4 +1,4 @@
-"""The shared-memory transport (treeattn/runtime/shm.py, transport.py).
+"""The shared-memory transport (treeattn/runtime/local/shm.py, transport.py).
 
 In-process: two ends of one segment (a plain array standing in for the shared file) check
 the mailbox protocol itself: FIFO per tag, independent tags, a send to a full mailbox pushed
@@ -20,10 +20,10 @@ import torch
 
 from treeattn.kernels.reference import naive_attention
 from treeattn.llm.verify import Case, CasesJob
-from treeattn.runtime import shm
 from treeattn.runtime.errors import RankTimeout, RuntimeFailure
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
+from treeattn.runtime.local import shm
 from treeattn.runtime.transport import transport_for
 
 

@@ -1,4 +1,4 @@
-"""The compiled reduction of partials (treeattn/runtime/shm_program.py, native/shm_program.c).
+"""The compiled reduction of partials (treeattn/runtime/local/shm_program.py, native/shm_program.c).
 
 In-process, ranks are threads (the C call releases the GIL) on one segment held in a plain
 array, as in test_runtime_shm.py: every rank's result equals the reference attention of the
@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from treeattn.kernels import merge_packed, partial_attention_packed, partial_attention_path
 from treeattn.kernels.reference import naive_attention
 from treeattn.kernels.testing import O_TOLERANCE
-from treeattn.runtime import shm, shm_program
 from treeattn.runtime.errors import RankTimeout, RuntimeFailure
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects
 from treeattn.runtime.launch import LaunchOptions, launch
+from treeattn.runtime.local import shm, shm_program
 from treeattn.runtime.plans import build, local_topology, shard_offsets, workload_for
 from treeattn.runtime.wire import AttnDims, unpack_partial
 from treeattn.sim.schedule import Compute, Merge, Recv, Send

@@ -86,7 +86,7 @@ def test_exchange_sizes_reach_the_largest_message_and_stop_at_the_cap() -> None:
 def test_predicted_band_brackets_the_prediction() -> None:
     from treeattn.runtime.plans import build, local_topology, shard_lengths, workload_for
     from treeattn.sim import simulate
-    from treeattn.sim.profiles import (
+    from treeattn.sim.host.profiles import (
         backend_from_profile,
         hardware_from_profile,
         profile_bound,

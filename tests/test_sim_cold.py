@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.sim import DecodeWorkload, HardwareModel, SimError, build_schedule, simulate
-from treeattn.sim.cold import ColdSteps, cold_from_profile
 from treeattn.sim.devices import BackendModel
+from treeattn.sim.host.cold import ColdSteps, cold_from_profile
+from treeattn.sim.host.profiles import hardware_from_profile
 from treeattn.sim.payloads import CollectiveOp, ComputeLabel, Payload
-from treeattn.sim.profiles import hardware_from_profile
 from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send
 from treeattn.topo import Topology
 

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.sim import SimError
-from treeattn.sim import nccl_tables as T
-from treeattn.sim.collectives import (
+from treeattn.sim.nccl import tables as T
+from treeattn.sim.nccl.collectives import (
     OPS,
     GroupShape,
     candidates,

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from treeattn.sim import DecodeWorkload, HardwareModel, build_schedule, simulate
 from treeattn.sim.devices import BackendModel
+from treeattn.sim.host.profiles import hardware_from_profile
 from treeattn.sim.network import LinkCalendar
-from treeattn.sim.profiles import hardware_from_profile
 from treeattn.sim.schedule import Compute, Recv
 from treeattn.topo import Topology
 

@@ -12,9 +12,9 @@ import pytest
 
 from treeattn.cli import main
 from treeattn.sim import SimError
-from treeattn.sim.collectives import GroupShape
-from treeattn.sim.nccl_fit import _loss, _rows, fit
-from treeattn.sim.nccl_tests import parse_nccl_tests, read_nccl_tests
+from treeattn.sim.nccl.collectives import GroupShape
+from treeattn.sim.nccl.fit import _loss, _rows, fit
+from treeattn.sim.nccl.nccltests import parse_nccl_tests, read_nccl_tests
 from treeattn.topo import Topology
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
@@ -142,7 +142,7 @@ def test_sweep_and_run_check_take_a_gpu_profile(tmp_path, capsys):
 def test_run_check_predicts_a_gpu_cluster_from_its_profile():
     from treeattn.commands.nccl_calibrate import calibration_profile
     from treeattn.runtime.check import predictor
-    from treeattn.sim.profiles import load_profile
+    from treeattn.sim.host.profiles import load_profile
 
     profile = load_profile(calibration_profile([str(H100_2NODE)], "dgx-h100:nodes=2"))
     topology, hardware, backend = predictor(profile, 16, "dgx-h100:nodes=2")
@@ -157,8 +157,8 @@ def test_run_check_predicts_a_gpu_cluster_from_its_profile():
                                 "broadcast"])
 def test_every_nccl_tests_op_parses_and_calibrates(tmp_path, capsys, op):
     """Synthetic tables (the model's own times, ×1.3) in nccl-tests' layout for each op."""
-    from treeattn.sim.collectives import collective_cost
-    from treeattn.sim.nccl_tests import NCCL_TESTS_OPS
+    from treeattn.sim.nccl.collectives import collective_cost
+    from treeattn.sim.nccl.nccltests import NCCL_TESTS_OPS
 
     shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
     rows = []

@@ -1,4 +1,4 @@
-"""Plain reductions of partials (treeattn/sim/partial_reduction.py): which ranks run as the
+"""Plain reductions of partials (treeattn/sim/host/partial_reduction.py): which ranks run as the
 runtime's C program, and what the simulator charges them, against hand-derived costs."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from test_sim_engine import bound, predict
 from test_sim_profile import PROFILE  # a valid world-2 profile
 
 from treeattn.sim import DecodeWorkload, HardwareModel, SimError, build_schedule, simulate
-from treeattn.sim.cold import ColdSteps
 from treeattn.sim.devices import BackendModel
-from treeattn.sim.partial_reduction import (
+from treeattn.sim.host.cold import ColdSteps
+from treeattn.sim.host.partial_reduction import (
     RECV_MERGE,
     RECV_REPLACE,
     SEND,
     ProgramCosts,
     reduction_ops,
 )
+from treeattn.sim.host.profiles import backend_from_profile, program_costs
 from treeattn.sim.payloads import ComputeLabel
-from treeattn.sim.profiles import backend_from_profile, program_costs
 from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send
 from treeattn.topo import Topology
 

@@ -11,7 +11,7 @@ import pytest
 from topo_inputs import NVSMI_A100, fixture
 
 from treeattn.topo import Topology, TopologyError
-from treeattn.topo.importers import parse_text
+from treeattn.topo.importers.detect import parse_text
 
 NV3090 = "nvsmi-4xrtx3090-nv4-pairs-aikitoria-pr18.txt"
 IBM_XML = "nccl-topo-ibmcloud-gx3d-8xh100-vsi.xml"

@@ -15,7 +15,7 @@ from topo_inputs import nccl_xml, nvsmi_header, nvsmi_matrix
 
 from treeattn.cli import main
 from treeattn.topo import Topology, TopologyError
-from treeattn.topo.importers import parse_text
+from treeattn.topo.importers.detect import parse_text
 
 
 def one_line_error(fn, *args, **kwargs) -> str:

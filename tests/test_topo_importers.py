@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from treeattn.topo import Topology, TopologyError
-from treeattn.topo.importers import FORMATS, detect_format, parse_text
+from treeattn.topo.importers.detect import FORMATS, detect_format, parse_text
 
 FIX = Path(__file__).parent / "fixtures"
 GB = 1e9

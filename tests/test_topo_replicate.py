@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from treeattn.topo import Topology, TopologyError
-from treeattn.topo.importers import expected_gpus
+from treeattn.topo.importers.detect import expected_gpus
 
 FIX = Path(__file__).parent / "fixtures"
 XML = FIX / "nccl-topo-azure-ndv5-8xh100.xml"  # 8 GPUs, 8 NICs

@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from treeattn.errors import UserError
-from treeattn.sim.collectives import OPS, GroupShape, collective_cost
 from treeattn.sim.export import tagged
+from treeattn.sim.nccl.collectives import OPS, GroupShape, collective_cost
 from treeattn.sim.payloads import busbw_factor
 
 SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -89,7 +89,7 @@ def handle(args: argparse.Namespace) -> int:
     topology = Topology.load(args.topology)
     calibration = None
     if args.profile:
-        from treeattn.sim.profiles import plan_overrides
+        from treeattn.sim.host.profiles import plan_overrides
 
         backend = plan_overrides(args.profile, topology).get("backend")
         calibration = getattr(backend, "calibration", None)

@@ -151,9 +151,9 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome | None:
 
     Under torchrun every rank calls it; only rank 0 gets an Outcome, the others None.
     """
+    from treeattn.llm.formats.weights import load_model, resolve_model
     from treeattn.llm.generate import check_request, generate_local
     from treeattn.llm.options import Sampler
-    from treeattn.llm.weights import load_model, resolve_model
 
     world = _check_args(args)
     sampling = sampling_of(args)

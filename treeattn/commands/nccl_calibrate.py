@@ -3,7 +3,7 @@
 Reads nccl-tests/rccl-tests outputs (``all_reduce_perf``, ``all_gather_perf``,
 ``reduce_scatter_perf``, ``alltoall_perf``, ``sendrecv_perf``, ``broadcast_perf``; the op
 comes from the text, the file name, or an ``OP:FILE`` prefix), fits the collective cost model
-to them (:mod:`treeattn.sim.nccl_fit`) and writes a profile that ``predict``, ``plan``,
+to them (:mod:`treeattn.sim.nccl.fit`) and writes a profile that ``predict``, ``plan``,
 ``comm`` and ``run --check --topology`` accept with ``--profile``. The fit's residuals are
 printed and kept in the profile. No torch: this runs wherever the planner runs.
 """
@@ -22,11 +22,11 @@ from rich.table import Table
 from treeattn import atomic
 from treeattn.atomic import check_output_path
 from treeattn.errors import UserError
-from treeattn.sim.collectives import GroupShape
 from treeattn.sim.devices import default_backend
-from treeattn.sim.nccl_fit import fit
-from treeattn.sim.nccl_tests import NCCL_TESTS_OPS, read_nccl_tests
-from treeattn.sim.profiles import NCCL_TESTS_KIND, VERSION
+from treeattn.sim.host.profiles import NCCL_TESTS_KIND, VERSION
+from treeattn.sim.nccl.collectives import GroupShape
+from treeattn.sim.nccl.fit import fit
+from treeattn.sim.nccl.nccltests import NCCL_TESTS_OPS, read_nccl_tests
 
 
 def _read(spec: str):

@@ -19,7 +19,7 @@ from treeattn.commands._args import parse_tokens
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.export import schedule_to_json, tagged, trace_json
-from treeattn.sim.profiles import plan_overrides
+from treeattn.sim.host.profiles import plan_overrides
 from treeattn.sweep.rows import PICK, algorithm_rows
 
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")

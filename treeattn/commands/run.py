@@ -21,7 +21,7 @@ from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_bytes, parse_tokens
 from treeattn.errors import UserError
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
-from treeattn.runtime.binding import BIND_CHOICES
+from treeattn.runtime.local.binding import BIND_CHOICES
 from treeattn.sim.algorithms import CLI_CHOICES
 from treeattn.sim.export import tagged
 from treeattn.sim.workload import DTYPE_BYTES

@@ -83,7 +83,7 @@ def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
     topologies = check_points(points)  # fail on bad input before any work or progress output
     profile = None
     if args.profile:
-        from treeattn.sim.profiles import load_profile, plan_overrides
+        from treeattn.sim.host.profiles import load_profile, plan_overrides
 
         profile = load_profile(args.profile)
         for topology in topologies.values():

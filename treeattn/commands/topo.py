@@ -23,7 +23,7 @@ from rich.table import Table
 from treeattn import atomic
 from treeattn.atomic import check_output_path
 from treeattn.topo import Topology, TopologyError
-from treeattn.topo.importers import FORMATS, expected_gpus
+from treeattn.topo.importers.detect import FORMATS, expected_gpus
 from treeattn.topo.summary import span, summary_rows
 
 MAX_JSON_GPUS = 4096  # 4096^2 matrix entries are ~0.3 GB of JSON already

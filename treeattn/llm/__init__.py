@@ -1,12 +1,13 @@
 """The LLM stack: a real Llama-family model decoding on a KV cache sharded across ranks.
 
 - :mod:`treeattn.llm.model`: the transformer, with pluggable attention over the KV cache.
-- :mod:`treeattn.llm.weights`: load a model by name, GGUF file or Hugging Face directory; both
-  checkpoint formats are assembled by :func:`treeattn.llm.model.assemble`.
-  :mod:`treeattn.llm.gguf_load` and :mod:`treeattn.llm.gguf_quants` read and dequantize GGUF,
-  :mod:`treeattn.llm.snapshot` hands a loaded model to the ranks of one run,
-  :mod:`treeattn.llm.fetch` downloads the default model, :mod:`treeattn.llm.tokenizer` wraps
-  the tokenizer and its chat template.
+- :mod:`treeattn.llm.formats`: checkpoints and tokenizers.
+  :mod:`~treeattn.llm.formats.weights` loads a model by name, GGUF file or Hugging Face
+  directory (both formats are assembled by :func:`treeattn.llm.model.assemble`);
+  :mod:`~treeattn.llm.formats.gguf_load` and :mod:`~treeattn.llm.formats.gguf_quants` read
+  and dequantize GGUF, :mod:`~treeattn.llm.formats.snapshot` hands a loaded model to the
+  ranks of one run, :mod:`~treeattn.llm.formats.fetch` downloads the default model and
+  :mod:`~treeattn.llm.formats.tokenizer` wraps the tokenizer and its chat template.
 - :mod:`treeattn.llm.cache`: the KV cache split along the sequence across ranks.
 - :mod:`treeattn.llm.local_cache`, :mod:`treeattn.llm.generate`,
   :mod:`treeattn.llm.generate_context`: one process's cache and prefill, greedy decoding in

@@ -38,12 +38,12 @@ import torch
 import torch.distributed as dist
 
 from treeattn.llm.cache import ShardedKVCache
+from treeattn.llm.formats.snapshot import save_snapshot
+from treeattn.llm.formats.weights import load_model
 from treeattn.llm.generate import Generation, greedy_decode
 from treeattn.llm.generate_context import fill_document
 from treeattn.llm.local_cache import LocalCache, prefill
 from treeattn.llm.options import Sampler, Sampling, body_dtype, dtype_of, place_model
-from treeattn.llm.snapshot import save_snapshot
-from treeattn.llm.weights import load_model
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
@@ -202,7 +202,7 @@ def generate_distributed(request: GenerateRequest, world: int, timeout_s=GENERAT
                          loaded=None, device: str = "auto"):
     """Launch ``world`` local ranks running ``request``; return rank 0's result dict.
 
-    ``loaded`` (the caller's :class:`~treeattn.llm.weights.LoadedModel`) is handed to
+    ``loaded`` (the caller's :class:`~treeattn.llm.formats.weights.LoadedModel`) is handed to
     the ranks as a temporary snapshot, so they skip parsing the original file.
     """
     options = LaunchOptions(timeout_s=timeout_s, threads=1, device=device)

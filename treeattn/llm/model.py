@@ -11,7 +11,7 @@ the plan's schedule across ranks (:mod:`treeattn.llm.generate_dist`).
 
 RoPE here rotates *interleaved* pairs ``(x[2i], x[2i+1])``, GGML's layout. GGUF files store
 Q/K that way already; Hugging Face checkpoints rotate half-split pairs ``(x[i], x[i + D/2])``
-and are permuted on load (:func:`treeattn.llm.weights.hf_to_interleaved`).
+and are permuted on load (:func:`treeattn.llm.formats.weights.hf_to_interleaved`).
 """
 
 from __future__ import annotations

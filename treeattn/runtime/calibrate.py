@@ -9,9 +9,9 @@ The measurements, run inside an existing process group (every rank calls
 - **allreduce**: ``all_reduce`` of small and medium tensors on all ranks.
 - **collectives**: every collective the schedules use (all-reduce, all-gather,
   reduce-scatter, all-to-all, broadcast) at a few sizes on all ranks, each fitted to
-  ``t = α + n·s`` (``n`` in nccl-tests' convention, see :mod:`treeattn.sim.collectives`), so
+  ``t = α + n·s`` (``n`` in nccl-tests' convention, see :mod:`treeattn.sim.nccl.collectives`), so
   the simulator can price collective-based schedules on this machine at this world size.
-  They run through the executor's path (:mod:`treeattn.runtime.shm_collectives`): the
+  They run through the executor's path (:mod:`treeattn.runtime.local.shm_collectives`): the
   mailboxes while each message fits one, the process group above.
 - **exchange**: every rank sends to ``r+1`` and receives from ``r−1`` at once (the ring's
   pattern). Recorded for the simulator: on loopback, concurrent messages share the host's
@@ -31,7 +31,7 @@ which set the bandwidth-bound predictions, are measured in :data:`ROUNDS` bursts
 the calibration and combined by :func:`combine_rounds`, so one burst caught by another
 user's load spike does not move them; and the p10/p90 of the samples
 give each section a ``spread`` ``[p10/median, p90/median]`` (max over ranks) from which
-``run --check`` derives the predicted band (:func:`treeattn.sim.profiles.profile_bound`).
+``run --check`` derives the predicted band (:func:`treeattn.sim.host.profiles.profile_bound`).
 - **attention**: ``treeattn.kernels.partial_attention`` over local shards of several lengths,
   with ``min(world, cores)`` ranks running at once so the memory-bandwidth contention of
   concurrent ranks is captured. Oversubscription (more ranks than cores) is *not* folded in
@@ -41,11 +41,11 @@ give each section a ``spread`` ``[p10/median, p90/median]`` (max over ranks) fro
   default shape), the memory-bound regime of long-context decode. A straight-line fit over
   all sizes would let noise in the large times swing the intercept by milliseconds.
 - **executor**: the schedule executor's own host cost per Send/Recv step beyond raw gloo
-  (:func:`treeattn.runtime.overhead.measure_step_overhead`), which the simulator adds to
+  (:func:`treeattn.runtime.local.overhead.measure_step_overhead`), which the simulator adds to
   both ends of every message.
 - **cold** (CPU ranks): the extra cost of the first merge, message and collective right
   after the attention kernel has streamed a shard through the caches
-  (:mod:`treeattn.runtime.cold`).
+  (:mod:`treeattn.runtime.local.cold`).
 
 The profile::
 
@@ -71,8 +71,6 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import partial_attention
-from treeattn.runtime.binding import group_cores, is_pinned
-from treeattn.runtime.cold import busy_ranks, collective_call, measure_cold_steps
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.fitting import (  # noqa: F401  (fit_latency_bandwidth: re-export)
     fit_latency_bandwidth,
@@ -80,7 +78,9 @@ from treeattn.runtime.fitting import (  # noqa: F401  (fit_latency_bandwidth: re
     message_section,
 )
 from treeattn.runtime.group import RankContext, barrier, wait_work
-from treeattn.runtime.overhead import measure_step_overhead
+from treeattn.runtime.local.binding import group_cores, is_pinned
+from treeattn.runtime.local.cold import busy_ranks, collective_call, measure_cold_steps
+from treeattn.runtime.local.overhead import measure_step_overhead
 from treeattn.runtime.profile_io import (  # noqa: F401  (re-exported)
     PROFILE_VERSION,
     machine_info,

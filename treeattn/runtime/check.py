@@ -15,7 +15,7 @@ Error of one point: ``max(p/m, m/p) − 1``. Over a grid:
 Bands, because one number is not an answer on a shared host: each point reports the measured
 median with its p10–p90 over the timed steps, and the predicted value with the band the
 calibration's own spread implies (the simulation repeated with every calibrated cost at its
-p10, then at its p90: :func:`treeattn.sim.profiles.profile_bound`). A point passes
+p10, then at its p90: :func:`treeattn.sim.host.profiles.profile_bound`). A point passes
 (:func:`within_band`) when the prediction lies in the measured band widened by
 ``--max-error`` on both sides.
 
@@ -228,7 +228,7 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
     is one (``calibrate --nccl-tests``); otherwise the calibrated ``local`` topology and
     ``cpu`` model from the profile; with neither, the uncalibrated ``local`` defaults.
     """
-    from treeattn.sim.profiles import is_gpu_profile
+    from treeattn.sim.host.profiles import is_gpu_profile
 
     gpu_profile = profile is not None and is_gpu_profile(profile)
     if topology is not None:
@@ -238,7 +238,7 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
         if topo.num_gpus != world:
             raise RuntimeFailure(f"topology {topology} has {topo.num_gpus} GPUs, world is {world}")
         if gpu_profile:
-            from treeattn.sim.profiles import backend_from_profile
+            from treeattn.sim.host.profiles import backend_from_profile
 
             if profile["world"] != world:
                 raise RuntimeFailure(f"the profile was calibrated on {profile['world']} GPUs, "
@@ -250,7 +250,7 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
                              "with it")
     if profile is None:
         return local_topology(world), None, None
-    from treeattn.sim.profiles import (
+    from treeattn.sim.host.profiles import (
         backend_from_profile,
         hardware_from_profile,
         topology_from_profile,
@@ -280,7 +280,7 @@ def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, wo
     sim = simulate(schedule, topology, workload, hardware, backend)
     band = [sim.makespan_s]
     if profile is not None and req.topology is None:
-        from treeattn.sim.profiles import profile_bound
+        from treeattn.sim.host.profiles import profile_bound
 
         for side in ("lo", "hi"):
             topo, hw, be = predictor(profile_bound(profile, side), world)

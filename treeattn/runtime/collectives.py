@@ -6,7 +6,7 @@ Semantics are those of :mod:`treeattn.sim.schedule`. This module owns three thin
   world, so every rank creates every group of the schedule, in the same order (the order
   the groups first appear, rank by rank), whether or not it is a member. A group of all
   ranks is the default group. Each group's collectives run through
-  :class:`~treeattn.runtime.shm_collectives.CollectiveOps`: shared-memory mailboxes for
+  :class:`~treeattn.runtime.local.shm_collectives.CollectiveOps`: shared-memory mailboxes for
   small payloads on one CPU host, the process group otherwise.
 * **Head chunks of any payload.** A collective's chunk ``(i, p)`` is a range of query heads
   of every array in the payload (``o`` and ``lse`` of a partial, the single array of
@@ -25,8 +25,8 @@ import torch.distributed as dist
 from treeattn.kernels import merge
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.shm import ShmChannel
-from treeattn.runtime.shm_collectives import CollectiveOps
+from treeattn.runtime.local.shm import ShmChannel
+from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.payloads import PAYLOAD_LAYOUTS, CollectiveOp, MergeOp, Payload, shard_bounds
 from treeattn.sim.schedule import Collective, Schedule

@@ -30,7 +30,7 @@ runs on the first run only (``memory=True`` forces it on every run).
 
 On CPU ranks that share a host, a rank whose steps are its attention followed by whole-partial
 sends, receives and merges (tree, all-gather, butterfly at powers of two) runs them, the attention
-included, as one C call over the shared-memory mailboxes (:mod:`treeattn.runtime.shm_program`)
+included, as one C call over the shared-memory mailboxes (:mod:`treeattn.runtime.local.shm_program`)
 on every run that does not walk memory. Its results and timeline are the Python steps'.
 """
 
@@ -46,8 +46,8 @@ from treeattn.runtime import passq
 from treeattn.runtime.collectives import Groups
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
+from treeattn.runtime.local.shm_program import compile_program
 from treeattn.runtime.run_state import KVPool, RunState, RunStats, attend_packed, handler_for
-from treeattn.runtime.shm_program import compile_program
 from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import (
     AttnDims,
@@ -80,7 +80,7 @@ class Executor:
         Score scale, default ``1 / sqrt(D)``.
     compiled
         Run a plain reduction of partials as one C call where it can
-        (:mod:`treeattn.runtime.shm_program`); False keeps the Python steps (calibration
+        (:mod:`treeattn.runtime.local.shm_program`); False keeps the Python steps (calibration
         measures both).
     """
 

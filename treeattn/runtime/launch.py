@@ -31,7 +31,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from treeattn.runtime.binding import BIND_CHOICES, GROUP_CPUS_ENV, available_cpus, pin_rank
 from treeattn.runtime.errors import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.group import (
     DEFAULT_TIMEOUT_S,
@@ -41,6 +40,7 @@ from treeattn.runtime.group import (
     heartbeat_key,
     init_group,
 )
+from treeattn.runtime.local.binding import BIND_CHOICES, GROUP_CPUS_ENV, available_cpus, pin_rank
 
 MAX_LOCAL_WORLD = 64
 FAULT_ENV = "TREEATTN_FAULT_KILL"  # "RANK:SECONDS": that rank SIGKILLs itself (tests only)

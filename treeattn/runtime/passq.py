@@ -22,7 +22,7 @@ import torch
 
 from treeattn.kernels import merge, partial_attention
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.shm_collectives import CollectiveOps
+from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.payloads import CollectiveOp
 from treeattn.sim.schedule import Collective

@@ -42,9 +42,9 @@ def machine_info() -> dict:
 
 def read_profile(path: str | os.PathLike) -> dict:
     """Load a profile written by :func:`write_profile`, checked by the simulator's
-    :func:`~treeattn.sim.profiles.load_profile`; a one-line error if unreadable or invalid."""
+    :func:`~treeattn.sim.host.profiles.load_profile`; a one-line error if unreadable or invalid."""
     from treeattn.sim import SimError
-    from treeattn.sim.profiles import load_profile
+    from treeattn.sim.host.profiles import load_profile
 
     try:
         return load_profile(Path(path))

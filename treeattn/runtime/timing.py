@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from treeattn.runtime.group import RankContext, all_gather_objects, barrier, wait_work
+from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.run_state import RunStats
-from treeattn.runtime.shm_collectives import CollectiveOps
 from treeattn.runtime.transport import transport_for
 
 MAX_STEPS = 200

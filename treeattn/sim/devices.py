@@ -21,7 +21,7 @@ the fraction treeattn's own decode kernel reached where it was measured, and a G
 reads at ``datasheet × efficiency``. GPUs not measured keep the datasheet figure (1.0).
 
 The ``cpu`` profile is a placeholder until the runtime calibrates it
-(:func:`treeattn.sim.profiles.hardware_from_profile`). ``cores`` is the number of compute
+(:func:`treeattn.sim.host.profiles.hardware_from_profile`). ``cores`` is the number of compute
 servers shared by all ranks of one host (``None``: each rank owns its device).
 
 The figures (peak memory bandwidth, dense 16-bit FLOP/s) and their datasheet sources live in
@@ -40,7 +40,7 @@ arrived. The small-message latency is therefore ``α = send_s + route latency + 
 Sources:
 
 * ``nccl``: NCCL keeps no cost table for send/recv; we price one p2p message as one ring
-  hop of its LL protocol (see :func:`treeattn.sim.collectives.p2p_cost`): the ring LL base
+  hop of its LL protocol (see :func:`treeattn.sim.nccl.collectives.p2p_cost`): the ring LL base
   of NCCL 2.30.7's ``tuning.cc`` (6.6 µs), split between the two ends (3.3 µs each), plus
   the route's per-hop latency, which lives in the topology's links (0.6 µs NVLink, 1.0 µs
   PCIe, 2.7 µs network). Collectives are priced by the library's own model instead.
@@ -48,12 +48,12 @@ Sources:
   6.0 µs each end.
 * ``gloo``: TCP on loopback through gloo's pair transport costs tens of µs per message on a
   typical Linux host; 15 µs per end is a placeholder that calibration replaces
-  (:func:`treeattn.sim.profiles.backend_from_profile`). Between CPU ranks of one host the
+  (:func:`treeattn.sim.host.profiles.backend_from_profile`). Between CPU ranks of one host the
   runtime sends small messages through shared memory instead
   (``treeattn/runtime/transport.py``), and calibration measures that same path, so a
   calibrated α is the shared-memory one.
 
-Calibration profiles turn into these models in :mod:`treeattn.sim.profiles`.
+Calibration profiles turn into these models in :mod:`treeattn.sim.host.profiles`.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from treeattn.sim.cold import ColdSteps
-from treeattn.sim.partial_reduction import ProgramCosts
+from treeattn.sim.host.cold import ColdSteps
+from treeattn.sim.host.partial_reduction import ProgramCosts
 from treeattn.sim.payloads import SimError
 from treeattn.topo.hardware import GPU_SPECS
 
@@ -87,10 +87,10 @@ class HardwareModel:
     # ((bytes, factor), ...) sorted by bytes: the bandwidth at a step of ``bytes`` is
     # ``memory_bandwidth_Bps × factor``, interpolated in log(bytes) and held flat beyond the
     # ends. From calibration, where a CPU's caches make a small shard read faster than a large
-    # one (treeattn.sim.profiles.hardware_from_profile); empty: one bandwidth for every size.
+    # one (treeattn.sim.host.profiles.hardware_from_profile); empty: one bandwidth for every size.
     bandwidth_shape: tuple[tuple[float, float], ...] = ()
     pinned: bool = False  # ranks bound round-robin to the ``cores`` (the local launcher's way)
-    cold: ColdSteps | None = None  # host steps right after the kernel (treeattn.sim.cold)
+    cold: ColdSteps | None = None  # host steps right after the kernel (treeattn.sim.host.cold)
     # The host's cores copy every byte of a message (gloo's sockets), so a rank's attention
     # and the copies of its own messages take turns (treeattn.sim.engine)
     copies_messages: bool = False
@@ -169,9 +169,9 @@ class BackendModel:
     recv_s: float
     # Measured collectives (calibration): ((op, world, alpha_s, seconds_per_byte), ...).
     collectives: tuple[tuple[str, int, float, float], ...] = ()
-    # A GPU cluster's calibration from nccl-tests (treeattn.sim.nccl_fit), if any.
+    # A GPU cluster's calibration from nccl-tests (treeattn.sim.nccl.fit), if any.
     calibration: object = field(default=None, compare=False, hash=False)
-    # CPU ranks of one host: the C program's message costs (treeattn.sim.partial_reduction)
+    # CPU ranks of one host: the C program's message costs (treeattn.sim.host.partial_reduction)
     program: ProgramCosts | None = None
 
     def __post_init__(self) -> None:

@@ -21,9 +21,9 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   topology where links are not a rank's own nothing does. The critical path counts the wait
   as wire time.
 * With a calibrated ``HardwareModel.cold``, the first merge, send, receive and collective
-  after a rank's attention kernel also pay what running cold costs (:mod:`treeattn.sim.cold`).
+  after a rank's attention kernel also pay what running cold costs (:mod:`treeattn.sim.host.cold`).
 * A rank whose steps the runtime runs as one C program (a plain reduction of partials with a
-  calibrated ``BackendModel.program``, :mod:`treeattn.sim.partial_reduction`) pays the
+  calibrated ``BackendModel.program``, :mod:`treeattn.sim.host.partial_reduction`) pays the
   program's message costs instead, and no cold extras (in a group that gets the mailboxes:
   one host, at most ``program.max_world`` ranks).
 * A message is cut into chunks (:mod:`treeattn.sim.network`) that cross the route with
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import simpy
 
-from treeattn.sim.cold import KINDS
+from treeattn.sim.host.cold import KINDS
 from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import CostModel, LinkCalendar
 from treeattn.sim.payloads import (
@@ -84,7 +84,7 @@ class _Run:
         # ranks whose attention takes turns with their messages' copies: the links they book
         self.copy_edges = self._copy_edges()
         self.copy_wait = [[0.0] * len(st) for st in schedule.steps]  # for the critical path
-        # per rank: the calibrated cold-step costs and the kinds still cold (treeattn.sim.cold)
+        # per rank: the calibrated cold-step costs and the kinds still cold (treeattn.sim.host.cold)
         self.cold_costs = [h.cold for h in self.c.hardware]
         self.cold: list[set] = [set() for _ in range(schedule.world)]
         # ranks whose steps run as one C program: its message costs, and nothing runs cold

@@ -237,7 +237,7 @@ class CostModel:
         self.net = Network(topology, self.backend, chunk_bytes, max_chunks)
         self.send_s = self.backend.send_s
         self.recv_s = self.backend.recv_s
-        # Ranks that run as a C program pay its message costs (treeattn.sim.partial_reduction);
+        # Ranks that run as a C program pay its message costs (treeattn.sim.host.partial_reduction);
         # the closed-form lower bounds take the cheaper of the two.
         self.program = self.backend.program
         self.least_send_s = min(self.send_s, self.program.send_s if self.program else math.inf)
@@ -295,7 +295,7 @@ class CostModel:
                         nbytes: float) -> float:
         """Seconds one collective takes once every member has arrived (cached).
 
-        GPUs: NCCL's or RCCL's own tuning model (:mod:`treeattn.sim.collectives`). CPU ranks
+        GPUs: NCCL's or RCCL's own tuning model (:mod:`treeattn.sim.nccl.collectives`). CPU ranks
         on gloo: the calibrated fit for that op and group size when the profile has one,
         else :func:`gloo_collective_time`, our model of how gloo runs it.
         """
@@ -317,7 +317,7 @@ class CostModel:
             latency, per_byte = self.net.summary(group[0], group[1])
             return gloo_collective_time(op, len(group), nbytes, self.send_s + self.recv_s
                                         + latency, per_byte)
-        from treeattn.sim.collectives import GroupShape, collective_cost
+        from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 
         shape = self._group_shapes.get(group)
         if shape is None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from treeattn.topo import jsonio
 from treeattn.topo.errors import TopologyError
 from treeattn.topo.graphbuild import validate_graph
+from treeattn.topo.importers import jsonio
 from treeattn.topo.matrices import all_pairs, intra_blocks, segment_cost
 from treeattn.topo.routing import Edge, Router
 
@@ -93,7 +93,7 @@ class Topology:
     @classmethod
     def load(cls, source: str | Path, fmt: str = "auto", gpu: str | None = None) -> Topology:
         """A spec string, a ``.json`` topology, or a tool output file (format auto-detected)."""
-        from treeattn.topo.importers import load
+        from treeattn.topo.importers.detect import load
 
         return load(cls, source, fmt=fmt, gpu=gpu)
 

@@ -32,7 +32,7 @@ Core sharing: compute runs on ``cores // threads_per_rank`` servers shared by al
 host (:class:`HardwareModel` ``cores``), so with more ranks than
 cores the simulated compute queues, as the real processes do; with ``pinned`` each rank has
 its own server (:mod:`treeattn.sim.engine`). ``cold`` prices the host steps that run right
-after the attention kernel (:mod:`treeattn.sim.cold`).
+after the attention kernel (:mod:`treeattn.sim.host.cold`).
 
 Copies: on gloo every message byte goes through the kernel's sockets, copied by the host's
 cores, so a gloo profile's hardware has ``copies_messages`` and the engine lets a rank's
@@ -49,9 +49,9 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from treeattn.sim.cold import cold_from_profile
 from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
-from treeattn.sim.partial_reduction import ProgramCosts
+from treeattn.sim.host.cold import cold_from_profile
+from treeattn.sim.host.partial_reduction import ProgramCosts
 from treeattn.sim.payloads import SimError
 
 VERSION = 1
@@ -108,7 +108,7 @@ NCCL_TESTS_KIND = "nccl-tests"
 
 
 def _nccl_calibration(profile: dict):
-    from treeattn.sim.nccl_fit import CollectiveCalibration
+    from treeattn.sim.nccl.fit import CollectiveCalibration
 
     section = profile.get("nccl_tests")
     if not isinstance(section, dict):

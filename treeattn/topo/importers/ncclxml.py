@@ -33,7 +33,7 @@ import xml.etree.ElementTree as ET
 import networkx as nx
 
 from treeattn.topo.errors import TopologyError
-from treeattn.topo.ncclxml_build import XmlGraph
+from treeattn.topo.importers.ncclxml_build import XmlGraph
 
 
 def parse_nccl_xml(text: str, gpu: str | None = None) -> nx.DiGraph:

@@ -5,11 +5,11 @@ Python step after it runs cold. For SmolLM2 at 32k on 2 ranks, the tree's send, 
 and step dispatch cost about 275 µs per layer next to a 2.4 ms kernel, for 2.3 KiB of data,
 and that capped generation at 1.7x one process. ``native/shm_program.c`` runs the same steps
 (send the running partial, wait for a peer's and merge it, or take a broadcast one) in one
-call, on the same mailboxes and protocol as :mod:`treeattn.runtime.shm`, with the merge
+call, on the same mailboxes and protocol as :mod:`treeattn.runtime.local.shm`, with the merge
 reading the peer's partial straight from its mailbox.
 
 Which schedules: :func:`compile_program` takes a rank's steps when they are a plain
-reduction of partials (:func:`treeattn.sim.partial_reduction.reduction_ops`, the rule the
+reduction of partials (:func:`treeattn.sim.host.partial_reduction.reduction_ops`, the rule the
 simulator prices by: the attention, then whole-partial sends, receives, and merges right after
 the receive they merge; tree and all-gather at every world size, butterfly at powers of two)
 and every message fits a mailbox. Anything else (KV blocks, chunks, collectives, messages over
@@ -50,7 +50,7 @@ from treeattn.kernels.dispatch import choose_backend
 from treeattn.runtime.errors import RankTimeout, RuntimeFailure
 from treeattn.runtime.group import silent_ranks_text
 from treeattn.runtime.wire import message_numel
-from treeattn.sim.partial_reduction import RECV_MERGE, SEND, reduction_ops
+from treeattn.sim.host.partial_reduction import RECV_MERGE, SEND, reduction_ops
 
 SOURCES = (Path(__file__).with_name("native") / "shm_program.c", *cpu_native.SOURCES)
 ABI_VERSION = 3
@@ -210,7 +210,7 @@ class ShmProgram:
 def compile_program(steps, names: list[str], rank: int, channel, dims) -> ShmProgram | None:
     """The program for ``steps`` (a rank's schedule), or None where it does not apply or the
     library is unavailable (module docstring). Which steps qualify is
-    :func:`treeattn.sim.partial_reduction.reduction_ops`, the rule the simulator prices by."""
+    :func:`treeattn.sim.host.partial_reduction.reduction_ops`, the rule the simulator prices by."""
     if channel is None or dims.dtype("partial") != torch.float32:
         return None
     if choose_backend(torch.device("cpu")) != "native":

@@ -29,7 +29,7 @@ What is measured; a cold sample first runs the kernel over a probe shard of
   arrive staggered, some asleep; the collective after the kernel is the one that matters.
 
 The simulator charges these once per kind after an attention step that streams at least
-``after_bytes`` (twice the L2, from sysfs): see :mod:`treeattn.sim.cold`. Differences below
+``after_bytes`` (twice the L2, from sysfs): see :mod:`treeattn.sim.host.cold`. Differences below
 zero (noise) are stored as 0.
 """
 
@@ -43,9 +43,9 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import merge_packed, partial_attention
-from treeattn.runtime.binding import group_cores
 from treeattn.runtime.group import RankContext, wait_work
-from treeattn.runtime.shm_collectives import CollectiveOps
+from treeattn.runtime.local.binding import group_cores
+from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import AttnDims
 

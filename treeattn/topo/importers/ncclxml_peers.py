@@ -1,4 +1,4 @@
-"""NVLink and xGMI peer links of an NCCL/RCCL topology XML (see :mod:`treeattn.topo.ncclxml`).
+"""NVLink and xGMI peer links of an NCCL/RCCL topology XML (read by :mod:`.ncclxml`).
 
 NVSwitch chips forward in parallel, so when a GPU reaches more than one chip its routes cross a
 logical switch ``node0/nvswitch`` whose edges (``logical=True``) bond all the GPU's switch
@@ -10,9 +10,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from treeattn.topo import hardware as hw
-from treeattn.topo import importcommon as ic
 from treeattn.topo.errors import TopologyError
 from treeattn.topo.graphbuild import GraphBuilder
+from treeattn.topo.importers import common as ic
 
 NVSWITCH_MODELS = ("A100", "H100", "H200", "B200")  # 8-GPU SXM boards always use NVSwitch
 

@@ -96,7 +96,7 @@ class Tokenizer:
         """The chat-formatted text of a single user turn, ready for the assistant's answer."""
         if not self.chat_template:
             raise ModelError("this model has no chat template; drop --chat")
-        from treeattn.llm.chat_template import render_chat_template
+        from treeattn.llm.formats.chat_template import render_chat_template
 
         token = self.backend.id_to_token
         return render_chat_template(
@@ -127,7 +127,7 @@ def _pre_tokenizer(pre: str):
 
 
 def tokenizer_from_gguf(meta: dict) -> Tokenizer:
-    """A :class:`Tokenizer` from :func:`treeattn.llm.gguf_load.tokenizer_metadata`."""
+    """A :class:`Tokenizer` from :func:`treeattn.llm.formats.gguf_load.tokenizer_metadata`."""
     from tokenizers import AddedToken, decoders, models
     from tokenizers import Tokenizer as HFTokenizer
 

@@ -158,9 +158,9 @@ def parse_text(cls, text: str, name: str, fmt: str = "auto", gpu: str | None = N
     if fmt == "json":
         return cls.from_json(text, name=name)
     if fmt == "nvidia-smi":
-        from treeattn.topo.nvsmi import parse_nvidia_smi as parse
+        from treeattn.topo.importers.nvsmi import parse_nvidia_smi as parse
     elif fmt == "rocm-smi":
-        from treeattn.topo.rocmsmi import parse_rocm_smi as parse
+        from treeattn.topo.importers.rocmsmi import parse_rocm_smi as parse
     else:
-        from treeattn.topo.ncclxml import parse_nccl_xml as parse
+        from treeattn.topo.importers.ncclxml import parse_nccl_xml as parse
     return cls(parse(text, gpu=gpu), name=name)

@@ -36,7 +36,7 @@ logs      Channel counts NCCL's search reports on a DGX H100 (ring/tree ``nChann
 ========  =============================================================================
 
 Units: latencies in µs and bandwidths in GB/s (1e9 B/s), as in the sources; the model in
-:mod:`treeattn.sim.collectives` converts to seconds and bytes.
+:mod:`treeattn.sim.nccl.collectives` converts to seconds and bytes.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 ``load_model(spec)`` accepts:
 
 * ``"debug"``: the tiny random-weight flavour with a byte-level tokenizer (tests);
-* ``"smollm2-135m-instruct"`` (the default, aliases in :mod:`treeattn.llm.fetch`):
+* ``"smollm2-135m-instruct"`` (the default, aliases in :mod:`treeattn.llm.formats.fetch`):
   fetched on first use;
 * a path to a ``.gguf`` file (``llama`` architecture);
 * a Hugging Face checkpoint directory: ``config.json`` + ``*.safetensors`` (+ tokenizer.json);
-* a snapshot written by :func:`treeattn.llm.snapshot.save_snapshot` (the ranks of one run).
+* a snapshot written by :func:`treeattn.llm.formats.snapshot.save_snapshot` (the ranks of one run).
 
 Every format is read into a name -> tensor dict and built by :func:`treeattn.llm.model.assemble`.
 """
@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from treeattn.llm.errors import ModelError
-from treeattn.llm.fetch import DEFAULT_ALIASES, fetch_default_model
+from treeattn.llm.formats.fetch import DEFAULT_ALIASES, fetch_default_model
+from treeattn.llm.formats.snapshot import is_snapshot, load_snapshot
+from treeattn.llm.formats.tokenizer import Tokenizer
 from treeattn.llm.model import LlamaConfig, Transformer, assemble, random_model
-from treeattn.llm.snapshot import is_snapshot, load_snapshot
-from treeattn.llm.tokenizer import Tokenizer
 
 
 @dataclass
@@ -47,13 +47,13 @@ def hf_to_interleaved(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def load_gguf(path: Path) -> LoadedModel:
-    from treeattn.llm.gguf_load import (
+    from treeattn.llm.formats.gguf_load import (
         config_from_gguf,
         open_gguf,
         state_dict_from_gguf,
         tokenizer_metadata,
     )
-    from treeattn.llm.tokenizer import tokenizer_from_gguf
+    from treeattn.llm.formats.tokenizer import tokenizer_from_gguf
 
     reader = open_gguf(path)
     config = config_from_gguf(reader, path)
@@ -114,7 +114,7 @@ def _hf_name(name: str) -> str:
 def load_hf_dir(path: Path) -> LoadedModel:
     from safetensors.torch import load_file
 
-    from treeattn.llm.tokenizer import tokenizer_from_hf_dir
+    from treeattn.llm.formats.tokenizer import tokenizer_from_hf_dir
 
     try:
         config = config_from_hf(json.loads((path / "config.json").read_text()), str(path))
@@ -141,7 +141,7 @@ def load_hf_dir(path: Path) -> LoadedModel:
 
 def debug_model(seed: int = 0) -> LoadedModel:
     """The ``debug`` flavour: random weights, a 256-token byte tokenizer, no network."""
-    from treeattn.llm.tokenizer import byte_tokenizer
+    from treeattn.llm.formats.tokenizer import byte_tokenizer
 
     return LoadedModel(random_model(LlamaConfig.from_name("debug"), seed), byte_tokenizer(),
                        "debug")

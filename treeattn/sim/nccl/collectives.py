@@ -2,10 +2,10 @@
 
 Decode merges move kilobytes, so their cost is almost all latency, and latency is where a
 collective and a chain of point-to-point sends differ most. This module follows the
-libraries' own tuning model (constants in :mod:`treeattn.sim.nccl_tables`, with sources):
+libraries' own tuning model (constants in :mod:`treeattn.sim.nccl.tables`, with sources):
 
 1. **Describe the group** as NCCL's search sees it (:class:`GroupShape`, in
-   :mod:`treeattn.sim.group_shape`): ranks, nodes, GPUs
+   :mod:`treeattn.sim.nccl.group_shape`): ranks, nodes, GPUs
    per node, the link class inside a node (NVLink/xGMI or PCIe), NVSwitch or not, and the
    per-channel bandwidth its topology search would settle on. All of it is read off the
    topology graph.
@@ -39,8 +39,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from treeattn.sim import nccl_tables as T
-from treeattn.sim.group_shape import GroupShape
+from treeattn.sim.nccl import tables as T
+from treeattn.sim.nccl.group_shape import GroupShape
 from treeattn.sim.payloads import SimError
 
 __all__ = ["OPS", "CollectiveCost", "GroupShape", "candidates", "check_op", "collective_cost",

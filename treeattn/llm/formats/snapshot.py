@@ -14,8 +14,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from treeattn.llm.errors import ModelError
+from treeattn.llm.formats.tokenizer import Tokenizer
 from treeattn.llm.model import LlamaConfig, Transformer, assemble
-from treeattn.llm.tokenizer import Tokenizer
 
 MARKER = "treeattn-snapshot.json"
 WEIGHTS = "model.safetensors"
@@ -26,7 +26,7 @@ def is_snapshot(path: Path) -> bool:
 
 
 def save_snapshot(loaded, path: Path) -> Path:
-    """Write ``loaded`` (a :class:`treeattn.llm.weights.LoadedModel`) under ``path``."""
+    """Write ``loaded`` (a :class:`treeattn.llm.formats.weights.LoadedModel`) under ``path``."""
     from safetensors.torch import save_file
 
     model, tok = loaded.model, loaded.tokenizer
@@ -47,8 +47,8 @@ def save_snapshot(loaded, path: Path) -> Path:
 def load_snapshot(path: Path) -> tuple[Transformer, Tokenizer, str]:
     """The model, tokenizer and source saved by :func:`save_snapshot`.
 
-    :func:`treeattn.llm.weights.load_model` wraps them in its ``LoadedModel``; this module
-    does not import :mod:`treeattn.llm.weights`, so the two do not form an import cycle.
+    :func:`treeattn.llm.formats.weights.load_model` wraps them in its ``LoadedModel``; this module
+    does not import :mod:`treeattn.llm.formats.weights`, so the two do not form an import cycle.
     """
     from safetensors.torch import load_file
     from tokenizers import Tokenizer as HFTokenizer

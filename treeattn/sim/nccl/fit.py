@@ -1,10 +1,10 @@
 """Calibrate the collective cost model from a user's own nccl-tests output.
 
 ``treeattn calibrate --nccl-tests all_reduce_perf.txt ... --topology SPEC`` reads the tables
-(:mod:`treeattn.sim.nccl_tests`) and produces a :class:`CollectiveCalibration`:
+(:mod:`treeattn.sim.nccl.nccltests`) and produces a :class:`CollectiveCalibration`:
 
 * **a fit of the model.** Four multipliers on the sourced constants of
-  :mod:`treeattn.sim.collectives`: latency inside a node (base and per-hop), network hop
+  :mod:`treeattn.sim.nccl.collectives`: latency inside a node (base and per-hop), network hop
   latency, bandwidth inside a node, network bandwidth. They minimise the mean squared log
   error over every measured row, by coordinate search on a log grid (the model is a minimum
   over algorithms, so it is not smooth enough for gradients). The residual of every row is
@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from treeattn.sim.collectives import GroupShape, collective_cost
-from treeattn.sim.nccl_tests import NcclTestsTable
+from treeattn.sim.nccl.collectives import GroupShape, collective_cost
+from treeattn.sim.nccl.nccltests import NcclTestsTable
 from treeattn.sim.payloads import SimError
 
 SCALE_NAMES = ("lat", "net_lat", "bw", "net_bw")

@@ -25,9 +25,9 @@ import re
 import networkx as nx
 
 from treeattn.topo import hardware as hw
-from treeattn.topo import importcommon as ic
 from treeattn.topo.errors import TopologyError
 from treeattn.topo.graphbuild import GraphBuilder
+from treeattn.topo.importers import common as ic
 
 PCIE_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 _NV = re.compile(r"^NV(\d{1,3})$")

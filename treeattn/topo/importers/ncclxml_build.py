@@ -1,6 +1,6 @@
 """Turn the elements of an NCCL/RCCL topology XML into graph nodes and links.
 
-See :mod:`treeattn.topo.ncclxml` for what each element becomes.
+See :mod:`treeattn.topo.importers.ncclxml` for what each element becomes.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from treeattn.topo import hardware as hw
-from treeattn.topo import importcommon as ic
 from treeattn.topo.errors import TopologyError
 from treeattn.topo.graphbuild import GraphBuilder
-from treeattn.topo.ncclxml_peers import add_peer_links
+from treeattn.topo.importers import common as ic
+from treeattn.topo.importers.ncclxml_peers import add_peer_links
 
 _SPEED = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*GT/s", re.I)
 MAX_DEPTH = 32

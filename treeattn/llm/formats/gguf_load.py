@@ -1,7 +1,7 @@
 """Read a GGUF file into a :class:`LlamaConfig`, a state dict and the tokenizer metadata.
 
 The file is parsed by the ``gguf`` package's :class:`gguf.GGUFReader` (memory-mapped); the
-tensors are dequantized by :mod:`treeattn.llm.gguf_quants`. Only the ``llama``
+tensors are dequantized by :mod:`treeattn.llm.formats.gguf_quants`. Only the ``llama``
 architecture is accepted. Q and K stay in GGML's interleaved rope layout, which is the one
 :mod:`treeattn.llm.model` uses.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from treeattn.llm.errors import ModelError
-from treeattn.llm.gguf_quants import dequantize
+from treeattn.llm.formats.gguf_quants import dequantize
 from treeattn.llm.model import LlamaConfig
 
 SUPPORTED_ARCHITECTURES = ("llama",)

@@ -6,7 +6,7 @@
  * 2.4 ms kernel, where the data moved is 2.3 KiB. One call that sends, waits and merges
  * touches a few cache lines of code and data instead of the interpreter's.
  *
- * The mailbox protocol is treeattn/runtime/shm.py's, unchanged, so a program and the Python
+ * The mailbox protocol is treeattn/runtime/local/shm.py's, unchanged, so a program and the Python
  * path can use the same mailboxes one after the other: each mailbox is a 128-byte header
  * (int64 words: [0] messages written, stored only by the sender; [1] bytes of the last one;
  * [8] messages read, stored only by the receiver) followed by the payload. A send needs

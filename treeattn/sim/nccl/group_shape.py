@@ -1,6 +1,6 @@
 """A communicator as NCCL's and RCCL's tuning model sees it, read off the topology graph.
 
-:class:`GroupShape` is step 1 of pricing a collective (:mod:`treeattn.sim.collectives`):
+:class:`GroupShape` is step 1 of pricing a collective (:mod:`treeattn.sim.nccl.collectives`):
 ranks, nodes, GPUs per node, the link class inside a node (NVLink/xGMI or PCIe), NVSwitch or
 not, and the channels and per-channel speed NCCL's topology search would settle on, plus the
 calibration multipliers and library-release switches that change how the group is priced.
@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from treeattn.sim import nccl_tables as T
+from treeattn.sim.nccl import tables as T
 from treeattn.sim.payloads import SimError
 
 

@@ -11,7 +11,7 @@ CPU over PCIe, and the CPUs are joined by inter-socket links.
 rocm-smi does not name the GPU model, and the link bandwidth depends on it. An 8-GPU full
 xGMI mesh is taken to be MI300X; otherwise pass ``gpu=`` (``--gpu``), e.g. ``MI210``,
 ``MI250`` or ``MI300A``, or the model stays ``"unknown"`` with the assumed per-link figure of
-:data:`treeattn.topo.importcommon.ASSUMED_LINK_BANDWIDTH`.
+:data:`treeattn.topo.importers.common.ASSUMED_LINK_BANDWIDTH`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import re
 import networkx as nx
 
 from treeattn.topo import hardware as hw
-from treeattn.topo import importcommon as ic
 from treeattn.topo.errors import TopologyError
 from treeattn.topo.graphbuild import GraphBuilder
+from treeattn.topo.importers import common as ic
 
 _TITLE = re.compile(r"^=+\s*(.*?)\s*=+\s*$")
 _NUMA = re.compile(r"^GPU\s*\[?(\d+)\]?\s*:\s*\(Topology\)\s*Numa Node:\s*(-?\d+)", re.M)
