@@ -194,7 +194,8 @@ def test_dispatch_sends_one_thread_dense_fp32_and_bf16_to_native(kern, monkeypat
     partial_attention(*(x.to(torch.float16) for x in big))  # fp16: torch's fused kernel
     partial_attention(*big, kv_len=torch.tensor([4000]))  # ragged: exact path
     partial_attention(*make_qkv(1, 18, 2, 5000, 64, torch.float32))  # G = 9 > 8: fused
-    partial_attention(*make_qkv(1, 4, 2, 5000, 24, torch.float32))  # D not a lane multiple
+    odd_d = kern.lanes + kern.lanes // 2 if kern.lanes > 1 else kern.max_d + 1
+    partial_attention(*make_qkv(1, 4, 2, 5000, odd_d, torch.float32))  # D not a lane multiple
     torch.set_num_threads(2)
     partial_attention(*big)  # more threads: torch's kernels use them
     torch.set_num_threads(1)
