@@ -17,8 +17,8 @@ import sys
 from dataclasses import replace
 
 from rich.console import Console
-from rich.table import Table
 
+from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
 from treeattn.sim.export import tagged
 from treeattn.sim.nccl.collectives import OPS, GroupShape, collective_cost
@@ -52,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--profile", default=None,
                         help="a GPU cluster's calibration (calibrate --nccl-tests)")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead")
+    add_wide_flag(parser)
     parser.add_argument("--rccl-msccl", action="store_true",
                         help="MI300X: price RCCL 2.21.5-2.2x (ROCm 6.3 to MSCCL's removal), "
                              "whose small all-reduces on one 8-GPU node run MSCCL's all-pairs "
@@ -101,12 +102,12 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(tagged("comm", rows), indent=2, allow_nan=False) + "\n")
         return 0
-    table = Table(title=f"predicted {args.op} on {topology.name} ({topology.num_gpus} ranks)")
-    for name in ("size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "algorithm",
-                 "protocol"):
-        table.add_column(name, justify="right" if "(" in name else "left")
-    for r in rows:
-        table.add_row(str(r["bytes"]), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.2f}",
-                      f"{r['busbw_gbps']:.2f}", r["algorithm"], r["protocol"])
-    Console().print(table)
+    columns = [Column("size (B)", key=True), Column("time (us)", key=True),
+               Column("algorithm", key=True, justify="left"),
+               Column("protocol", key=True, justify="left"), Column("busbw (GB/s)"),
+               Column("algbw (GB/s)")]
+    cells = [[str(r["bytes"]), f"{r['time_us']:.2f}", r["algorithm"], r["protocol"],
+              f"{r['busbw_gbps']:.2f}", f"{r['algbw_gbps']:.2f}"] for r in rows]
+    print_table(Console(), columns, cells, wide=args.wide,
+                title=f"predicted {args.op} on {topology.name} ({topology.num_gpus} ranks)")
     return 0

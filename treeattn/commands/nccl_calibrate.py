@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from treeattn import atomic
 from treeattn.atomic import check_output_path
+from treeattn.commands.tables import Column, print_table
 from treeattn.errors import UserError
 from treeattn.sim.devices import default_backend
 from treeattn.sim.host.profiles import NCCL_TESTS_KIND, VERSION
@@ -75,12 +75,13 @@ def _report(profile: dict, console: Console) -> None:
     scales = ", ".join(f"{k} ×{v:.3g}" for k, v in section["scales"].items())
     errors = [abs(r["error"]) for r in section["residuals"]]
     geo = math.exp(sum(math.log1p(e) for e in errors) / len(errors)) - 1
-    table = Table(title=f"fit of the collective model ({len(errors)} rows): {scales}")
-    for col in ("op", "bytes", "measured µs", "model µs", "error"):
-        table.add_column(col, justify="left" if col == "op" else "right")
-    for r in section["residuals"]:
-        table.add_row(r["op"], str(r["bytes"]), f"{r['measured_s'] * 1e6:.2f}",
-                      f"{r['model_s'] * 1e6:.2f}", f"{100 * r['error']:+.0f}%")
-    console.print(table)
+    columns = [Column("op", key=True, justify="left"), Column("bytes", key=True),
+               Column("measured µs", key=True), Column("model µs", key=True),
+               Column("error", key=True)]
+    print_table(console, columns,
+                [[r["op"], str(r["bytes"]), f"{r['measured_s'] * 1e6:.2f}",
+                  f"{r['model_s'] * 1e6:.2f}", f"{100 * r['error']:+.0f}%"]
+                 for r in section["residuals"]],
+                title=f"fit of the collective model ({len(errors)} rows): {scales}")
     console.print(f"model residual: geometric mean {100 * geo:.0f}%, worst "
                   f"{100 * max(errors):.0f}%; measured sizes are predicted from the tables")

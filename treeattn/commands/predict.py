@@ -11,11 +11,11 @@ import argparse
 import json
 
 from rich.console import Console
-from rich.table import Table
 
 from treeattn import atomic
 from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
+from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.export import schedule_to_json, tagged, trace_json
@@ -45,6 +45,7 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
     parser.add_argument("--include-model", action="store_true",
                         help="add the replicated non-attention weights read to token latency")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_wide_flag(parser)
     parser.add_argument("--trace", metavar="FILE", default=None,
                         help="write the simulated timelines as a Chrome/Perfetto trace")
 
@@ -89,23 +90,21 @@ def handle_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(tagged("predictions", rows), indent=2, allow_nan=False))
         return 0
-    table = Table(title=f"Predicted attention per layer: {args.topology}, {args.model}, "
-                        f"batch {args.batch}, output {rows[0]['layout']}",
-                  caption="† closed form only (not simulated). vs best baseline: against the "
-                          "fastest of what serving systems run today (>1: faster).")
-    for col in ("seq_len", "algorithm", "system", "plan", "layer", "token", "comm",
-                "peak mem", "vs best baseline", "vs ring pass-KV"):
-        table.add_column(col, justify="left" if col in ("algorithm", "system", "plan")
-                         else "right", no_wrap=True)
-    for r in rows:
-        mark = "" if r["method"] == "simulated" else "†"
-        style = "bold" if r["algorithm"] == PICK else None
-        table.add_row(f"{r['seq_len']:,}", r["algorithm"], r["system"], r["name"],
-                      _time(r["latency_s"]) + mark, _time(r["token_latency_s"]),
-                      _size(r["comm_bytes"]), _size(r["peak_memory_bytes"]),
-                      f"{r['speedup_vs_best_baseline']:.2f}×",
-                      f"{r['speedup_vs_ring']:.1f}×", style=style)
-    Console().print(table)
+    columns = [Column("seq_len", key=True), Column("algorithm", key=True, justify="left"),
+               Column("layer", key=True), Column("vs best baseline", key=True),
+               Column("token"), Column("plan", justify="left"), Column("vs ring pass-KV"),
+               Column("peak mem"), Column("comm"), Column("system", justify="left")]
+    cells = [[f"{r['seq_len']:,}", r["algorithm"],
+              _time(r["latency_s"]) + ("" if r["method"] == "simulated" else "†"),
+              f"{r['speedup_vs_best_baseline']:.2f}×", _time(r["token_latency_s"]), r["name"],
+              f"{r['speedup_vs_ring']:.1f}×", _size(r["peak_memory_bytes"]),
+              _size(r["comm_bytes"]), r["system"]] for r in rows]
+    print_table(Console(), columns, cells, wide=args.wide,
+                title=f"Predicted attention per layer: {args.topology}, {args.model}, "
+                      f"batch {args.batch}, output {rows[0]['layout']}",
+                caption="† closed form only (not simulated). vs best baseline: against the "
+                        "fastest of what serving systems run today (>1: faster).",
+                row_styles=["bold" if r["algorithm"] == PICK else None for r in rows])
     for r in rows:
         if r["algorithm"] == PICK and r["speedup_vs_best_baseline"] <= 1.0:
             print(f"At {r['seq_len']:,} tokens a baseline wins: {r['name']} "
@@ -156,12 +155,11 @@ def handle_plan(args: argparse.Namespace) -> int:
         tree = best_tree.trees[0] if best_tree else None
     if tree is not None:
         console.print(tree.ascii(), markup=False, highlight=False)
-    table = Table(title="Candidates (closed_form = lower bound, not simulated)")
-    for col in ("#", "candidate", "latency", "method"):
-        table.add_column(col)
-    for i, c in enumerate(chosen.candidates[:15], 1):
-        table.add_row(str(i), c.name, _time(c.latency_s), c.method)
-    console.print(table)
+    print_table(console, [Column("#"), Column("candidate", key=True, justify="left"),
+                          Column("latency", key=True), Column("method", justify="left")],
+                [[str(i), c.name, _time(c.latency_s), c.method]
+                 for i, c in enumerate(chosen.candidates[:15], 1)],
+                title="Candidates (closed_form = lower bound, not simulated)", wide=args.wide)
     console.print(chosen.explain())
     return 0
 
@@ -211,18 +209,17 @@ def demo_speedups() -> list[dict]:
 
 def demo_section(console: Console) -> int:
     """Predicted decode attention: the planner's pick against the strongest baseline."""
-    table = Table(title=f"Predicted decode attention per layer, {DEMO_MODEL}: the planner's "
-                        "pick against the strongest baseline",
-                  caption="best baseline: the fastest of what serving systems run today "
-                          "(1.00×: a baseline is the pick). † ring by its closed form.")
-    for col in ("topology", "GPUs", "seq_len", "pick", "time", "best baseline", "time",
-                "vs best baseline", "vs ring pass-KV"):
-        table.add_column(col, justify="left" if col in ("topology", "pick", "best baseline")
-                         else "right", no_wrap=True)
-    for r in demo_speedups():
-        mark = "" if r["ring_method"] == "simulated" else "†"
-        table.add_row(r["topology"], str(r["gpus"]), f"{r['seq_len']:,}", r["pick"],
-                      _time(r["pick_s"]), r["baseline"], _time(r["baseline_s"]),
-                      f"{r['vs_baseline']:.2f}×", f"{r['vs_ring']:.0f}×{mark}")
-    console.print(table)
+    columns = [Column("topology", key=True, justify="left"), Column("seq_len", key=True),
+               Column("pick", key=True, justify="left"), Column("time", key=True),
+               Column("vs best baseline", key=True), Column("best baseline", justify="left"),
+               Column("baseline time"), Column("vs ring pass-KV"), Column("GPUs")]
+    cells = [[r["topology"], f"{r['seq_len']:,}", r["pick"], _time(r["pick_s"]),
+              f"{r['vs_baseline']:.2f}×", r["baseline"], _time(r["baseline_s"]),
+              f"{r['vs_ring']:.0f}×" + ("" if r["ring_method"] == "simulated" else "†"),
+              str(r["gpus"])] for r in demo_speedups()]
+    print_table(console, columns, cells,
+                title=f"Predicted decode attention per layer, {DEMO_MODEL}: the planner's "
+                      "pick against the strongest baseline",
+                caption="best baseline: the fastest of what serving systems run today "
+                        "(1.00×: a baseline is the pick). † ring by its closed form.")
     return 0

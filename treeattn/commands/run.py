@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from treeattn import atomic
 from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_bytes, parse_tokens
+from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.local.binding import BIND_CHOICES
@@ -85,6 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="skip the single-process reference (max_abs_diff)")
     run.add_argument("--json", action="store_true",
                      help="print JSON (format treeattn.run): one row per point")
+    add_wide_flag(run)
     run.set_defaults(func=guarded(handle_run))
 
     cal = subparsers.add_parser("calibrate", help="measure the local backend (microbenchmarks)")
@@ -271,7 +272,7 @@ def handle_run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(dumps(tagged("run", points)) + "\n")
     else:
-        print_points(Console(), points)
+        print_points(Console(), points, wide=args.wide)
     outside = [p for p in points if p["within_band"] is False]
     for p in outside:
         sys.stderr.write(
@@ -304,37 +305,41 @@ def _fmt_bytes(n: float) -> str:
     return str(n)
 
 
-def _fmt_band(value: float, lo: float | None, hi: float | None) -> str:
-    """``"12.3 (10.1-15.0)"`` in ms; the value alone when there is no band."""
+def _fmt_range(lo: float | None, hi: float | None) -> str:
+    """``"10.100-15.000"`` in ms; ``-`` when there is no band."""
     if lo is None or hi is None:
-        return f"{value * 1e3:.3f}"
-    return f"{value * 1e3:.3f} ({lo * 1e3:.3f}-{hi * 1e3:.3f})"
+        return "-"
+    return f"{lo * 1e3:.3f}-{hi * 1e3:.3f}"
 
 
-def print_points(console: Console, points: list[dict]) -> None:
+def print_points(console: Console, points: list[dict], wide: bool = False) -> None:
     """The predicted-vs-measured table, one row per point."""
     from treeattn.runtime.check import geo_mean_error
 
-    table = Table(title="decode step: measured median (p10-p90 over timed steps, max over "
-                        "ranks); predicted (band from the calibration's spread)")
-    for col in ("algorithm", "world", "seq_len", "measured ms", "steps", "predicted ms",
-                "error", "in band", "max|diff|", "sent/rank", "peak mem/rank"):
-        table.add_column(col, justify="left" if col == "algorithm" else "right")
+    columns = [Column("algorithm", key=True, justify="left"), Column("world", key=True),
+               Column("seq_len", key=True), Column("measured ms", key=True),
+               Column("predicted ms", key=True), Column("error", key=True),
+               Column("in band", key=True), Column("measured p10-p90"),
+               Column("predicted band"), Column("max|diff|"), Column("peak mem/rank"),
+               Column("sent/rank"), Column("steps")]
+    cells = []
     for p in points:
         pred = p["predicted_s"]
-        lo, hi = p.get("predicted_lo_s"), p.get("predicted_hi_s")
         band = p.get("within_band")
-        table.add_row(
-            p["algorithm"], str(p["world"]), str(p["seq_len"]),
-            _fmt_band(p["measured_s"], p["measured_p10_s"], p["measured_p90_s"]),
-            str(p.get("steps_timed", "-")),
-            _fmt_band(pred, lo, hi) if pred else "-",
+        lo, hi = p.get("predicted_lo_s"), p.get("predicted_hi_s")
+        cells.append([
+            p["algorithm"], str(p["world"]), str(p["seq_len"]), f"{p['measured_s'] * 1e3:.3f}",
+            f"{pred * 1e3:.3f}" if pred else "-",
             f"{p['error']:.1%}" if p["error"] is not None else "-",
             "-" if band is None else ("yes" if band else "NO"),
+            _fmt_range(p["measured_p10_s"], p["measured_p90_s"]),
+            _fmt_range(lo, hi) if pred else "-",
             f"{p['max_abs_diff']:.1e}" if p["max_abs_diff"] is not None else "-",
-            _fmt_bytes(max(p["bytes_sent"])), _fmt_bytes(max(p["peak_memory_bytes"])),
-        )
-    console.print(table)
+            _fmt_bytes(max(p["peak_memory_bytes"])), _fmt_bytes(max(p["bytes_sent"])),
+            str(p.get("steps_timed", "-"))])
+    print_table(console, columns, cells, wide=wide,
+                title="decode step: measured median (p10-p90 over timed steps, max over "
+                      "ranks); predicted (band from the calibration's spread)")
     error = geo_mean_error(points)
     if error is not None:
         console.print(f"geometric-mean prediction error: {error:.1%}")

@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from treeattn import atomic
 from treeattn.atomic import check_output_path
+from treeattn.commands.tables import Column, print_table
 from treeattn.topo import Topology, TopologyError
 from treeattn.topo.importers.detect import FORMATS, expected_gpus
 from treeattn.topo.summary import span, summary_rows
@@ -101,12 +101,10 @@ def handle_show(args: argparse.Namespace) -> int:
         _check_json_size(t.num_gpus)
         sys.stdout.write(json.dumps(show_json(t), allow_nan=False) + "\n")
         return 0
-    table = Table(title=f"topology {t.name}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value")
-    for key, value in summary_rows(t):
-        table.add_row(key, value)
-    Console().print(table)
+    print_table(Console(), [Column("field", key=True, justify="left", style="bold"),
+                            Column("value", key=True, justify="left")],
+                [list(row) for row in summary_rows(t)], title=f"topology {t.name}",
+                show_header=False)
     return 0
 
 
@@ -150,14 +148,17 @@ def handle_draw(args: argparse.Namespace) -> int:
 
 def demo_section(console: Console) -> int:
     """Print a compact table of the built-in topologies (the first part of `make demo`)."""
-    table = Table(title="Built-in topologies: GPU 0 to its peers (per direction)")
-    table.add_column("spec", no_wrap=True)
-    for col in ("GPUs", "hosts", "same host GB/s", "us", "other host GB/s", "us"):
-        table.add_column(col, justify="right")
+    columns = [Column("spec", key=True, justify="left"), Column("GPUs", key=True),
+               Column("local GB/s", key=True), Column("local µs", key=True),
+               Column("remote GB/s", key=True), Column("remote µs", key=True),
+               Column("hosts")]
+    cells = []
     for spec in DEMO_SPECS:
         t = Topology.from_spec(spec)
-        table.add_row(spec, str(t.num_gpus), str(len(t.hosts)), *_route_cells(t))
-    console.print(table)
+        cells.append([spec, str(t.num_gpus), *_route_cells(t), str(len(t.hosts))])
+    print_table(console, columns, cells,
+                title="Built-in topologies: GPU 0 to its peers on its own host (local) "
+                      "and on other hosts (remote), per direction")
     return 0
 
 
