@@ -4,28 +4,14 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
 * Each rank is a simpy process that runs its steps in order (semantics in schedule.py),
   keeping its own clock: steps that cannot block (Compute, Merge, Send) advance it without
   an event, and the process only yields when a Recv's message has not been posted yet.
-* ``Compute``/``Merge`` take ``HardwareModel.compute_time``. When the hardware has
-  ``cores`` (a calibrated CPU), all ranks of a host share a ``simpy.Resource`` with that
-  many servers, so ranks beyond the core count queue for compute. When the launcher pinned
-  the ranks (``HardwareModel.pinned``), the host's k-th rank has core ``k mod cores`` to
-  itself and queues only behind the ranks pinned to the same core.
-* ``Send`` occupies the sender for the backend's ``send_s``; the message is injected by a
-  simpy event at that moment. ``Recv`` waits for the arrival, then pays ``recv_s``.
-* On a host whose cores copy every byte of a message (``HardwareModel.copies_messages``:
-  gloo's sockets), a rank's attention and the copies of its own messages take turns: when it
-  starts, a Compute books the rank's own links (its one link out and one link in, which only
-  its own messages use: the ``local`` star) for its duration, at the first time both are
-  free of message chunks, and chunks booked later fit around it. Measured on a 2-core box, a
-  ring step took the exchange's time plus the attention, not the larger of the two: both
-  stream memory through the same cores. Merges (microseconds) do not take turns, and on a
-  topology where links are not a rank's own nothing does. The critical path counts the wait
-  as wire time.
-* With a calibrated ``HardwareModel.cold``, the first merge, send, receive and collective
-  after a rank's attention kernel also pay what running cold costs (:mod:`treeattn.sim.host.cold`).
-* A rank whose steps the runtime runs as one C program (a plain reduction of partials with a
-  calibrated ``BackendModel.program``, :mod:`treeattn.sim.host.partial_reduction`) pays the
-  program's message costs instead, and no cold extras (in a group that gets the mailboxes:
-  one host, at most ``program.max_world`` ranks).
+* ``Compute``/``Merge`` take ``HardwareModel.compute_time``. ``Send`` occupies the sender
+  for the backend's ``send_s``; the message is injected by a simpy event at that moment.
+  ``Recv`` waits for the arrival, then pays ``recv_s``. A collective starts when its last
+  member arrives and takes the library's modelled time (:mod:`treeattn.sim.nccl`).
+* What a rank's host CPU adds on top (ranks queueing for shared cores, attention taking
+  turns with message copies, cold steps after the kernel, the compiled reduction's message
+  costs) comes from one interface, :class:`treeattn.sim.host.model.HostModel`, which
+  reduces to the plain costs on a GPU cluster.
 * A message is cut into chunks (:mod:`treeattn.sim.network`) that cross the route with
   cut-through pipelining: a chunk holds each link for ``chunk / bandwidth`` (and until its
   tail has arrived), and its head reaches the next link ``latency`` after it started on
@@ -45,14 +31,10 @@ from __future__ import annotations
 
 import simpy
 
-from treeattn.sim.host.cold import KINDS
+from treeattn.sim.host.model import HostModel
 from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import CostModel, LinkCalendar
-from treeattn.sim.payloads import (
-    CollectiveOp,
-    GroupIds,
-    ScheduleError,
-)
+from treeattn.sim.payloads import GroupIds, ScheduleError
 from treeattn.sim.result import SimResult, critical_path
 from treeattn.sim.schedule import (
     Collective,
@@ -80,87 +62,13 @@ class _Run:
         self.end = [[0.0] * len(st) for st in schedule.steps]
         self.cause: list[list] = [[None] * len(st) for st in schedule.steps]
         self.finished = 0
-        self.cores = self._core_pools(schedule.world)
-        # ranks whose attention takes turns with their messages' copies: the links they book
-        self.copy_edges = self._copy_edges()
-        self.copy_wait = [[0.0] * len(st) for st in schedule.steps]  # for the critical path
-        # per rank: the calibrated cold-step costs and the kinds still cold (treeattn.sim.host.cold)
-        self.cold_costs = [h.cold for h in self.c.hardware]
-        self.cold: list[set] = [set() for _ in range(schedule.world)]
-        # ranks whose steps run as one C program: its message costs, and nothing runs cold
-        program, world = costs.program, schedule.world
-        one_host = len({costs.topology.host_of(r) for r in range(world)}) == 1
-        grouped = program is not None and program.runs(world, one_host)
-        self.programmed = [grouped and program.takes(steps) for steps in schedule.steps]
-        # ranks whose core pool has fewer servers than ranks: their host work queues too
-        sharing: dict[int, int] = {}
-        for pool in self.cores:
-            if pool is not None:
-                sharing[id(pool)] = sharing.get(id(pool), 0) + 1
-        self.crowded = [pool is not None and sharing[id(pool)] > pool.capacity
-                        for pool in self.cores]
+        # what the ranks' host CPUs add (shared cores, turns, cold steps, programs)
+        self.host = HostModel(self.env, self.links, costs, schedule)
         # Collectives in flight: (group, k-th call of that group) -> arrivals and the event
         # that the last member to arrive fires with the finish time.
         self.calls: dict[tuple, dict] = {}
         self.call_count: dict[tuple[int, int], int] = {}
         self.group_id = GroupIds()  # cheap keys for large groups (see payloads.GroupIds)
-
-    def _core_pools(self, world: int) -> list:
-        """Each rank's compute servers: the host's pool, or its own core when pinned."""
-        hw = self.c.hardware
-        if all(h.cores is None for h in hw):
-            return [None] * world
-        pools: dict = {}
-        out = []
-        for r in range(world):
-            host = self.c.topology.host_of(r)
-            if hw[r].pinned:  # the launcher binds the host's k-th rank to core k mod cores
-                if host not in pools:
-                    pools[host] = ([simpy.Resource(self.env, capacity=1)
-                                    for _ in range(hw[r].cores or 1)], [0])
-                cores, placed = pools[host]
-                out.append(cores[placed[0] % len(cores)])
-                placed[0] += 1
-            else:
-                if host not in pools:
-                    pools[host] = simpy.Resource(self.env, capacity=hw[r].cores or 1)
-                out.append(pools[host])
-        return out
-
-    def _copy_edges(self) -> list[tuple]:
-        """Per rank, the links its compute books where the host copies messages: its one link
-        out and its one link in, when every copying rank has exactly one of each and shares
-        neither with another rank (the ``local`` star: rank to host and back). Elsewhere (a
-        direct rank-to-rank link, a mesh) a link is no rank's own, so nothing is booked and
-        compute overlaps the copies as on hardware that does not copy."""
-        world, net = self.s.world, self.c.net
-        copying = [r for r, h in enumerate(self.c.hardware) if h.copies_messages]
-        if world < 2 or not copying:
-            return [()] * world
-        edges = {}
-        for r in copying:
-            peer = (r + 1) % world
-            out, into = net.hops(r, peer)[0][0], net.hops(peer, r)[-1][0]
-            for other in range(world):  # stops at the first peer reached another way
-                if other != r and (net.hops(r, other)[0][0] != out
-                                   or net.hops(other, r)[-1][0] != into):
-                    return [()] * world
-            edges[r] = (out, into)
-        taken = [e for pair in edges.values() for e in pair]
-        if len(set(taken)) != len(taken):
-            return [()] * world
-        return [edges.get(r, ()) for r in range(world)]
-
-    def _compute_end(self, r: int, i: int, duration: float) -> float:
-        """When rank ``r``'s attention of ``duration``, starting now, ends: at once, or, where
-        the host copies messages, at the first time after the copies already booked on its
-        links (the wait is kept for the critical path)."""
-        now, edges = self.env.now, self.copy_edges[r]
-        if not edges or duration <= 0:
-            return now + duration
-        begin = self.links.reserve_together(edges, now, duration, now)
-        self.copy_wait[r][i] = begin - now
-        return begin + duration
 
     def post(self, src: int, step_index: int, step: Send, at: float) -> None:
         """Inject ``step``'s message at simulated time ``at`` (now or later)."""
@@ -199,38 +107,26 @@ class _Run:
             waiter.succeed(info)
 
     def rank(self, r: int):
-        env, c = self.env, self.c
+        env, c, host = self.env, self.c, self.host
+        crowded = host.crowded[r]
         t = 0.0
         for i, step in enumerate(self.s.steps[r]):
             start = t
             if isinstance(step, Compute | Merge):
                 flops = step.flops if isinstance(step, Compute) else 0
-                duration = c.compute(r, step.nbytes, flops)
-                costs = self.cold_costs[r]
-                streams = (costs is not None and isinstance(step, Compute)
-                           and costs.makes_cold(step.label, step.nbytes))
-                if not streams and not self.programmed[r]:
-                    duration += self._cold_extra(r, "merge")
-                turns = isinstance(step, Compute) and bool(self.copy_edges[r])
-                if self.cores[r] is not None:
-                    t = yield from self._shared_compute(r, t, duration, (i if turns else None))
-                elif turns:  # booked at its own start, in simulated-time order with messages
-                    if t > env.now:
-                        yield env.timeout(t - env.now)
-                    t = self._compute_end(r, i, duration)
+                duration = host.compute_duration(r, step, c.compute(r, step.nbytes, flops))
+                if host.queues(r, step):
+                    t = yield from host.compute(r, i, step, t, duration)
                 else:
                     t += duration
-                if streams:
-                    self.cold[r].update(KINDS)
+                host.computed(r, step)
             elif isinstance(step, Send):
-                host = (c.program.send_s if self.programmed[r]
-                        else c.send_s + self._cold_extra(r, "send"))
-                t = (yield from self._crowded_host(r, t, host)) if self.crowded[r] else t + host
+                cost = host.send_s(r)
+                t = (yield from host.host_work(r, t, cost)) if crowded else t + cost
                 self.post(r, i, step, t)
             elif isinstance(step, Collective):
-                # a cold member first runs its cold code, on its core, then joins
-                host = self._cold_extra(r, "collective", step)
-                t = (yield from self._crowded_host(r, t, host)) if self.crowded[r] else t + host
+                cost = host.collective_s(r, step)
+                t = (yield from host.host_work(r, t, cost)) if crowded else t + cost
                 t = yield from self._collective(r, i, step, t)
             elif isinstance(step, Recv):
                 key = (step.src, r, step.tag)
@@ -240,9 +136,8 @@ class _Run:
                 if info[3] > t:
                     self.cause[r][i] = info
                     t = info[3]
-                host = (c.program.recv_s if self.programmed[r]
-                        else c.recv_s + self._cold_extra(r, "recv"))
-                t = (yield from self._crowded_host(r, t, host)) if self.crowded[r] else t + host
+                cost = host.recv_s(r)
+                t = (yield from host.host_work(r, t, cost)) if crowded else t + cost
             self.start[r][i], self.end[r][i] = start, t
         self.finished += 1
 
@@ -276,41 +171,6 @@ class _Run:
                 self.link_bytes[edge] = self.link_bytes.get(edge, 0) + int(moved)
                 self.links.reserve(edge, start, min(moved / bw, end - start), start,
                                    self.env.now)
-
-    def _cold_extra(self, r: int, kind: str, step: Collective | None = None) -> float:
-        """What rank ``r``'s next step of ``kind`` pays for running cold (0 once warm)."""
-        if kind not in self.cold[r]:
-            return 0.0
-        self.cold[r].discard(kind)
-        costs = self.cold_costs[r]
-        if kind == "merge":
-            return costs.merge_s
-        if kind == "collective":
-            warm = self.c.collective_time(step.op, step.group, step.nbytes)
-            op = CollectiveOp(step.op).library_op  # a plan file's op is a plain string
-            return costs.collective_extra(op, len(step.group), warm)
-        return costs.send_s if kind == "send" else costs.recv_s
-
-    def _crowded_host(self, r: int, t: float, seconds: float):
-        """Host work of ``seconds`` from ``t`` on a rank that shares its core: it waits for
-        the core (a rank pinned beside another cannot post a message while the other
-        computes). Uncrowded ranks just add the seconds, without a generator per step."""
-        if seconds <= 0:
-            return t
-        return (yield from self._shared_compute(r, t, seconds))
-
-    def _shared_compute(self, r: int, t: float, duration: float, turns: int | None = None):
-        """Host work on a shared core from ``t``: wait for the core, then (the attention of
-        step ``turns`` on a copying rank) for this rank's message copies, holding the core
-        meanwhile: the copies run on it."""
-        env = self.env
-        if t > env.now:
-            yield env.timeout(t - env.now)
-        with self.cores[r].request() as req:
-            yield req
-            end = env.now + duration if turns is None else self._compute_end(r, turns, duration)
-            yield env.timeout(end - env.now)
-        return env.now
 
     def run(self) -> None:
         for r in range(self.s.world):
@@ -355,5 +215,5 @@ def simulate(schedule: Schedule, topology, workload: DecodeWorkload, hardware=No
         memory=lambda: peak_memory(schedule, workload),
         steps_timeline=run.timeline if timeline else [], bytes_per_link=run.link_bytes,
         critical_path=critical_path(schedule.steps, run.start, run.end, run.cause,
-                                    run.copy_wait),
+                                    run.host.copy_wait),
     )
