@@ -40,7 +40,8 @@ def test_applies_to_dense_nonempty_16bit_kv_and_to_grouped_fp32_kv():
     assert cpu_fused.applies(q, k, None)
     assert cpu_fused.applies(q, k.float(), None)  # fp32, 2 query heads per KV head
     assert not cpu_fused.applies(q[:, :2], k.float(), None)  # fp32 MHA: exact path
-    assert cpu_fused.applies(q[:, :2], k, None)  # 16-bit MHA: fused
+    assert cpu_fused.applies(q[:, :2], k, None)  # bf16 MHA: fused
+    assert not cpu_fused.applies(q.half(), k.half(), None)  # fp16: the exact path is faster
     assert not cpu_fused.applies(q, k, torch.tensor([3]))  # ragged: exact path
     assert not cpu_fused.applies(q, k.double(), None)  # not a KV cache dtype: exact path
     assert not cpu_fused.applies(q, k[:, :, :0], None)  # empty shard: the identity

@@ -191,7 +191,7 @@ def test_dispatch_sends_one_thread_dense_fp32_and_bf16_to_native(kern, monkeypat
     partial_attention(*big)
     partial_attention(*(x.to(torch.bfloat16) for x in big))
     assert calls == [torch.float32, torch.bfloat16]
-    partial_attention(*(x.to(torch.float16) for x in big))  # fp16: torch's fused kernel
+    partial_attention(*(x.to(torch.float16) for x in big))  # fp16: the exact path
     partial_attention(*big, kv_len=torch.tensor([4000]))  # ragged: exact path
     partial_attention(*make_qkv(1, 18, 2, 5000, 64, torch.float32))  # G = 9 > 8: fused
     odd_d = kern.lanes + kern.lanes // 2 if kern.lanes > 1 else kern.max_d + 1

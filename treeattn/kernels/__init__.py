@@ -99,12 +99,14 @@ def partial_attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     backend = choose_backend(q.device)
     if backend == "triton":
         return "triton"
-    if backend in CPU_BACKENDS and cpu_small.applies(q, k, v, kv_len):
-        return "small"
+    # The C kernel first, even for tiny shards: it beats numpy there 2-3x
+    # (benchmarks/results/kernel_paths.md); numpy serves the chain without it.
     if backend == "native" and cpu_native.applies(q, k, v, kv_len):
         kern = _native_kernel()
         if kern is not None and cpu_native.fits(kern, q.shape[-1]):
             return "native"
+    if backend in CPU_BACKENDS and cpu_small.applies(q, k, v, kv_len):
+        return "small"
     if backend in CPU_BACKENDS and cpu_fused.applies(q, k, kv_len):
         return "fused"
     return "exact"

@@ -20,10 +20,11 @@ tolerances (``treeattn.kernels.testing.O_TOLERANCE``, key ``"fused"``), not the 
 path's 1e-5; an fp32 one only differs from the exact path by the order of its sums.
 
 Under ``auto`` it serves the dense calls that treeattn's C kernel does not take
-(:mod:`treeattn.kernels.cpu_native`: several torch threads, fp16, more than 8 query heads per
-KV head, or no C compiler). It applies to CPU tensors with no ``kv_len`` (a decode shard is
-dense; ragged batches take the exact path) and at least one token, in 16-bit always and in
-fp32 for grouped-query heads (G > 1). With one query row per KV head the exact path's
+(:mod:`treeattn.kernels.cpu_native`: several torch threads, more than 8 query heads per KV
+head, or no C compiler). It applies to CPU tensors with no ``kv_len`` (a decode shard is
+dense; ragged batches take the exact path) and at least one token, in bf16 always and in
+fp32 for grouped-query heads (G > 1). Not in fp16: there torch's kernel is slower than the
+exact path. With one query row per KV head the exact path's
 ``q·Kᵀ`` is a matrix-vector product, which MKL already runs at the memory's bandwidth: there
 the fused kernel measured 0.90–1.05x the exact path's speed, against 0.94–1.15x for G = 3
 and 1.08–1.72x for G = 4.
@@ -35,11 +36,13 @@ from __future__ import annotations
 
 import torch
 
-HALF_DTYPES = (torch.float16, torch.bfloat16)
+# bf16 only: torch's CPU kernel in fp16 ran at 0.46x the exact path's speed (SmolLM2 shapes,
+# 16k tokens, benchmarks/results/kernel_paths.md), so fp16 takes the exact path.
+HALF_DTYPES = (torch.bfloat16,)
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, kv_len: torch.Tensor | None) -> bool:
-    """Whether the fused kernel serves this call: CPU, dense, non-empty, and 16-bit K/V or
+    """Whether the fused kernel serves this call: CPU, dense, non-empty, and bf16 K/V or
     fp32 K/V with several query heads per KV head."""
     if k.device.type != "cpu" or kv_len is not None or k.shape[2] == 0 or k.shape[0] == 0:
         return False

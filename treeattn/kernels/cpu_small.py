@@ -13,7 +13,12 @@ of five batches (this repository's 2-core box, torch 2.13):
 * merge of 8 heads × 128: 20 against 9 µs; of 128 × 128: 23 against 20 µs; of 512 × 128:
   41 against 53 µs (torch wins).
 
-So this path takes fp32 attention whose K holds at most :data:`MAX_KV_ELEMENTS` elements
+Where the C kernel (:mod:`treeattn.kernels.cpu_native`) takes a call it runs first: it
+beats this path 2-3x even on a 16-token shard (``benchmarks/results/kernel_paths.md``). So
+this path serves the CPU chain without it (no C compiler, or ``TREEATTN_KERNEL=fused``),
+where it is 2.2-3.1x faster than the exact path on such shards and 1.5x on merges.
+
+It takes fp32 attention whose K holds at most :data:`MAX_KV_ELEMENTS` elements
 (and whose matmuls stay on one BLAS thread, :data:`MAX_MATMUL_WORK`), and
 fp32 merges whose ``o`` holds at most :data:`MAX_MERGE_ELEMENTS` (a 64 KiB partial, the
 largest a shared-memory mailbox carries); above that, torch's vectorised kernels win.
