@@ -6,8 +6,9 @@ into ``docs/gallery/``; commit them when the numbers change so the README stays 
 1. ``speedup_vs_gpus.png``: the planner's pick over the strongest baseline (the fastest of
    what serving systems run today) vs the number of GPUs, 1 to 16 DGX H100 nodes, contexts
    from 80k to 5M tokens. At 1× a baseline is the pick.
-2. ``latency_vs_seq_len.png``: per-layer latency of every algorithm vs context length on
-   DGX H100, MI300X and an 8×RTX 4090 PCIe box.
+2. ``latency_vs_seq_len.png``: per-layer latency vs context length on DGX H100, MI300X and
+   an 8×RTX 4090 PCIe box: every algorithm's time over the fastest at that point, and the
+   fastest's absolute time beside ring pass-KV's in a panel of their own.
 3. ``memory_vs_hidden.png``: peak memory per GPU, tree vs ring, vs hidden size.
 """
 

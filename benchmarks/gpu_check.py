@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from treeattn import atomic  # noqa: E402  (run from a checkout, not an install)
+
 RESULTS = ROOT / "benchmarks" / "results"
 PROMPT = "Tell me about the history of Paris in three sentences."
 AGREE_TOKENS = 8
@@ -134,8 +137,8 @@ def write_summary(summary: dict, tag: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     for stage in summary["stages"]:
         stage["stdout"] = stage["stdout"][-6000:]
-    (RESULTS / f"gpu-check-{tag}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (RESULTS / f"gpu-check-{tag}.md").write_text(markdown(summary))
+    atomic.write_text(RESULTS / f"gpu-check-{tag}.json", json.dumps(summary, indent=2) + "\n")
+    atomic.write_text(RESULTS / f"gpu-check-{tag}.md", markdown(summary))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ A user who runs ``run --check`` twice must get the same answer. This runs, ``--r
 times each, on this machine:
 
 1. the large-block check ``treeattn run --nproc 2 --seq-len 262144 --algorithm ring --check``
-   (ring moves 1 GiB KV blocks, the case that once swung by 2x between runs), as a user would
+   (ring moves 1 GiB KV blocks, the case most sensitive to the host's copy speed), as a user would
    type it, in a fresh process each time;
 2. the multi-algorithm benchmark at its quick mode's sizes (``benchmarks/algorithms.py``:
    every algorithm at world 2 and 4, 16k and 64k tokens, calibrated afresh in each repeat),

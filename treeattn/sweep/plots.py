@@ -15,6 +15,7 @@ from pathlib import Path
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 ALGO_STYLE = {
     "tree": ("#2ca02c", "o", "-"),
@@ -25,6 +26,7 @@ ALGO_STYLE = {
     "oneshot": ("#ff7f0e", "P", "-."),
     "helix": ("#1f77b4", "X", "-."),
     "dcp": ("#e377c2", "*", ":"),
+    "ring-passq": ("#7f7f7f", "D", ":"),
     "ring": ("#d62728", "D", "-"),
     "pick": ("#000000", "o", "-"),
 }
@@ -71,26 +73,76 @@ def _tokens(n: float) -> str:
     return f"{int(n)}"
 
 
+STRAWMAN = "ring"  # Ring Attention's pass-KV: decades slower at decode, drawn apart
+
+
 def latency_vs_seq_len(rows: list[dict], path: Path) -> Path:
-    """Predicted per-layer decode latency vs context length, log-log, a panel per topology."""
+    """Per-layer decode latency vs context length, a column per topology (its largest GPU
+    count). The top panel plots every algorithm but ring pass-KV as its time over the fastest
+    at that point (1× is the fastest), so that the choice between them can be read; the
+    bottom panel gives the fastest's absolute time with ring pass-KV's, log-log, because ring
+    pass-KV runs decades above the rest and would squash them into one band."""
     by_topo: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_topo[row["topology"]].append(row)
-    fig, axes = _figure(ncols=len(by_topo))
-    for ax, (topo, topo_rows) in zip(axes, by_topo.items()):
+    ncols = len(by_topo)
+    fig, axes = _figure(ncols=ncols, nrows=2, size=(6.0, 3.9))
+    for col, (topo, topo_rows) in enumerate(by_topo.items()):
+        top, bottom = axes[col], axes[ncols + col]
         gpus = max(r["gpus"] for r in topo_rows)
+        points = [r for r in topo_rows if r["gpus"] == gpus and r["algorithm"] != "pick"]
+        fastest: dict[int, float] = {}
+        for r in points:
+            if r["algorithm"] != STRAWMAN:
+                seq = r["seq_len"]
+                fastest[seq] = min(fastest.get(seq, math.inf), r["latency_s"])
+        worst = 1.0
         for algo, (color, marker, style) in ALGO_STYLE.items():
-            if algo == "pick":  # the pick is one of the algorithms drawn already
+            if algo in ("pick", STRAWMAN):
                 continue
-            pts = sorted((r["seq_len"], r["latency_s"]) for r in topo_rows
-                         if r["algorithm"] == algo and r["gpus"] == gpus)
+            pts = sorted((r["seq_len"], r["latency_s"] / fastest[r["seq_len"]])
+                         for r in points if r["algorithm"] == algo)
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, [y * 1e6 for y in ys], color=color, marker=marker, ls=style,
-                        label=algo)
-        _style(ax, "context length (tokens)", "predicted latency per layer (µs)",
-               f"{topo} ({gpus} GPUs)")
+                worst = max(worst, *ys)
+                top.plot(xs, ys, color=color, marker=marker, ls=style, label=algo)
+        _style(top, "context length (tokens)", "time / fastest at that point (×)",
+               f"{topo} ({gpus} GPUs): the nine to choose from")
+        _ratio_ticks(top, worst)
+        ring = sorted((r["seq_len"], r["latency_s"]) for r in points
+                      if r["algorithm"] == STRAWMAN)
+        best = sorted(fastest.items())
+        if best:
+            xs, ys = zip(*best)
+            bottom.plot(xs, [y * 1e6 for y in ys], color="#000000", marker="o",
+                        label="fastest of the nine")
+        if ring:
+            xs, ys = zip(*ring)
+            color, marker, style = ALGO_STYLE[STRAWMAN]
+            bottom.plot(xs, [y * 1e6 for y in ys], color=color, marker=marker, ls=style,
+                        label="ring pass-KV")
+        _style(bottom, "context length (tokens)", "predicted latency per layer (µs)",
+               f"{topo}: absolute time, with ring pass-KV")
+        for ax in (top, bottom):
+            _token_ticks(ax, sorted(fastest))
     return _save(fig, path)
+
+
+def _token_ticks(ax, lengths: list[int]) -> None:
+    """Ticks at the context lengths drawn, labelled as the CLI takes them (16k, 1M)."""
+    if lengths:
+        ax.xaxis.set_major_locator(FixedLocator(lengths))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tokens(v)))
+
+
+def _ratio_ticks(ax, worst: float) -> None:
+    """Readable ticks (1×, 1.25×, 1.5×, 2×, ...) on a log ratio axis from 1 to ``worst``."""
+    ticks = [t for t in (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32) if t <= worst * 1.1]
+    ax.set_ylim(0.97, max(1.1, worst * 1.08))
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
 
 
 def speedup_vs_gpus(rows: list[dict], path: Path, topology: str | None = None) -> Path:
