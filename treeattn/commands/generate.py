@@ -217,13 +217,15 @@ def _graphed(model, prompt: list[int], args: argparse.Namespace, eos_id, printer
 def check_memory(args: argparse.Namespace, model, prompt_tokens: int, world: int) -> None:
     """Refuse, before any rank starts, a generation whose KV caches cannot fit in memory.
 
-    Each rank holds the weights, the whole cache while it prefills (long-context mode builds
-    it once more before storing it) and its shard; this process holds the weights, plus a
-    whole local decode with ``--verify`` or one rank. On CUDA the ranks' part is per GPU.
-    Under torchrun this process is one rank (and the reference with ``--verify``). The
-    weights are counted as loaded (fp32) and the cache in ``--dtype``.
+    Each rank holds the weights, its shard and, while it prefills, a few ring blocks and its
+    queries' activations (:func:`treeattn.llm.prefill.prefill_bytes`): never the whole
+    cache. This process holds the weights, plus a whole local prefill and decode with
+    ``--verify`` or one rank. On CUDA the ranks' part is per GPU. Under torchrun this process
+    is one rank (and the reference with ``--verify``). The weights are counted as loaded
+    (fp32) and the cache in ``--dtype``.
     """
     from treeattn.llm.options import dtype_of
+    from treeattn.llm.prefill import prefill_bytes
     from treeattn.runtime.plans import check_fits, uses_cuda
 
     cfg = model.config
@@ -236,7 +238,10 @@ def check_memory(args: argparse.Namespace, model, prompt_tokens: int, world: int
     if world == 1:
         check_fits(here, what)
         return
-    rank = weights + 2 * cache + cache // world
+    parts = prefill_bytes(cfg, args.context_tokens, prompt_tokens, world, element,
+                          args.max_new_tokens)
+    rank = weights + sum(parts.values())
+    what += f" (per rank: {_mib(parts['shard'])} shard, {_mib(parts['blocks'])} ring blocks)"
     if torchrun_mode(args):
         check_fits(rank + here - weights, what, cuda=uses_cuda(args.device))
     elif uses_cuda(args.device):
@@ -244,6 +249,10 @@ def check_memory(args: argparse.Namespace, model, prompt_tokens: int, world: int
         check_fits(here + world * weights, what)
     else:
         check_fits(here + world * rank, what)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def _segment(tok, context_tokens: int, model) -> list[int] | None:

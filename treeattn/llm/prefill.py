@@ -35,11 +35,39 @@ from treeattn.llm.model import Transformer, rope_cos_sin
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.prefill_ring import (
     PREFILL_ALGORITHMS,
+    TILE_K,
+    TILE_Q,
     PrefillLayout,
     RingStats,
     ring_attention,
     run_positions,
 )
+
+RING_BLOCKS = 3  # a rank's own block, the one attended and forwarded, the one arriving
+
+
+def prefill_bytes(config, context: int, prompt: int, world: int, element: int,
+                  reserve: int = 0) -> dict[str, int]:
+    """What one rank holds during :func:`sharded_prefill`, by part, in bytes (weights apart).
+
+    ``shard``: the largest rank's cache (all layers, with ``reserve`` appended tokens on the
+    rank that stores them); ``blocks``: :data:`RING_BLOCKS` ring blocks of one layer, each at
+    most one layer of the largest shard plus one zig-zag pair of prompt K/V; ``activations``:
+    the hidden states, one layer's Q/K/V and one feed-forward chunk of the rank's queries
+    (fp32 scores tiles are bounded by the ring's tiles and counted with them).
+    """
+    layout = PrefillLayout(world, context, prompt)
+    per_token = 2 * config.n_kv_heads * config.head_dim * element  # one layer's K and V
+    biggest = max(layout.lengths) + reserve
+    pair = max(len(layout.positions(r, queries=True)) for r in range(world))
+    block = (max(layout.lengths) + pair) * per_token
+    heads = (config.n_heads + 2 * config.n_kv_heads) * config.head_dim
+    activations = (pair * (2 * config.dim + heads) * element
+                   + min(pair, PREFILL_CHUNK) * 3 * config.hidden_dim * element
+                   + pair * config.n_heads * (config.head_dim + 1) * 4)  # fp32 output
+    tiles = 3 * config.n_heads * TILE_Q * TILE_K * 4  # scores, probabilities, mask
+    return {"shard": biggest * config.n_layers * per_token, "blocks": RING_BLOCKS * block,
+            "activations": activations + tiles}
 
 
 class _RingBackend:
