@@ -1,7 +1,7 @@
 """Sharded prefill: the prompt's K/V computed across ranks straight into the decode cache.
 
 No rank ever holds the whole context. Rank ``r`` runs the model on its zig-zag pair of
-prompt chunks only (:class:`treeattn.runtime.prefill_ring.PrefillLayout`: balanced causal
+prompt chunks only (:class:`treeattn.sim.prefill_layout.PrefillLayout`: balanced causal
 work), and each layer's attention over everything before its queries is a pass-KV ring
 (:func:`treeattn.runtime.prefill_ring.ring_attention`). While the blocks go round, every rank
 keeps the pieces that fall in its contiguous storage run, so at the end it holds exactly its
@@ -37,12 +37,13 @@ from treeattn.runtime.prefill_ring import (
     PREFILL_ALGORITHMS,
     TILE_K,
     TILE_Q,
-    PrefillLayout,
     RingStats,
     ring_attention,
     run_positions,
 )
+from treeattn.sim.prefill_layout import PrefillLayout
 
+DOCUMENT_PIECE = 4096  # positions of the document rotated at once
 RING_BLOCKS = 3  # a rank's own block, the one attended and forwarded, the one arriving
 
 
@@ -113,9 +114,11 @@ def _fill_document(cache: ShardedKVCache, model: Transformer, layout: PrefillLay
     if not segment:
         raise ModelError("long-context prefill needs the document's segment tokens")
     ks, vs = segment_kv(model, segment)
-    for layer in range(cache.n_layers):
-        k, v = context_kv([ks[layer]], [vs[layer]], model.inv_freq, lo, hi)
-        cache.put(layer, 0, torch.stack([k[0], v[0]]))  # (2, 1, Hkv, hi-lo, D)
+    for layer in range(cache.n_layers):  # in pieces: the rotation's temporaries stay small
+        for a in range(lo, hi, DOCUMENT_PIECE):
+            b = min(hi, a + DOCUMENT_PIECE)
+            k, v = context_kv([ks[layer]], [vs[layer]], model.inv_freq, a, b)
+            cache.put(layer, a - lo, torch.stack([k[0], v[0]]))  # (2, 1, Hkv, b-a, D)
 
 
 def _broadcast_logits(ctx: RankContext, logits: torch.Tensor, src: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 
 from treeattn.llm.generate_context import fill_document
 from treeattn.llm.local_cache import LocalCache, prefill
+from treeattn.llm.model import LlamaConfig, random_model
 from treeattn.llm.options import dtype_of, place_model
 from treeattn.llm.prefill import sharded_prefill
 from treeattn.llm.weights import load_model
@@ -56,9 +57,12 @@ class PrefillJob:
     segment: tuple[int, ...] = ()
     dtype: str = "fp32"
     gather_kv: bool = True  # rank 0 gets every rank's shards (small runs only)
+    random_shape: bool = False  # ``model`` names a registered shape: seeded random weights
 
     def __call__(self, ctx: RankContext) -> list[dict] | None:
-        model = place_model(load_model(self.model).model, ctx.device, dtype_of(self.dtype))
+        model = (random_model(LlamaConfig.from_name(self.model)) if self.random_shape
+                 else load_model(self.model).model)
+        model = place_model(model, ctx.device, dtype_of(self.dtype))
         for p in model.parameters():  # fault every weight page in before measuring
             float(p.detach().float().sum())
         stats = RingStats()

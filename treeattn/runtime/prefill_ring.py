@@ -1,22 +1,10 @@
-"""Context-parallel prefill attention: a ring that passes KV blocks (pass-KV), causally balanced.
+"""Context-parallel prefill attention: a ring that passes KV blocks (pass-KV).
 
-The sequence's ``N = C + P`` positions are a *document* of ``C`` tokens whose K/V are known
-without running the model (:mod:`treeattn.llm.generate_context`; ``C = 0`` for a plain
-prompt) followed by ``P`` prompt tokens that the model runs through. Two layouts meet here:
-
-* **Storage** (the decode cache's layout, :class:`treeattn.llm.cache.ShardedKVCache`): rank
-  ``r`` keeps the contiguous run ``offsets[r] .. offsets[r] + lengths[r]`` of the ``N``
-  positions, ``lengths = split_lengths(N, world)``.
-* **Compute** (zig-zag over the prompt): the ``P`` prompt positions are cut into ``2W``
-  contiguous chunks and rank ``r`` runs the queries of chunks ``r`` and ``2W-1-r``, as in
-  the zig-zag layout of ring attention for training. Why: causal attention of a query at
-  position ``i`` costs ``i`` keys, so the contiguous split would give the last rank
-  ``2W-1`` times the first one's work; pairing an early chunk with the mirrored late chunk
-  gives every rank the same number of (query, key) pairs to within one chunk.
-
-The two layouts are reconciled for free: in a pass-KV ring every rank's block visits every
-other rank, so each rank *keeps* the parts of the blocks passing by that fall into its storage
-run, and no all-to-all is needed at the end.
+Where each position is stored and which queries each rank runs is
+:class:`treeattn.sim.prefill_layout.PrefillLayout`: contiguous storage (the decode cache's
+layout), zig-zag compute (balanced causal work). The two are reconciled for free: in a
+pass-KV ring every rank's block visits every other rank, so each rank *keeps* the parts of
+the blocks passing by that fall in its storage run, and no all-to-all is needed at the end.
 
 Per layer, rank ``r``'s block is ``(2, B, Hkv, S_r, D)``: the document part of its storage run
 (positions ``< C``) followed by the K/V of its own compute chunks. Ring step ``s`` attends the
@@ -24,7 +12,9 @@ block of rank ``(r - s) mod W`` while the next one is on the wire (one ``isend``
 one ``irecv`` from ``r-1``, both posted before the step's attention). A rank therefore holds,
 besides its storage shard, at most three blocks of one layer: its own (being built), the one
 being attended to and forwarded, and the one arriving. Every rank knows every block's runs
-from the layout alone, so only tensors travel, and empty blocks are never sent.
+from the layout alone, so only tensors travel, and empty blocks are never sent. Messages go
+through :mod:`treeattn.runtime.transport`: ``isend``/``irecv`` on gloo, grouped
+``batch_isend_irecv`` on NCCL.
 """
 
 from __future__ import annotations
@@ -32,111 +22,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
-from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.shm import MAX_TAGS
 from treeattn.runtime.transport import transport_for
+from treeattn.sim.prefill_layout import PrefillLayout, Run
 
 PREFILL_TAG = MAX_TAGS + 16  # above the mailboxes' tags: blocks always take the process group
 TILE_Q, TILE_K = 256, 1024  # score tiles: bound the (queries x keys) fp32 scratch
 PREFILL_ALGORITHMS = ("pass-kv",)  # what the runtime runs; the simulator prices more
-
-Run = tuple[int, int]  # positions start .. stop-1
-
-
-def split_even(n: int, parts: int) -> list[int]:
-    """``n`` split into ``parts`` contiguous lengths; the first ``n % parts`` get one more.
-
-    >>> split_even(5, 3), split_even(1, 3)
-    ([2, 2, 1], [1, 0, 0])
-    """
-    base, extra = divmod(n, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
-
-
-def _runs_length(runs: tuple[Run, ...]) -> int:
-    return sum(b - a for a, b in runs)
-
-
-@dataclass(frozen=True)
-class PrefillLayout:
-    """Which positions each rank stores and which queries it computes (module docstring)."""
-
-    world: int
-    context: int  # C: document positions 0 .. C-1, K/V known without the model
-    prompt: int  # P: prompt positions C .. C+P-1, run through the model
-
-    def __post_init__(self) -> None:
-        if self.world < 1 or self.context < 0 or self.prompt < 1:
-            raise RuntimeFailure(f"bad prefill layout: world {self.world}, context "
-                                 f"{self.context}, prompt {self.prompt}")
-
-    @property
-    def total(self) -> int:
-        return self.context + self.prompt
-
-    @cached_property
-    def lengths(self) -> list[int]:
-        """Storage shard lengths (the decode cache's contiguous split)."""
-        return split_even(self.total, self.world)
-
-    def storage(self, rank: int) -> Run:
-        lo = sum(self.lengths[:rank])
-        return lo, lo + self.lengths[rank]
-
-    def document(self, rank: int) -> Run:
-        """The document positions of ``rank``'s storage run (possibly empty)."""
-        lo, hi = self.storage(rank)
-        return min(lo, self.context), min(hi, self.context)
-
-    @cached_property
-    def _chunks(self) -> list[Run]:
-        out, pos = [], self.context
-        for n in split_even(self.prompt, 2 * self.world):
-            out.append((pos, pos + n))
-            pos += n
-        return out
-
-    def compute(self, rank: int) -> tuple[Run, ...]:
-        """The prompt positions whose queries ``rank`` runs: zig-zag chunks, ascending."""
-        pair = (self._chunks[rank], self._chunks[2 * self.world - 1 - rank])
-        return tuple(run for run in pair if run[1] > run[0])
-
-    def block(self, rank: int) -> tuple[Run, ...]:
-        """The runs of ``rank``'s ring block, in the block's order (document first)."""
-        doc = self.document(rank)
-        head = (doc,) if doc[1] > doc[0] else ()
-        return head + self.compute(rank)
-
-    def block_length(self, rank: int) -> int:
-        return _runs_length(self.block(rank))
-
-    @property
-    def last_owner(self) -> int:
-        """The rank whose queries include the last position (it computes the logits)."""
-        last = self.total - 1
-        return next(r for r in range(self.world)
-                    if any(a <= last < b for a, b in self.compute(r)))
-
-    def positions(self, rank: int, queries: bool = False) -> list[int]:
-        """The positions of ``rank``'s block (or of its queries), in order; cached."""
-        key = (rank, queries)
-        if key not in self._positions:
-            runs = self.compute(rank) if queries else self.block(rank)
-            self._positions[key] = [p for a, b in runs for p in range(a, b)]
-        return self._positions[key]
-
-    @cached_property
-    def _positions(self) -> dict:
-        return {}
-
-    def pairs(self, rank: int) -> int:
-        """Causal (query, key) pairs ``rank`` attends: the balance the zig-zag buys."""
-        return sum(b * (b + 1) // 2 - a * (a + 1) // 2 for a, b in self.compute(rank))
 
 
 def run_positions(runs: tuple[Run, ...], device) -> torch.Tensor:
