@@ -6,10 +6,10 @@ registered shape (default SmolLM2-135M's: 30 layers, 3 KV heads of 64, fp32). Ea
 reports the growth of its resident set during the prefill: ``VmHWM`` (reset through
 ``/proc/self/clear_refs`` just before) minus ``VmRSS`` before, with every weight page
 faulted in beforehand so that only the prefill's own allocations count. Beside it: the shard
-the rank ends with (all layers), the bound :func:`treeattn.llm.prefill.prefill_bytes` states
+the rank ends with (all layers), the estimate :func:`treeattn.llm.prefill.prefill_bytes` states
 (shard + 3 ring blocks of one layer + the activations of its queries), and the whole cache,
 which the replicated prefill this replaces held on every rank. The replicated prefill is also
-measured once, in this process (one rank's work under the old path).
+measured, in a fresh process of its own (one rank's work under the old path).
 
 Points: a long repeated-document context with a short prompt (``--context-tokens`` mode, the
 K/V of the document built per shard and passed round the ring), and a prompt-only prefill
@@ -25,19 +25,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_io import write_results  # noqa: E402
 
-from treeattn.llm.model import LlamaConfig, random_model  # noqa: E402
+from treeattn.llm.model import LlamaConfig  # noqa: E402
 from treeattn.llm.prefill import prefill_bytes  # noqa: E402
-from treeattn.llm.prefill_check import (  # noqa: E402
-    PrefillJob,
-    _status_kib,
-    reference_prefill,
-    reset_peak_rss,
-)
+from treeattn.llm.prefill_check import PrefillJob  # noqa: E402
 from treeattn.runtime.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 
@@ -48,27 +41,12 @@ def _tokens(n: int, seed: int) -> tuple[int, ...]:
     return tuple((seed * 7919 + 31 * i) % 256 for i in range(n))
 
 
-def _replicated_growth(shape: str, context: int, prompt, segment) -> int | None:
-    """Peak RSS growth of one process prefilling the whole context (the old per-rank path)."""
-    model = random_model(LlamaConfig.from_name(shape))
-    for p in model.parameters():
-        float(p.detach().sum())
-    before = _status_kib("VmRSS")
-    if before is None or not reset_peak_rss():
-        return None
-    torch.set_num_threads(1)
-    local, _ = reference_prefill(model, list(prompt), context, list(segment))
-    growth = (_status_kib("VmHWM") - before) * 1024
-    del local
-    return growth
-
-
 def run_point(shape: str, world: int, context: int, n_prompt: int, replicated: bool) -> dict:
     config = LlamaConfig.from_name(shape)
     prompt, segment = _tokens(n_prompt, 1), _tokens(64, 2) if context else ()
     job = PrefillJob(shape, prompt, context, segment, gather_kv=False, random_shape=True)
     everyone = launch(job, world, LaunchOptions(timeout_s=600, threads=1))
-    bound = prefill_bytes(config, context, n_prompt, world, 4)
+    estimate = prefill_bytes(config, context, n_prompt, world, 4)
     whole = (context + n_prompt) * config.n_layers * 2 * config.n_kv_heads * config.head_dim * 4
     ranks = []
     for out in everyone:
@@ -79,12 +57,14 @@ def run_point(shape: str, world: int, context: int, n_prompt: int, replicated: b
                       "ring_peak_block_bytes": out["peak_block_bytes"],
                       "bytes_sent": out["bytes_sent"], "prefill_s": out["prefill_s"]})
     point = {"shape": shape, "world": world, "context_tokens": context, "prompt_tokens": n_prompt,
-             "bound_bytes": bound, "bound_total_bytes": sum(bound.values()),
+             "estimate_bytes": estimate, "estimate_total_bytes": sum(estimate.values()),
              "whole_cache_bytes": whole, "ranks": ranks,
              "max_peak_growth_bytes": max(r["peak_growth_bytes"] for r in ranks)}
-    if replicated:
-        point["replicated_peak_growth_bytes"] = _replicated_growth(shape, context, prompt,
-                                                                   segment)
+    if replicated:  # one fresh process doing what every rank of the old path did
+        old = launch(PrefillJob(shape, prompt, context, segment, gather_kv=False,
+                                random_shape=True, replicated=True), 1,
+                     LaunchOptions(timeout_s=600, threads=1))[0]
+        point["replicated_peak_growth_bytes"] = old["peak_rss_bytes"] - old["rss_before_bytes"]
     return point
 
 
@@ -94,11 +74,12 @@ def markdown(points: list[dict], info: dict) -> str:
              f"({info.get('cpu', 'cpu')}, other jobs running): random weights in the "
              "registered shape, fp32, gloo ranks with one thread each. *growth*: peak resident "
              "set during the prefill minus the resident set before (weights already in). "
-             "*bound*: shard + 3 ring blocks of one layer + the queries' activations "
-             "(`prefill_bytes`). *whole cache*: what every rank of the replaced replicated "
+             "*estimate*: shard + 3 ring blocks of one layer + the queries' activations "
+             "(`prefill_bytes`, what `generate` checks against free memory before starting). "
+             "*whole cache*: what every rank of the replaced replicated "
              "prefill held.", "",
              "| shape | world | context + prompt | shard / rank | peak growth (max rank) | "
-             "growth / shard | bound | whole cache | replicated growth (measured) |",
+             "growth / shard | estimate | whole cache | replicated growth (measured) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         shard = max(r["shard_bytes"] for r in p["ranks"])
@@ -107,7 +88,7 @@ def markdown(points: list[dict], info: dict) -> str:
         lines.append(
             f"| {p['shape']} | {p['world']} | {p['context_tokens']} + {p['prompt_tokens']} | "
             f"{shard / MIB:.1f} MiB | {p['max_peak_growth_bytes'] / MIB:.1f} MiB | "
-            f"{ratio:.2f} | {p['bound_total_bytes'] / MIB:.1f} MiB | "
+            f"{ratio:.2f} | {p['estimate_total_bytes'] / MIB:.1f} MiB | "
             f"{p['whole_cache_bytes'] / MIB:.1f} MiB | "
             f"{'n/a' if rep is None else f'{rep / MIB:.1f} MiB'} |")
     lines += ["", "Per rank (growth MiB / shard MiB):", ""]
@@ -122,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--shape", default="smollm2-135m")
-    parser.add_argument("--points", default="32768:128,0:1024",
+    parser.add_argument("--points", default="32768:128,0:1024,0:4096",
                         help="context:prompt pairs, comma-separated")
     parser.add_argument("--no-replicated", action="store_true",
                         help="skip measuring the replicated prefill in this process")

@@ -124,3 +124,43 @@ def test_generation_after_sharded_prefill_gives_the_same_greedy_tokens(world, n_
                               context_tokens=context, segment=segment)
     _assert_same(result["generation"], ref)
     assert result["ranks_agree"]
+
+
+def test_a_prefill_the_contiguous_layout_cannot_use_is_one_line_and_exit_2(capsys):
+    from treeattn.cli import main
+
+    for algorithm in ("pass-q", "all-gather-kv"):
+        argv = ["generate", "--nproc", "2", "--model", "debug", "--prompt", "hi",
+                "--prefill", algorithm]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: --prefill " + algorithm), err
+        assert "cannot fill this layout" in err[0]
+
+
+def test_a_context_that_does_not_fit_even_sharded_says_both_sizes(monkeypatch, capsys):
+    from treeattn.cli import main
+    from treeattn.runtime import plans
+
+    monkeypatch.setattr(plans, "available_memory_bytes", lambda cuda=False: (64 << 20, "RAM"))
+    argv = ["generate", "--nproc", "4", "--model", "debug", "--prompt", "hi",
+            "--context-tokens", "1M"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: generating"), err
+    assert "shard" in err[0] and "needs about" in err[0] and "64.0 MiB of RAM" in err[0]
+
+
+def test_a_mismatched_world_is_refused_before_any_work():
+    from treeattn.llm.generate_dist import GenerateRequest, make_schedule, rank_generate
+    from treeattn.llm.model import LlamaConfig
+    from treeattn.runtime.errors import RuntimeFailure
+
+    schedule = make_schedule("tree", 2, LlamaConfig.from_name("debug"), [3, 3])
+    request = GenerateRequest("debug", (1, 2, 3, 4, 5, 6), 2, schedule)
+    ctx = RankContext(0, 1, 0, torch.device("cpu"), "gloo")
+    with pytest.raises(RuntimeFailure, match="plan is for 2 ranks, but this group has 1"):
+        rank_generate(ctx, request)
+    model = load_model("debug").model
+    with pytest.raises(Exception, match="not the prefill's contiguous split"):
+        sharded_prefill(ctx, model, [1, 2, 3], lengths=[2, 1])

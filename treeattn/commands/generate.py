@@ -38,6 +38,15 @@ from treeattn.errors import UserError
 from treeattn.sim.algorithms import CLI_CHOICES
 
 ALGORITHMS = CLI_CHOICES
+PREFILL_CHOICES = ("pass-kv", "pass-q", "all-gather-kv")  # treeattn.sim.prefill's
+# Why the runtime refuses the other two: the decode cache keeps contiguous shards.
+PREFILL_REFUSED = {
+    "pass-q": "pass-Q leaves each rank's K/V where its zig-zag queries were computed, not in "
+              "the decode cache's contiguous shards (it would need an all-to-all of the whole "
+              "cache afterwards)",
+    "all-gather-kv": "all-gather-KV puts a whole layer's K/V of the context on every rank, "
+                     "which the sharded cache exists to avoid",
+}
 DEMO_PROMPT = "What is the capital of France?"
 # Per wait on a peer. Longer than run's 30 s: the first wait also covers the ranks loading
 # the model at different speeds. A hung rank is still named within it (the launcher's
@@ -77,6 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "the host launching its kernels; --verify compares with eager)")
     parser.add_argument("--context-tokens", type=parse_tokens, default=0, metavar="L",
                         help="first fill the cache with L tokens of a repeated document")
+    parser.add_argument("--prefill", choices=PREFILL_CHOICES, default="pass-kv",
+                        help="how the ranks prefill the context into their shards (default "
+                             "pass-kv: a ring of K/V blocks, zig-zag balanced; `treeattn "
+                             "predict --prefill` prices all three)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds any rank waits on a peer before giving up; a lost or "
                              f"hung rank is named within about this long "
@@ -125,6 +138,9 @@ def _check_args(args: argparse.Namespace) -> int:
     if args.context_tokens and args.context_tokens < world:
         raise UserError(f"--context-tokens {args.context_tokens} is below the world size "
                         f"{world}")
+    if args.prefill in PREFILL_REFUSED and world > 1:
+        raise UserError(f"--prefill {args.prefill} cannot fill this layout: "
+                        f"{PREFILL_REFUSED[args.prefill]}; the runtime runs pass-kv")
     if args.profile is not None and (args.plan or args.algorithm != "auto"):
         raise UserError("--profile prices the planner's choice: use it with --algorithm auto "
                         "(a --plan file was priced when it was made)")
@@ -289,7 +305,7 @@ def _distributed(args, loaded, prompt, segment, stream, world, sampling, topolog
                                  models)
     request = GenerateRequest(loaded.source, tuple(prompt), args.max_new_tokens, schedule, eos_id,
                               args.context_tokens, tuple(segment or ()), stream, args.dtype,
-                              sampling)
+                              sampling, args.prefill)
     shape = schedule.params.get("shape")
     name = f"{schedule.algorithm}({shape})" if shape else schedule.algorithm
     if torchrun_mode(args):

@@ -44,6 +44,7 @@ from treeattn.llm.options import Sampler, Sampling, body_dtype, dtype_of, place_
 from treeattn.llm.prefill import sharded_prefill
 from treeattn.llm.snapshot import save_snapshot
 from treeattn.llm.weights import load_model
+from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
@@ -68,6 +69,7 @@ class GenerateRequest:
     stream: bool = False
     dtype: str = "fp32"  # the blocks' dtype on every rank (treeattn.llm.options.DTYPES)
     sampling: Sampling = field(default_factory=Sampling)
+    prefill: str = "pass-kv"  # treeattn.runtime.prefill_ring.PREFILL_ALGORITHMS
 
 
 def split_lengths(n: int, world: int) -> list[int]:
@@ -143,13 +145,17 @@ def rank_generate(ctx: RankContext, request: GenerateRequest, loaded=None) -> di
     ``loaded`` is the model this process already holds (torchrun), else it is loaded from
     ``request.model``; either way it is placed on ``ctx.device`` in ``request.dtype`` here.
     """
+    if request.schedule.world != ctx.world:  # before any work: the plan's shards are not ours
+        raise RuntimeFailure(f"rank {ctx.rank}: the decode plan is for {request.schedule.world} "
+                             f"ranks, but this group has {ctx.world}")
     loaded = loaded or load_model(request.model)
     model = place_model(loaded.model, ctx.device, dtype_of(request.dtype))
     prompt = list(request.prompt_ids)
     cfg = model.config
     t0 = time.perf_counter()
     cache, logits = sharded_prefill(ctx, model, prompt, context_tokens=request.context_tokens,
-                                    segment=request.segment, reserve=request.max_new_tokens)
+                                    segment=request.segment, reserve=request.max_new_tokens,
+                                    algorithm=request.prefill)
     dims = AttnDims(1, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cache.kv(0).dtype)
     backend = ShardBackend(ctx, cache, request.schedule, dims)
     start = request.context_tokens + len(prompt)

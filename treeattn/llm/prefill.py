@@ -132,13 +132,16 @@ def _broadcast_logits(ctx: RankContext, logits: torch.Tensor, src: int) -> torch
 def sharded_prefill(ctx: RankContext, model: Transformer, prompt_ids: list[int], *,
                     context_tokens: int = 0, segment: list[int] | tuple = (), reserve: int = 0,
                     algorithm: str = "pass-kv", stats: RingStats | None = None,
-                    chunk: int = PREFILL_CHUNK) -> tuple[ShardedKVCache, torch.Tensor]:
+                    chunk: int = PREFILL_CHUNK,
+                    lengths: list[int] | None = None) -> tuple[ShardedKVCache, torch.Tensor]:
     """Prefill ``context_tokens`` of document then ``prompt_ids`` across the group.
 
     Every rank calls it with the same arguments. Returns ``(cache, logits)``: this rank's
     :class:`ShardedKVCache` (contiguous shard lengths ``split_even(C + P, world)``, room for
     ``reserve`` appended tokens) and the last position's logits (1, V) fp32, the same on every
     rank. ``stats`` (a :class:`RingStats`) receives the bytes sent and the peak block bytes.
+    ``lengths``, when given, are the shard lengths the caller's decode expects (a plan's): a
+    mismatch is refused before any work. Raises :class:`ModelError` for bad input.
     """
     if algorithm not in PREFILL_ALGORITHMS:
         raise ModelError(f"the runtime's prefill runs {', '.join(PREFILL_ALGORITHMS)}, "
@@ -146,6 +149,10 @@ def sharded_prefill(ctx: RankContext, model: Transformer, prompt_ids: list[int],
     if not prompt_ids:
         raise ModelError("the prompt is empty")
     layout = PrefillLayout(ctx.world, context_tokens, len(prompt_ids))
+    if lengths is not None and list(lengths) != layout.lengths:
+        raise ModelError(f"the decode layout's shards {list(lengths)[:8]} are not the prefill's "
+                         f"contiguous split {layout.lengths[:8]} of {layout.total} tokens over "
+                         f"{ctx.world} ranks")
     cfg, device = model.config, model_device(model)
     dtype = model.norm.weight.dtype  # the blocks' dtype: the cache's
     cache = ShardedKVCache(ctx.rank, layout.lengths, cfg.n_layers, 1, cfg.n_kv_heads,

@@ -58,6 +58,7 @@ class PrefillJob:
     dtype: str = "fp32"
     gather_kv: bool = True  # rank 0 gets every rank's shards (small runs only)
     random_shape: bool = False  # ``model`` names a registered shape: seeded random weights
+    replicated: bool = False  # run the whole single-process prefill instead (world 1)
 
     def __call__(self, ctx: RankContext) -> list[dict] | None:
         model = (random_model(LlamaConfig.from_name(self.model)) if self.random_shape
@@ -69,9 +70,14 @@ class PrefillJob:
         rss_before = _status_kib("VmRSS")
         measured = reset_peak_rss()
         t0 = time.perf_counter()
-        cache, logits = sharded_prefill(ctx, model, list(self.prompt),
-                                        context_tokens=self.context_tokens,
-                                        segment=self.segment, stats=stats)
+        if self.replicated:  # what every rank did before the sharded prefill
+            local, logits = reference_prefill(model, list(self.prompt), self.context_tokens,
+                                              self.segment)
+            cache = _Whole(local)
+        else:
+            cache, logits = sharded_prefill(ctx, model, list(self.prompt),
+                                            context_tokens=self.context_tokens,
+                                            segment=self.segment, stats=stats)
         seconds = time.perf_counter() - t0
         peak = _status_kib("VmHWM") if measured else None
         mine = {
@@ -85,6 +91,20 @@ class PrefillJob:
         }
         everyone = all_gather_objects(ctx, mine)
         return everyone if ctx.rank == 0 else None
+
+
+class _Whole:
+    """A :class:`LocalCache` seen as the one shard of a world of one."""
+
+    def __init__(self, local: LocalCache) -> None:
+        self.local, self.lengths, self.n_layers = local, [local.length], local.n_layers
+
+    def kv(self, layer: int) -> torch.Tensor:
+        n = self.local.length
+        return torch.stack([self.local.k[layer][:, :, :n], self.local.v[layer][:, :, :n]])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.local.k + self.local.v)
 
 
 @torch.no_grad()
