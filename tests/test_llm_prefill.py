@@ -164,3 +164,38 @@ def test_a_mismatched_world_is_refused_before_any_work():
     model = load_model("debug").model
     with pytest.raises(Exception, match="not the prefill's contiguous split"):
         sharded_prefill(ctx, model, [1, 2, 3], lengths=[2, 1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_context_four_times_what_one_rank_may_hold_generates_under_rlimit_as(
+        tmp_path, monkeypatch):
+    """Every rank's address space is capped at a quarter of the whole KV cache (so no rank
+    could hold the context alone, as the replicated prefill did); the sharded prefill and
+    the decode run within it, and the greedy tokens equal one uncapped process's."""
+    from treeattn.llm.generate_dist import GenerateRequest, make_schedule, split_lengths
+    from treeattn.llm.model import LlamaConfig, random_model
+    from treeattn.llm.prefill_check import CappedGenerate
+    from treeattn.llm.snapshot import save_snapshot
+    from treeattn.llm.tokenizer import byte_tokenizer
+    from treeattn.llm.weights import LoadedModel
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # glibc's per-thread arenas reserve 64 MiB
+    config = LlamaConfig(dim=64, n_layers=16, n_heads=4, n_kv_heads=2, hidden_dim=128,
+                         vocab_size=256)  # many thin layers: one ring block is 1/16 a shard
+    model = random_model(config, seed=3)
+    world, context, new = 8, 131072 - 5, 4
+    prompt = [(23 * i + 9) % 256 for i in range(5)]
+    segment = [(13 * i + 7) % 256 for i in range(48)]
+    per_token = 2 * config.n_kv_heads * config.head_dim * 4 * config.n_layers
+    whole = (context + len(prompt) + new) * per_token  # 512 MiB
+    cap = whole // 4
+    ref = generate_local(model, prompt, new, context_tokens=context, segment=segment)
+    snapshot = save_snapshot(LoadedModel(model, byte_tokenizer(), "thin"), tmp_path)
+    schedule = make_schedule("tree", world, config, split_lengths(context + len(prompt), world))
+    request = GenerateRequest(str(snapshot), tuple(prompt), new, schedule, None, context,
+                              tuple(segment))
+    result = launch(CappedGenerate(request, cap), world, LaunchOptions(timeout_s=600, threads=1))
+    assert result["generation"].tokens == ref.tokens
+    assert result["ranks_agree"]
+    assert max(result["peak_rss_growth_bytes"]) <= cap < whole

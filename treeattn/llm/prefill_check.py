@@ -115,3 +115,40 @@ def reference_prefill(model, prompt: list[int], context_tokens: int = 0,
     if context_tokens:
         fill_document(local, model, list(segment), context_tokens)
     return local, prefill(model, list(prompt), local, start=context_tokens)
+
+
+@dataclass(frozen=True)
+class CappedGenerate:
+    """A picklable job: :func:`~treeattn.llm.generate_dist.rank_generate` with this rank's
+    address space capped (``RLIMIT_AS``) at its size once loaded plus ``cap_bytes``.
+
+    The model is loaded and the process group's transport made first, so the cap bounds what
+    the prefill and the decode allocate. Linux; rank 0 gets ``rank_generate``'s dict with
+    ``cap_bytes`` and every rank's ``peak_rss_bytes`` growth added.
+    """
+
+    request: object  # treeattn.llm.generate_dist.GenerateRequest
+    cap_bytes: int
+
+    def __call__(self, ctx: RankContext):
+        import resource
+
+        from treeattn.llm.generate_dist import rank_generate
+        from treeattn.runtime.transport import transport_for
+
+        loaded = load_model(self.request.model)
+        transport_for(ctx)  # collective on first use: every rank, here
+        size = _status_kib("VmSize")
+        if size is None:
+            raise RuntimeError("no /proc/self/status here: cannot cap the address space")
+        limit = size * 1024 + self.cap_bytes
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        rss = _status_kib("VmRSS")
+        reset_peak_rss()
+        result = rank_generate(ctx, self.request, loaded)
+        growth = (_status_kib("VmHWM") - rss) * 1024
+        everyone = all_gather_objects(ctx, growth)
+        if ctx.rank != 0:
+            return None
+        return {**result, "cap_bytes": self.cap_bytes, "peak_rss_growth_bytes": everyone}
