@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.shm import MAX_TAGS
@@ -96,6 +97,28 @@ def causal_partial(q: torch.Tensor, q_pos: list[int], kv: torch.Tensor, k_pos: l
     return o, lse
 
 
+def _exchange(ctx: RankContext, transport, send: torch.Tensor | None,
+              recv: torch.Tensor | None, tag: int) -> list:
+    """Post this ring step's send to ``rank + 1`` and receive from ``rank - 1``; returns
+    ``[(work, peer)]``. On NCCL both go in one ``batch_isend_irecv`` group: posted one after
+    the other, every rank's send would wait on its successor's, queued behind that rank's own
+    send, round the whole ring (a deadlock)."""
+    world = ctx.world
+    nxt, prv = (ctx.rank + 1) % world, (ctx.rank - 1) % world
+    if transport.batch_p2p:
+        ops = ([dist.P2POp(dist.isend, send.contiguous(), nxt, tag=tag)] if send is not None
+               else []) + ([dist.P2POp(dist.irecv, recv, prv, tag=tag)] if recv is not None
+                           else [])
+        works = dist.batch_isend_irecv(ops) if ops else []
+        return [(w, nxt if i == 0 and send is not None else prv) for i, w in enumerate(works)]
+    out = []
+    if send is not None:
+        out.append((transport.isend(send.contiguous(), nxt, tag), nxt))
+    if recv is not None:
+        out.append((transport.irecv(recv, prv, tag), prv))
+    return out
+
+
 @dataclass
 class RingStats:
     """What one rank's rings moved and held, summed over layers."""
@@ -123,20 +146,16 @@ def ring_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
     current = own
     for step in range(world):
         src = (rank - step) % world
-        pending = []
+        pending: list = []
         nxt = None
         if step < world - 1:  # forward the current block, receive the next one
-            incoming = (rank - step - 1) % world
-            if current.shape[3]:
-                pending.append((transport.isend(current.contiguous(), (rank + 1) % world,
-                                                PREFILL_TAG + step), (rank + 1) % world))
-                if stats is not None:
-                    stats.bytes_sent += current.numel() * current.element_size()
-            n_in = layout.block_length(incoming)
+            n_in = layout.block_length((rank - step - 1) % world)
             if n_in:
                 nxt = current.new_empty(*current.shape[:3], n_in, current.shape[4])
-                pending.append((transport.irecv(nxt, (rank - 1) % world, PREFILL_TAG + step),
-                                (rank - 1) % world))
+            pending = _exchange(ctx, transport, current if current.shape[3] else None, nxt,
+                                PREFILL_TAG + step)
+            if stats is not None and current.shape[3]:
+                stats.bytes_sent += current.numel() * current.element_size()
         if stats is not None:
             blocks = {id(x): x for x in (own, current, nxt) if x is not None}
             held = sum(x.numel() * x.element_size() for x in blocks.values())
