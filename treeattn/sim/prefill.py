@@ -19,9 +19,10 @@ The algorithms differ in what travels and what overlaps:
   block's arrival are done (the compute-communication overlap of the engine's decode ring).
   Each rank keeps the passing pieces of its storage run: no further traffic.
 * ``pass-q`` (Meta's context-parallel inference, Yang et al. 2024, arXiv 2411.01783): the
-  query blocks go round instead, with the same overlap; the partial outputs then return to
-  their owners in one all-to-all, and since the K/V never moved, each rank's zig-zag K/V
-  must still reach its contiguous storage shard: a second all-to-all, of K/V.
+  query blocks go round instead, with the same overlap; each rank keeps its partial outputs
+  for every query block, and they return to their owners in one all-to-all; and since the
+  K/V never moved, each rank's zig-zag K/V must still reach its contiguous storage shard: a
+  second all-to-all, of K/V.
 * ``all-gather-kv`` (Llama 3's context parallelism, Dubey et al. 2024, arXiv 2407.21783):
   one all-gather of every rank's K/V per layer, then every rank attends its queries over the
   whole layer, with no overlap; each rank holds the whole layer's K/V meanwhile.
