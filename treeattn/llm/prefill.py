@@ -66,7 +66,7 @@ def prefill_bytes(config, context: int, prompt: int, world: int, element: int,
     activations = (pair * (2 * config.dim + heads) * element
                    + min(pair, PREFILL_CHUNK) * 3 * config.hidden_dim * element
                    + pair * config.n_heads * (config.head_dim + 1) * 4)  # fp32 output
-    tiles = 3 * config.n_heads * TILE_Q * TILE_K * 4  # scores, probabilities, mask
+    tiles = 3 * config.n_heads * TILE_Q * TILE_K * 4  # the score tile and logsumexp's two
     return {"shard": biggest * config.n_layers * per_token, "blocks": RING_BLOCKS * block,
             "activations": activations + tiles}
 

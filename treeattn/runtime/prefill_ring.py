@@ -84,13 +84,14 @@ def causal_partial(q: torch.Tensor, q_pos: list[int], kv: torch.Tensor, k_pos: l
             if k_pos[k0] > q_pos[q1 - 1]:
                 break  # this tile and all later ones are in every query's future
             kt, vt = kv[0, :, :, k0:k1].float(), kv[1, :, :, k0:k1].float()  # (B, Hkv, m, D)
-            scores = torch.matmul(qt, kt.transpose(-1, -2)) * scale  # (B, Hkv, G*n, m)
+            # in place from here on: one (G*n, m) fp32 tile alive at a time
+            scores = torch.matmul(qt, kt.transpose(-1, -2)).mul_(scale)  # (B, Hkv, G*n, m)
             if k_pos[k1 - 1] > q_pos[q0]:  # some key is in some query's future
-                mask = kp_all[None, k0:k1] <= qp_all[q0:q1, None]  # (n, m)
-                scores = scores.masked_fill(~mask.repeat(group, 1), -math.inf)
+                future = kp_all[None, k0:k1] > qp_all[q0:q1, None]  # (n, m)
+                scores.masked_fill_(future.repeat(group, 1), -math.inf)
             tile_lse = torch.logsumexp(scores, dim=-1)  # (B, Hkv, G*n)
             finite = torch.where(torch.isinf(tile_lse), torch.zeros_like(tile_lse), tile_lse)
-            probs = torch.exp(scores - finite[..., None])  # masked entries exp(-inf) = 0
+            probs = scores.sub_(finite[..., None]).exp_()  # masked entries exp(-inf) = 0
             acc = _merge(acc, (torch.matmul(probs, vt), tile_lse))
         o[:, :, q0:q1] = acc[0].reshape(b, hq, n, d)
         lse[:, :, q0:q1] = acc[1].reshape(b, hq, n)
