@@ -38,6 +38,15 @@ from treeattn.errors import UserError
 from treeattn.sim.algorithms import CLI_CHOICES
 
 ALGORITHMS = CLI_CHOICES
+PREFILL_CHOICES = ("pass-kv", "pass-q", "all-gather-kv")  # treeattn.sim.prefill's
+# Why the runtime refuses the other two: the decode cache keeps contiguous shards.
+PREFILL_REFUSED = {
+    "pass-q": "pass-Q leaves each rank's K/V where its zig-zag queries were computed, not in "
+              "the decode cache's contiguous shards (it would need an all-to-all of the whole "
+              "cache afterwards)",
+    "all-gather-kv": "all-gather-KV puts a whole layer's K/V of the context on every rank, "
+                     "which the sharded cache exists to avoid",
+}
 DEMO_PROMPT = "What is the capital of France?"
 # Per wait on a peer. Longer than run's 30 s: the first wait also covers the ranks loading
 # the model at different speeds. A hung rank is still named within it (the launcher's
@@ -77,6 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "the host launching its kernels; --verify compares with eager)")
     parser.add_argument("--context-tokens", type=parse_tokens, default=0, metavar="L",
                         help="first fill the cache with L tokens of a repeated document")
+    parser.add_argument("--prefill", choices=PREFILL_CHOICES, default="pass-kv",
+                        help="how the ranks prefill the context into their shards (default "
+                             "pass-kv: a ring of K/V blocks, zig-zag balanced; `treeattn "
+                             "predict --prefill` prices all three)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds any rank waits on a peer before giving up; a lost or "
                              f"hung rank is named within about this long "
@@ -125,6 +138,9 @@ def _check_args(args: argparse.Namespace) -> int:
     if args.context_tokens and args.context_tokens < world:
         raise UserError(f"--context-tokens {args.context_tokens} is below the world size "
                         f"{world}")
+    if args.prefill in PREFILL_REFUSED and world > 1:
+        raise UserError(f"--prefill {args.prefill} cannot fill this layout: "
+                        f"{PREFILL_REFUSED[args.prefill]}; the runtime runs pass-kv")
     if args.profile is not None and (args.plan or args.algorithm != "auto"):
         raise UserError("--profile prices the planner's choice: use it with --algorithm auto "
                         "(a --plan file was priced when it was made)")
@@ -217,13 +233,15 @@ def _graphed(model, prompt: list[int], args: argparse.Namespace, eos_id, printer
 def check_memory(args: argparse.Namespace, model, prompt_tokens: int, world: int) -> None:
     """Refuse, before any rank starts, a generation whose KV caches cannot fit in memory.
 
-    Each rank holds the weights, the whole cache while it prefills (long-context mode builds
-    it once more before storing it) and its shard; this process holds the weights, plus a
-    whole local decode with ``--verify`` or one rank. On CUDA the ranks' part is per GPU.
-    Under torchrun this process is one rank (and the reference with ``--verify``). The
-    weights are counted as loaded (fp32) and the cache in ``--dtype``.
+    Each rank holds the weights, its shard and, while it prefills, a few ring blocks and its
+    queries' activations (:func:`treeattn.llm.prefill.prefill_bytes`): never the whole
+    cache. This process holds the weights, plus a whole local prefill and decode with
+    ``--verify`` or one rank. On CUDA the ranks' part is per GPU. Under torchrun this process
+    is one rank (and the reference with ``--verify``). The weights are counted as loaded
+    (fp32) and the cache in ``--dtype``.
     """
     from treeattn.llm.options import dtype_of
+    from treeattn.llm.prefill import prefill_bytes
     from treeattn.runtime.plans import check_fits, uses_cuda
 
     cfg = model.config
@@ -236,7 +254,10 @@ def check_memory(args: argparse.Namespace, model, prompt_tokens: int, world: int
     if world == 1:
         check_fits(here, what)
         return
-    rank = weights + 2 * cache + cache // world
+    parts = prefill_bytes(cfg, args.context_tokens, prompt_tokens, world, element,
+                          args.max_new_tokens)
+    rank = weights + sum(parts.values())
+    what += f" (per rank: {_mib(parts['shard'])} shard, {_mib(parts['blocks'])} ring blocks)"
     if torchrun_mode(args):
         check_fits(rank + here - weights, what, cuda=uses_cuda(args.device))
     elif uses_cuda(args.device):
@@ -244,6 +265,10 @@ def check_memory(args: argparse.Namespace, model, prompt_tokens: int, world: int
         check_fits(here + world * weights, what)
     else:
         check_fits(here + world * rank, what)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def _segment(tok, context_tokens: int, model) -> list[int] | None:
@@ -280,7 +305,7 @@ def _distributed(args, loaded, prompt, segment, stream, world, sampling, topolog
                                  models)
     request = GenerateRequest(loaded.source, tuple(prompt), args.max_new_tokens, schedule, eos_id,
                               args.context_tokens, tuple(segment or ()), stream, args.dtype,
-                              sampling)
+                              sampling, args.prefill)
     shape = schedule.params.get("shape")
     name = f"{schedule.algorithm}({shape})" if shape else schedule.algorithm
     if torchrun_mode(args):

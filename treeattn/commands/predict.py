@@ -20,6 +20,7 @@ from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.export import schedule_to_json, tagged, trace_json
 from treeattn.sim.host.profiles import plan_overrides
+from treeattn.sim.prefill import SOURCES as SOURCES_PREFILL
 from treeattn.sweep.rows import PICK, algorithm_rows
 
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")
@@ -53,6 +54,10 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("predict", help="predict decode-step latency per algorithm")
     _common(p, many=True)
+    p.add_argument("--prefill", action="store_true",
+                   help="price the prefill of a --seq-len token prompt instead: time to first "
+                        "token of pass-KV, pass-Q and all-gather-KV (plan always shows the "
+                        "prefill pick beside the decode pick)")
     p.set_defaults(func=handle_predict)
     q = subparsers.add_parser("plan", help="choose the reduction tree for a cluster")
     _common(q, many=False)
@@ -73,7 +78,48 @@ def _load(args: argparse.Namespace, seq_len: int):
     return topo, workload, plan_overrides(args.profile, topo)
 
 
+def _prefill(args: argparse.Namespace, seq_len: int) -> list:
+    """The prefill predictions of one prompt length, fastest first."""
+    from treeattn.sim.prefill import predict_prefill
+    from treeattn.topo import Topology
+
+    if args.batch != 1 or args.tp != 1:
+        raise SimError("--prefill prices one sequence without tensor parallelism: use "
+                       "--batch 1 --tp 1")
+    topo = Topology.load(args.topology)
+    overrides = plan_overrides(args.profile, topo)
+    return predict_prefill(topo, args.model, seq_len, overrides.get("hardware"),
+                           overrides.get("backend"))
+
+
+def handle_prefill(args: argparse.Namespace) -> int:
+    rows = []
+    for seq_len in args.seq_len:
+        rows += [{"seq_len": seq_len, **p.to_json()} for p in _prefill(args, seq_len)]
+    if args.json:
+        print(json.dumps(tagged("prefill_predictions", rows), indent=2, allow_nan=False))
+        return 0
+    columns = [Column("seq_len", key=True), Column("algorithm", key=True, justify="left"),
+               Column("TTFT", key=True), Column("peak", key=True),
+               Column("attention / layer"), Column("sent / layer"),
+               Column("system", justify="left")]
+    cells = [[f"{r['seq_len']:,}", r["algorithm"], _ttft(r["ttft_s"]),
+              _size(r["peak_memory_bytes"]) + ("" if r["fits"] else " ✗"),
+              _time(r["attention_s"]), _size(r["comm_bytes"]), r["system"]] for r in rows]
+    print_table(Console(), columns, cells, wide=args.wide,
+                title=f"Predicted prefill (time to first token): {args.topology}, "
+                      f"{args.model}, zig-zag causal balance",
+                caption="peak: shard + blocks in flight per rank (weights apart); "
+                        "✗: does not fit beside the weights")
+    return 0
+
+
 def handle_predict(args: argparse.Namespace) -> int:
+    if args.prefill:
+        if args.trace:
+            raise SimError("--trace draws decode timelines; the prefill is priced in "
+                           "closed form (drop --trace or --prefill)")
+        return handle_prefill(args)
     if args.trace:
         check_output_path(args.trace)
     rows, timelines = [], []
@@ -119,6 +165,10 @@ def handle_plan(args: argparse.Namespace) -> int:
     topo, workload, overrides = _load(args, args.seq_len)
     chosen = plan(topo, workload, **overrides)
     record = plan_file(chosen, args.topology)
+    # one sequence without tensor parallelism: what the prefill pricing covers
+    prefill = _prefill(args, args.seq_len) if args.batch == 1 and args.tp == 1 else None
+    if prefill:
+        record["prefill"] = [p.to_json() for p in prefill]
     if args.output:
         atomic.write_text(args.output, json.dumps(record, indent=1, allow_nan=False) + "\n")
     if args.trace:
@@ -139,6 +189,12 @@ def handle_plan(args: argparse.Namespace) -> int:
                       f"groups ({chosen.topology.num_gpus} GPUs, one per TP group) merges "
                       f"{model.n_heads} query / {model.n_kv_heads} KV heads on its own; "
                       "group 0 is planned.")
+    if prefill:
+        pick, *others = prefill
+        rest = ", ".join(f"{p.algorithm} {_ttft(p.ttft_s)}" for p in others)
+        console.print(f"Prefill of {args.seq_len:,} tokens: [bold]{pick.algorithm}[/bold] "
+                      f"({SOURCES_PREFILL[pick.algorithm]}), time to first token "
+                      f"{_ttft(pick.ttft_s)} (then {rest})")
     baseline = chosen.best_baseline()
     if baseline is not None and baseline is chosen.winner:
         console.print(f"A baseline wins here: {baseline.name} ({SOURCES[baseline.algorithm]}) "
@@ -177,6 +233,10 @@ def plan_file(chosen, topology_spec: str) -> dict:
 
 def _time(seconds: float) -> str:
     return f"{seconds * 1e6:,.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:,.2f} ms"
+
+
+def _ttft(seconds: float) -> str:
+    return f"{seconds:,.2f} s" if seconds >= 1 else _time(seconds)
 
 
 def _size(n: float) -> str:

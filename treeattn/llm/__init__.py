@@ -12,6 +12,9 @@
 - :mod:`treeattn.llm.local_cache`, :mod:`treeattn.llm.generate`,
   :mod:`treeattn.llm.generate_context`: one process's cache and prefill, greedy decoding in
   one process, and the long repeated-document context.
+- :mod:`treeattn.llm.prefill`: context-parallel prefill straight into the sharded cache
+  (a pass-KV ring per layer, zig-zag balanced); :mod:`treeattn.llm.prefill_check` runs it
+  on a group for the tests and the memory benchmark.
 - :mod:`treeattn.llm.generate_dist`: the one bridge to :mod:`treeattn.runtime`; every layer's
   decode attention runs the plan's schedule on the launched ranks.
 - :mod:`treeattn.llm.verify`: sharded attention checked against one process.

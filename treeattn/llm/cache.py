@@ -114,6 +114,16 @@ class ShardedKVCache:
         self._store[layer][0, :, :, : self.length] = k
         self._store[layer][1, :, :, : self.length] = v
 
+    def put(self, layer: int, offset: int, kv: torch.Tensor) -> None:
+        """Write ``kv`` (2, B, Hkv, n, D) at shard positions ``offset .. offset + n - 1`` of
+        ``layer``, inside the filled length: a sharded prefill fills its shard piece by
+        piece as the pieces pass by (:mod:`treeattn.llm.prefill`)."""
+        n = kv.shape[3]
+        if offset < 0 or offset + n > self.length:
+            raise RuntimeFailure(f"shard piece {offset}..{offset + n} is outside the shard "
+                                 f"of {self.length} tokens")
+        self._store[layer][:, :, :, offset : offset + n] = kv
+
     def kv(self, layer: int = 0) -> torch.Tensor:
         """The filled part of ``layer`` as (2, B, Hkv, length, D); a view, no copy."""
         return self._store[layer][:, :, :, : self.length]

@@ -1,12 +1,13 @@
 """Distributed greedy generation: the KV cache sharded across ranks, attention by the plan.
 
-Every rank runs the same model on the same tokens (everything but attention is replicated):
+Every rank runs the same model (everything but attention is replicated in decode):
 
-* **Prefill** (the simplest correct way): every rank runs the whole prompt through the model
-  with a local cache, then keeps only its contiguous shard of every layer's K/V in a
-  :class:`~treeattn.llm.cache.ShardedKVCache`. In long-context mode the local cache
-  first receives the repeated document (:mod:`treeattn.llm.generate_context`, cheap),
-  so each rank briefly holds the whole cache: memory, not time, bounds ``L`` there.
+* **Prefill** (:func:`treeattn.llm.prefill.sharded_prefill`): context-parallel, the prompt
+  never whole on one rank. Each rank runs the model on its zig-zag pair of prompt chunks,
+  every layer's attention is a pass-KV ring, and each rank keeps the pieces of the passing
+  blocks that fall in its contiguous shard of the
+  :class:`~treeattn.llm.cache.ShardedKVCache`. In long-context mode each rank builds only
+  its own shard of the repeated document (:mod:`treeattn.llm.generate_context`).
 * **Decode**: at every layer, the new token's K/V are first staged into the shard of the
   rank that will keep them (policy ``"last"``: the last rank), then the new query attends
   over the sharded cache through the runtime's
@@ -41,9 +42,9 @@ from treeattn.llm.cache import ShardedKVCache
 from treeattn.llm.formats.snapshot import save_snapshot
 from treeattn.llm.formats.weights import load_model
 from treeattn.llm.generate import Generation, greedy_decode
-from treeattn.llm.generate_context import fill_document
-from treeattn.llm.local_cache import LocalCache, prefill
 from treeattn.llm.options import Sampler, Sampling, body_dtype, dtype_of, place_model
+from treeattn.llm.prefill import sharded_prefill
+from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
@@ -68,6 +69,7 @@ class GenerateRequest:
     stream: bool = False
     dtype: str = "fp32"  # the blocks' dtype on every rank (treeattn.llm.options.DTYPES)
     sampling: Sampling = field(default_factory=Sampling)
+    prefill: str = "pass-kv"  # treeattn.runtime.prefill_ring.PREFILL_ALGORITHMS
 
 
 def split_lengths(n: int, world: int) -> list[int]:
@@ -108,24 +110,6 @@ class ShardBackend:
         return o.to(q.dtype)[:, :, None]  # (B, Hq, 1, D)
 
 
-def _replicated_prefill(ctx, model, request: GenerateRequest):
-    """Every rank prefills (document +) prompt; returns (its ShardedKVCache, last logits)."""
-    cfg, prompt, context = model.config, list(request.prompt_ids), request.context_tokens
-    local = LocalCache(cfg.n_layers, capacity=context + len(prompt))
-    if context:
-        fill_document(local, model, list(request.segment), context)
-    logits = prefill(model, prompt, local, start=context)
-    lengths = split_lengths(context + len(prompt), ctx.world)
-    lo = sum(lengths[: ctx.rank])
-    hi = lo + lengths[ctx.rank]
-    cache = ShardedKVCache(ctx.rank, lengths, cfg.n_layers, 1, cfg.n_kv_heads, cfg.head_dim,
-                           dtype=local.k[0].dtype, device=ctx.device,
-                           reserve=request.max_new_tokens)
-    for layer in range(cfg.n_layers):
-        cache.fill(layer, local.k[layer][:, :, lo:hi], local.v[layer][:, :, lo:hi])
-    return cache, logits
-
-
 def _agreed_token(ctx: RankContext, sampler: Sampler, logits: torch.Tensor) -> int:
     """Rank 0's choice (greedy or sampled), broadcast to every rank as one int64."""
     if sampler.greedy:  # every rank takes its argmax; rank 0's overwrites the others
@@ -161,12 +145,17 @@ def rank_generate(ctx: RankContext, request: GenerateRequest, loaded=None) -> di
     ``loaded`` is the model this process already holds (torchrun), else it is loaded from
     ``request.model``; either way it is placed on ``ctx.device`` in ``request.dtype`` here.
     """
+    if request.schedule.world != ctx.world:  # before any work: the plan's shards are not ours
+        raise RuntimeFailure(f"rank {ctx.rank}: the decode plan is for {request.schedule.world} "
+                             f"ranks, but this group has {ctx.world}")
     loaded = loaded or load_model(request.model)
     model = place_model(loaded.model, ctx.device, dtype_of(request.dtype))
     prompt = list(request.prompt_ids)
     cfg = model.config
     t0 = time.perf_counter()
-    cache, logits = _replicated_prefill(ctx, model, request)
+    cache, logits = sharded_prefill(ctx, model, prompt, context_tokens=request.context_tokens,
+                                    segment=request.segment, reserve=request.max_new_tokens,
+                                    algorithm=request.prefill)
     dims = AttnDims(1, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cache.kv(0).dtype)
     backend = ShardBackend(ctx, cache, request.schedule, dims)
     start = request.context_tokens + len(prompt)

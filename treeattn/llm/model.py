@@ -176,7 +176,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B,Hkv,T,D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = backend.attend(layer, q, k, v, start)  # (B, Hq, T, D)
-        return self.wo(o.transpose(1, 2).reshape(bsz, t, -1))  # (B, T, dim)
+        return self.wo(o.transpose(1, 2).reshape(bsz, t, self.n_heads * self.head_dim))
 
 
 class FeedForward(nn.Module):

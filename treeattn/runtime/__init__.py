@@ -7,6 +7,8 @@
 - :mod:`treeattn.runtime.executor`: executes a :class:`treeattn.sim.schedule.Schedule`
   (:mod:`treeattn.runtime.wire`: its message layout; :mod:`treeattn.runtime.native`: the
   backend's own all-reduce).
+- :mod:`treeattn.runtime.prefill_ring`: one layer's context-parallel prefill attention, a
+  ring passing K/V blocks.
 - :mod:`treeattn.runtime.plans`: from a request to a schedule, and the shard split.
 - :mod:`treeattn.runtime.timing`, :mod:`treeattn.runtime.calibrate`,
   :mod:`treeattn.runtime.check`: measurement, calibration and predicted-vs-measured runs.

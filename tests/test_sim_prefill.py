@@ -1,0 +1,95 @@
+"""The prefill pricing: its work adds up to the causal attention, overlap is bounded, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treeattn.cli import main
+from treeattn.sim.prefill import PREFILL_ALGORITHMS, _Prefill, predict_prefill
+from treeattn.sim.prefill_layout import PrefillLayout, causal_pairs
+from treeattn.topo import Topology
+
+
+@settings(max_examples=80, deadline=None)
+@given(world=st.integers(1, 8), context=st.integers(0, 30), prompt=st.integers(1, 90))
+def test_blocks_attended_by_the_queries_cover_the_causal_triangle_once(world, context, prompt):
+    """Summed over every (query rank, key block), the pairs are the prompt's causal pairs."""
+    layout = PrefillLayout(world, context, prompt)
+    total = sum(causal_pairs(q, k) for r in range(world) for j in range(world)
+                for q in layout.compute(r) for k in layout.block(j))
+    n = context + prompt
+    assert total == n * (n + 1) // 2 - context * (context + 1) // 2
+    assert total == sum(layout.pairs(r) for r in range(world))
+
+
+@settings(max_examples=40, deadline=None)
+@given(qa=st.integers(0, 40), qn=st.integers(0, 30), ka=st.integers(0, 40),
+       kn=st.integers(0, 30))
+def test_causal_pairs_counts_like_brute_force(qa, qn, ka, kn):
+    want = sum(1 for q in range(qa, qa + qn) for k in range(ka, ka + kn) if k <= q)
+    assert causal_pairs((qa, qa + qn), (ka, ka + kn)) == want
+
+
+def test_a_million_token_prefill_of_llama_8b_on_two_dgx_nodes_is_priced():
+    topo = Topology.load("dgx-h100:nodes=2")
+    got = predict_prefill(topo, "llama-3.1-8b", 1 << 20)
+    assert sorted(p.algorithm for p in got) == sorted(PREFILL_ALGORITHMS)
+    assert [p.ttft_s for p in got if p.fits] == sorted(p.ttft_s for p in got if p.fits)
+    for p in got:
+        assert math.isfinite(p.ttft_s) and p.ttft_s > p.layer_s > p.attention_s > 0
+    by = {p.algorithm: p for p in got}
+    # the 128 GiB cache split 16 ways, plus blocks in flight; all-gather holds a whole layer
+    shard = (1 << 20) * 32 * 2 * 8 * 128 * 2 // 16
+    assert shard < by["pass-kv"].peak_bytes < shard * 1.2
+    assert by["all-gather-kv"].peak_bytes > by["pass-kv"].peak_bytes
+
+
+@pytest.mark.parametrize("spec", ["dgx-h100:nodes=1", "pcie-4090:gpus=8"])
+def test_the_ring_overlaps_but_never_beats_its_work_or_its_wire(spec):
+    topo = Topology.load(spec)
+    p = _Prefill(topo, "llama-3.1-8b", 65536)
+    w = p.world
+    sizes = [n * p.per_token for n in p.block_tokens]
+    ends = p.ring(sizes, lambda r, s: p.attend(r, r, (r - s) % w))
+    for r in range(w):
+        work = sum(p.attend(r, r, (r - s) % w) for s in range(w))
+        wire = sum(p.message((r - 1) % w, r, sizes[(r - s - 1) % w]) for s in range(w - 1))
+        span = ends[r] - p.proj[r]
+        assert span >= work - 1e-12 and span >= wire * 0.999
+        assert span <= work + wire + max(p.proj) + 1e-9
+
+
+def test_ttft_grows_with_the_prompt():
+    topo = Topology.load("dgx-h100:nodes=1")
+    times = [predict_prefill(topo, "llama-3.1-8b", n, algorithms=("pass-kv",))[0].ttft_s
+             for n in (4096, 32768, 262144)]
+    assert times == sorted(times) and times[-1] > 8 * times[0]
+
+
+def test_predict_prefill_and_plan_report_the_prefill_pick(capsys):
+    argv = ["--topology", "dgx-h100:nodes=2", "--model", "llama-3.1-8b", "--seq-len", "1M"]
+    assert main(["predict", "--prefill", "--json", *argv]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["algorithm"] for r in rows} == set(PREFILL_ALGORITHMS)
+    assert main(["plan", "--json", *argv]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["prefill"][0]["algorithm"] == rows[0]["algorithm"]
+    assert main(["plan", *argv]) == 0
+    assert "Prefill of 1,048,576 tokens" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--seq-len", "0"], "at least one prompt token"),
+    (["--seq-len", "4096", "--batch", "2"], "--batch 1 --tp 1"),
+])
+def test_predict_prefill_bad_input_is_one_line_and_exit_2(extra, message, capsys):
+    argv = ["predict", "--prefill", "--topology", "dgx-h100:nodes=1", "--model",
+            "llama-3.1-8b", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
