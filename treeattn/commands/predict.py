@@ -18,6 +18,7 @@ from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
+from treeattn.sim.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.export import schedule_to_json, tagged, trace_json
 from treeattn.sim.profiles import plan_overrides
 from treeattn.sweep.rows import PICK, algorithm_rows
@@ -57,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(q, many=False)
     q.add_argument("-o", "--output", metavar="PLAN.json", default=None,
                    help="write the plan file (with its schedule) that run/generate --plan execute")
+    q.add_argument("--emit", choices=EMIT_TARGETS, default=None,
+                   help="print the serving engine's flags for the best plan it can express "
+                        "(--tp sets its DCP size: GPUs / tp), beside treeattn's pick")
     q.set_defaults(func=handle_plan)
 
 
@@ -118,8 +122,11 @@ def handle_plan(args: argparse.Namespace) -> int:
         if path:
             check_output_path(path)
     topo, workload, overrides = _load(args, args.seq_len)
+    engine = emit(args.emit, topo, workload, overrides) if args.emit else None
     chosen = plan(topo, workload, **overrides)
     record = plan_file(chosen, args.topology)
+    if engine is not None:
+        record["emit"] = engine
     if args.output:
         atomic.write_text(args.output, json.dumps(record, indent=1, allow_nan=False) + "\n")
     if args.trace:
@@ -163,6 +170,8 @@ def handle_plan(args: argparse.Namespace) -> int:
         table.add_row(str(i), c.name, _time(c.latency_s), c.method)
     console.print(table)
     console.print(chosen.explain())
+    if engine is not None:
+        print("\n".join(describe(engine)))  # plain: the flags line is copied as is
     return 0
 
 
