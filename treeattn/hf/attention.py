@@ -1,0 +1,72 @@
+"""The ``"treeattn"`` attention implementation for transformers, and its mask function.
+
+transformers calls an attention implementation as ``fn(module, query (B, Hq, S, D), key,
+value, attention_mask, scaling=..., dropout=..., **kwargs)`` right after the layer's
+``cache.update``, with whatever that update returned. With a
+:class:`~treeattn.hf.cache.ShardedCache`, the layer that was just updated says which step this
+is (``ShardedLayer.mode``):
+
+- **prefill**: ``key``/``value`` are the whole prompt's (replicated prefill): ordinary SDPA
+  with the causal (and padding) mask, exact;
+- **decode**: ``key``/``value`` are this rank's shard; the query's attention over every
+  rank's shard is :class:`treeattn.ShardedAttention`, by the plan's schedule. The mask of a
+  decode step is all-true for one query over its whole past, so it is not needed, and a
+  padded batch (a mask with holes) is refused rather than attended wrongly.
+
+Without a ``ShardedCache`` (e.g. a forward with ``use_cache=False``) it is plain SDPA. The
+mask function registered beside it is transformers' SDPA mask: transformers ignores the mask
+of an attention implementation that registers none.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from treeattn.hf.cache import HFIntegrationError, active_layer
+
+ATTENTION_NAME = "treeattn"
+
+
+def treeattn_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                       **kwargs):
+    """Attention of ``query`` (B, Hq, S, D); returns ``(out (B, S, Hq, D), None)``."""
+    if kwargs.get("softcap") is not None:
+        raise HFIntegrationError("attention logit soft-capping is not served by treeattn")
+    if getattr(module, "sinks", None) is not None or kwargs.get("s_aux") is not None:
+        raise HFIntegrationError("attention sinks are not served by treeattn")
+    if kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
+        raise HFIntegrationError("sliding-window attention layers are not served by treeattn")
+    layer = active_layer(getattr(module, "layer_idx", -1))
+    if layer is None or layer.mode == "prefill":
+        if layer is not None:
+            _refuse_padding(attention_mask)
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    _refuse_padding(attention_mask)
+    attn = layer.cache.attention
+    if scaling is not None and attn.scale is None:
+        attn.scale = float(scaling)  # the model's own score scale, on every rank alike
+    q = query[:, :, 0]  # (B, Hq, D)
+    out = attn(q, key, value)  # (B, Hq, D), every rank
+    return out[:, None], None  # (B, 1, Hq, D)
+
+
+def _refuse_padding(mask) -> None:
+    """A padded batch needs per-sequence holes in the sharded cache: not served yet."""
+    if mask is None or not isinstance(mask, torch.Tensor):
+        return
+    attends = mask if mask.dtype == torch.bool else mask == 0
+    if not bool(attends[..., -1, :].all()):
+        raise HFIntegrationError("a padded batch (attention_mask with zeros) is not served by "
+                                 "treeattn's sharded cache yet: decode unpadded sequences")
+
+
+def register() -> None:
+    """Register ``"treeattn"`` with transformers' attention and mask interfaces (idempotent)."""
+    AttentionInterface.register(ATTENTION_NAME, treeattn_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
