@@ -192,3 +192,17 @@ def test_smollm2_gguf_like_one_process(smollm2, world, algorithm):
         LaunchOptions(timeout_s=300, threads=1))
     assert torch.equal(got_ids, want_ids)
     assert float((got_logits - want_logits).abs().max()) < LOGIT_ATOL
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "debug"], "--engine hf needs a transformers model"),
+    (["--nproc", "1"], "--nproc must be at least 2"),
+    (["--temperature", "0.7"], "sampling is not supported yet"),
+    (["--context-tokens", "100"], "--context-tokens is not supported with --engine hf"),
+])
+def test_generate_engine_hf_refuses_with_one_line(args, message, capsys):
+    from treeattn.cli import main
+
+    assert main(["generate", "--engine", "hf", "--prompt", "hi", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]

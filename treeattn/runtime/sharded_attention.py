@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -161,24 +162,29 @@ class ShardedAttention:
                 raise ShardedAttentionError(f"unknown algorithm {plan_or_algorithm!r} "
                                             f"(known: {', '.join(ALGORITHMS)})")
             self.algorithm, world, described = name, self.ctx.world, name
+        elif isinstance(plan_or_algorithm, Schedule):  # a plan file's schedule, shapes unchecked
+            self.schedule = plan_or_algorithm
+            self.algorithm, world = self.schedule.algorithm, self.schedule.world
+            described = schedule_to_json(self.schedule)
         elif hasattr(plan_or_algorithm, "schedule") and hasattr(plan_or_algorithm, "workload"):
             self.plan = plan_or_algorithm
             self.schedule = self.plan.schedule
             self.algorithm, world = self.plan.algorithm, self.schedule.world
             described = schedule_to_json(self.schedule)
-            if self.schedule.output_layout != "replicated":
-                raise ShardedAttentionError(
-                    f"the plan leaves its output {self.schedule.output_layout}; ShardedAttention "
-                    "returns the whole output on every rank (plan with layout='replicated')")
         else:
-            raise ShardedAttentionError("ShardedAttention takes a Plan or an algorithm name, "
-                                        f"got {type(plan_or_algorithm).__name__}")
+            raise ShardedAttentionError("ShardedAttention takes a Plan, a Schedule or an "
+                                        f"algorithm name, got {type(plan_or_algorithm).__name__}")
+        if self.schedule is not None and self.schedule.output_layout != "replicated":
+            raise ShardedAttentionError(
+                f"the plan leaves its output {self.schedule.output_layout}; ShardedAttention "
+                "returns the whole output on every rank (plan with layout='replicated')")
         if world != self.ctx.world:
             raise ShardedAttentionError(f"the plan is for {world} ranks, the group has "
                                         f"{self.ctx.world}")
         agree(self.ctx, "the plan", digest([self.algorithm, world, described, scale]))
         self._executors: dict[tuple, tuple[_Reducer, bool, list[int]]] = {}
         self._empty: dict[tuple, torch.Tensor] = {}
+        self.calls, self.elapsed_s = 0, 0.0  # calls made and their wall time, for reports
 
     @property
     def world(self) -> int:
@@ -260,6 +266,7 @@ class ShardedAttention:
         Returns ``o`` (B, Hq, D) in ``q``'s dtype, and with ``return_lse`` also the
         natural-log LSE (B, Hq) fp32 of the scores over all shards. Collective.
         """
+        t0 = time.perf_counter()
         dims = self._check(q, k_shard, v_shard, kv_len)
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(dims.head_dim)
         ex, simple, _ = self._executor(dims, scale, k_shard.shape[2])
@@ -278,6 +285,8 @@ class ShardedAttention:
             o, lse = unpack_partial(ex.reduce(q, pack_partial(o, lse), self._empty_kv(dims)),
                                     dims)
         out = o.to(q.dtype)  # (B, Hq, D)
+        self.calls += 1
+        self.elapsed_s += time.perf_counter() - t0
         return (out, lse) if return_lse else out
 
     def reduce(self, o: torch.Tensor, lse: torch.Tensor, *, lse_base: str,
