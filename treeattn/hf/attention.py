@@ -9,9 +9,11 @@ is (``ShardedLayer.mode``):
 - **prefill**: ``key``/``value`` are the whole prompt's (replicated prefill): ordinary SDPA
   with the causal (and padding) mask, exact;
 - **decode**: ``key``/``value`` are this rank's shard; the query's attention over every
-  rank's shard is :class:`treeattn.ShardedAttention`, by the plan's schedule. The mask of a
-  decode step is all-true for one query over its whole past, so it is not needed, and a
-  padded batch (a mask with holes) is refused rather than attended wrongly.
+  rank's shard is :class:`treeattn.ShardedAttention`, by the plan's schedule. A decode step's
+  mask is all-true over the real tokens, which are all the cache keeps: at a left-padded
+  prefill the mask's last row told the layer which prompt positions are padding, and the
+  layer dropped them (``ShardedLayer.drop_padding``), so each sequence attends to its own
+  tokens (``kv_len``).
 
 Without a ``ShardedCache`` (e.g. a forward with ``use_cache=False``) it is plain SDPA. The
 mask function registered beside it is transformers' SDPA mask: transformers ignores the mask
@@ -42,27 +44,27 @@ def treeattn_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
         raise HFIntegrationError("sliding-window attention layers are not served by treeattn")
     layer = active_layer(getattr(module, "layer_idx", -1))
     if layer is None or layer.mode == "prefill":
-        if layer is not None:
-            _refuse_padding(attention_mask)
+        real = _real_keys(attention_mask, key.shape[0])
+        if layer is not None and real is not None:
+            layer.drop_padding(real)  # a left-padded batch: keep the real tokens only
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
-    _refuse_padding(attention_mask)
     attn = layer.cache.attention
     if scaling is not None and attn.scale is None:
         attn.scale = float(scaling)  # the model's own score scale, on every rank alike
     q = query[:, :, 0]  # (B, Hq, D)
-    out = attn(q, key, value)  # (B, Hq, D), every rank
+    out = attn(q, key, value, kv_len=layer.kv_len())  # (B, Hq, D), every rank
     return out[:, None], None  # (B, 1, Hq, D)
 
 
-def _refuse_padding(mask) -> None:
-    """A padded batch needs per-sequence holes in the sharded cache: not served yet."""
+def _real_keys(mask, batch: int) -> torch.Tensor | None:
+    """(B, S) bool: the keys the prompt's last query attends to, when some are masked (the
+    padding of a left-padded batch); None when every key counts."""
     if mask is None or not isinstance(mask, torch.Tensor):
-        return
+        return None
     attends = mask if mask.dtype == torch.bool else mask == 0
-    if not bool(attends[..., -1, :].all()):
-        raise HFIntegrationError("a padded batch (attention_mask with zeros) is not served by "
-                                 "treeattn's sharded cache yet: decode unpadded sequences")
+    last = attends[:, 0, -1, :].expand(batch, -1)  # (B, S)
+    return None if bool(last.all()) else last
 
 
 def register() -> None:

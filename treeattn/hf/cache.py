@@ -90,7 +90,13 @@ def refuse_unsupported(config) -> None:
 
 
 class ShardedLayer(CacheLayerMixin):
-    """One layer's shard; ``mode`` says what the last ``update`` returned."""
+    """One layer's shard; ``mode`` says what the last ``update`` returned.
+
+    Left-padded batches: the prefill's attention tells the layer which prompt positions are
+    real (:meth:`drop_padding`, from the mask's last row); each sequence then keeps only its
+    real tokens, owned by their index among them, so sequences hold different numbers of
+    tokens here (``counts``) and attention takes them as ``kv_len``.
+    """
 
     is_sliding = False
     is_compileable = False
@@ -99,9 +105,17 @@ class ShardedLayer(CacheLayerMixin):
         super().__init__()
         self.cache, self.index = cache, index
         self.store: torch.Tensor | None = None  # (2, B, Hkv, capacity, D)
-        self.local = 0  # positions held here
-        self.total = 0  # positions of the whole sequence
+        self.counts: list[int] = []  # tokens of each sequence held here
+        self.real: list[int] = []  # real (unpadded) tokens of each sequence, all ranks
+        self.prompt_real: list[int] = []  # real prompt tokens of each sequence
+        self.total = 0  # positions of the (padded) sequence, as transformers counts them
         self.mode = "prefill"
+        self.prompt = None  # the prefill's (K, V) until its attention has seen the mask
+
+    @property
+    def local(self) -> int:
+        """Tokens held here by the longest sequence."""
+        return max(self.counts, default=0)
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
@@ -117,35 +131,62 @@ class ShardedLayer(CacheLayerMixin):
             bigger[:, :, :, : self.local] = self.store[:, :, :, : self.local]
         self.store = bigger
 
+    def _keep(self, key_states, value_states, real: list[list[int]]) -> None:
+        """Store, per sequence, the positions of ``real[b]`` this rank owns."""
+        c = self.cache
+        self.prompt_real = [len(r) for r in real]
+        mine = [[p for i, p in enumerate(r) if c.owner(i, len(r)) == c.rank] for r in real]
+        self.store = None
+        self._room(key_states.shape, max(len(m) for m in mine) + c.reserve)
+        for b, positions in enumerate(mine):
+            index = torch.tensor(positions, dtype=torch.long, device=self.device)
+            self.store[0, b, :, : len(positions)] = key_states[b].index_select(1, index)
+            self.store[1, b, :, : len(positions)] = value_states[b].index_select(1, index)
+        self.counts, self.real = [len(m) for m in mine], list(self.prompt_real)
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Keep this rank's positions of the new K/V (B, Hkv, S, D); return what attention
         needs: the whole prompt at prefill, this rank's shard at a decode step."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.cache.check_group()
-        c, s = self.cache, key_states.shape[2]
+        c, (b, _, s, _) = self.cache, key_states.shape
+        c.check_group()
         _RECENT[:] = [self]
         if self.total == 0:  # prefill, replicated: keep our positions, attend to them all
-            c.prompt = s
-            mine = [p for p in range(s) if c.owner(p) == c.rank]
-            self._room(key_states.shape, len(mine) + c.reserve)
-            index = torch.tensor(mine, dtype=torch.long, device=self.device)
-            self.store[0, :, :, : len(mine)] = key_states.index_select(2, index)
-            self.store[1, :, :, : len(mine)] = value_states.index_select(2, index)
-            self.local, self.total, self.mode = len(mine), s, "prefill"
+            self._keep(key_states, value_states, [list(range(s))] * b)
+            self.total, self.mode = s, "prefill"
+            self.prompt = (key_states, value_states)  # until the attention saw the mask
             return key_states, value_states
+        self.prompt = None
         if s != 1:
             raise HFIntegrationError(f"a {s}-token forward after the prefill: treeattn decodes "
                                      "one token per step (no chunked prefill, no speculative "
                                      "verification)")
-        if c.owner(self.total) == c.rank:
-            self._room(key_states.shape, self.local + 1)
-            self.store[0, :, :, self.local : self.local + 1] = key_states  # (B, Hkv, 1, D)
-            self.store[1, :, :, self.local : self.local + 1] = value_states
-            self.local += 1
+        for i in range(b):
+            if c.owner(self.real[i], self.prompt_real[i]) == c.rank:
+                self._room(key_states.shape, self.counts[i] + 1)
+                at = self.counts[i]
+                self.store[0, i, :, at : at + 1] = key_states[i]  # (Hkv, 1, D)
+                self.store[1, i, :, at : at + 1] = value_states[i]
+                self.counts[i] += 1
+            self.real[i] += 1
         self.total += 1
         self.mode = "decode"
         return self.shard()
+
+    def drop_padding(self, real: torch.Tensor) -> None:
+        """After a padded prefill: ``real`` (B, S) bool marks the prompt's real positions;
+        keep only those (the shard is rebuilt from the prompt's K/V, which the layer holds
+        until its attention has run)."""
+        k, v = self.prompt
+        self._keep(k, v, [torch.nonzero(row).flatten().tolist() for row in real.cpu()])
+        self.prompt = None
+
+    def kv_len(self) -> torch.Tensor | None:
+        """Each sequence's tokens here when they differ (B,), else None."""
+        if len(set(self.counts)) <= 1:
+            return None
+        return torch.tensor(self.counts, device=self.device)
 
     def shard(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's K and V, each (B, Hkv, local, D): views of one storage tensor."""
@@ -164,7 +205,8 @@ class ShardedLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.store, self.local, self.total, self.mode = None, 0, 0, "prefill"
+        self.store, self.counts, self.real, self.total = None, [], [], 0
+        self.mode, self.prompt = "prefill", None
         self.is_initialized = False
 
     def reorder_cache(self, beam_idx) -> None:
@@ -199,11 +241,12 @@ class ShardedCache(Cache):
         self.attention = ShardedAttention(plan_or_algorithm, group, timeout_s=timeout_s)
         self.rank, self.world = self.attention.rank, self.attention.world
         self.layout, self.interleave, self.reserve = layout, interleave_size, max(0, reserve)
-        self.prompt = 0
         super().__init__(layers=[ShardedLayer(self, i) for i in range(n_layers)])
 
-    def owner(self, position: int) -> int:
-        return owner_of(position, self.prompt, self.world, self.layout, self.interleave)
+    def owner(self, position: int, prompt: int) -> int:
+        """The rank that keeps a sequence's ``position``-th real token (``prompt`` real
+        tokens were prefilled)."""
+        return owner_of(position, prompt, self.world, self.layout, self.interleave)
 
     def check_group(self) -> None:
         """Refuse a cache used in a process group other than the one it was made for."""
@@ -216,4 +259,5 @@ class ShardedCache(Cache):
 
     @property
     def local_lengths(self) -> list[int]:
+        """Tokens each layer holds here for its longest sequence."""
         return [layer.local for layer in self.layers]
