@@ -385,7 +385,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.engine == "hf":
         from treeattn.commands.generate_hf import handle_hf
 
-        return handle_hf(args)
+        return handle_hf(args, planned_schedule)
     out = run_generation(args, stream=not args.json)
     if out is None:  # a torchrun rank other than 0: rank 0 prints
         return 0

@@ -93,8 +93,10 @@ def _rank(ctx, folder: str, algorithm, max_new_tokens: int):
             "ranks_agree": agree}
 
 
-def run_hf(args: argparse.Namespace) -> dict:
-    """Generate through transformers on ``--nproc`` ranks; the record ``--json`` prints."""
+def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
+    """Generate through transformers on ``--nproc`` ranks; the record ``--json`` prints.
+    ``read_plan(path, world)``: the plan file's schedule (``generate.planned_schedule``,
+    handed in by the command so that this module does not import it back)."""
     import torch
 
     from treeattn.runtime.launch import LaunchOptions, launch
@@ -111,9 +113,7 @@ def run_hf(args: argparse.Namespace) -> dict:
         raise UserError(f"the prompt has {ids.shape[1]} tokens, fewer than the {world} ranks")
     algorithm = args.algorithm
     if args.plan:
-        from treeattn.commands.generate import planned_schedule
-
-        algorithm = planned_schedule(args.plan, world)
+        algorithm = read_plan(args.plan, world)
     with tempfile.TemporaryDirectory(prefix="treeattn-hf-") as folder:
         model.config.save_pretrained(folder)
         torch.save(model.state_dict(), Path(folder, "weights.pt"))
@@ -143,11 +143,11 @@ def run_hf(args: argparse.Namespace) -> dict:
     return record
 
 
-def handle_hf(args: argparse.Namespace) -> int:
+def handle_hf(args: argparse.Namespace, read_plan) -> int:
     from treeattn.commands.run import dumps
     from treeattn.sim.export import tagged
 
-    record = run_hf(args)
+    record = run_hf(args, read_plan)
     if args.json:
         print(dumps(tagged("generation", record)))
     else:
