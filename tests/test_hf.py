@@ -113,14 +113,40 @@ def _world2_job(ctx):
     cache.rank = 1 - cache.rank  # as if made on the other rank
     other = _refused(lambda: model.generate(ids, max_new_tokens=2, do_sample=False,
                                             cache=cache))
-    return {"report": report, "batch": batch, "padded": padded, "other": other}
+    sampled = _sampling(ctx, model)
+    return {"report": report, "batch": batch, "padded": padded, "other": other,
+            "sampled": sampled}
+
+
+def _sampling(ctx, model):
+    """Seeded sampling (temperature, top-k, top-p) with rank 0's scores on every rank: the
+    ranks draw the same tokens, and those of transformers in one process with that seed."""
+    import torch.distributed as dist
+
+    import treeattn.hf
+
+    ids = torch.randint(0, 100, (1, 10), generator=torch.Generator().manual_seed(8))
+    kw = dict(max_new_tokens=16, min_new_tokens=16, do_sample=True, temperature=0.9, top_k=40,
+              top_p=0.95)
+    model.set_attn_implementation("sdpa")
+    torch.manual_seed(21)
+    want = model.generate(ids, **kw)
+    model.set_attn_implementation("treeattn")
+    torch.manual_seed(21)
+    got = model.generate(ids, cache=treeattn.hf.ShardedCache(model.config, "butterfly"),
+                         logits_processor=[treeattn.hf.RankZeroScores()], **kw)
+    everyone = [None] * ctx.world
+    dist.all_gather_object(everyone, got.tolist())
+    assert all(g == everyone[0] for g in everyone)
+    assert torch.equal(got, want)
+    return got.tolist()
 
 
 def test_llama_gqa_world2_like_one_process_and_refusals():
     out = launch(_world2_job, 2, LaunchOptions(timeout_s=120, threads=1))
     assert len(out["report"]) == 7 and len(out["batch"]) == 1
     assert out["report"][0][3] == 7  # contiguous: rank 0 keeps its 7 prompt tokens only
-    assert len(out["padded"]) == 2
+    assert len(out["padded"]) == 2 and len(out["sampled"][0]) == 26
     assert "this ShardedCache was made for rank 1 of 2, and is used by rank 0 of 2" \
         in out["other"]
 
@@ -205,7 +231,7 @@ def test_smollm2_gguf_like_one_process(smollm2, world, algorithm):
 @pytest.mark.parametrize("args,message", [
     (["--model", "debug"], "--engine hf needs a transformers model"),
     (["--nproc", "1"], "--nproc must be at least 2"),
-    (["--temperature", "0.7"], "sampling is not supported yet"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
     (["--context-tokens", "100"], "--context-tokens is not supported with --engine hf"),
 ])
 def test_generate_engine_hf_refuses_with_one_line(args, message, capsys):

@@ -6,7 +6,9 @@ temporary folder (a GGUF-quantised model cannot ``save_pretrained``). Each rank 
 transformers' ``generate``, ``attn_implementation="treeattn"`` and a
 :class:`treeattn.hf.ShardedCache` running ``--algorithm`` or ``--plan``
 (:mod:`treeattn.hf`). ``--verify`` runs transformers' own single-process ``generate`` here and
-compares tokens and logits. Greedy only; local ranks only (``--nproc``).
+compares tokens and logits. Sampling (``--temperature``, ``--top-k``, ``--top-p``,
+``--seed``) seeds every rank alike and gives them rank 0's scores
+(:class:`treeattn.hf.RankZeroScores`). Local ranks only (``--nproc``).
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ def _check(args: argparse.Namespace) -> int:
                         ("--profile", args.profile)):
         if value:
             raise UserError(f"{flag} is not supported with --engine hf")
-    if args.temperature and args.temperature > 0:
-        raise UserError("--engine hf decodes greedily: sampling is not supported yet")
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     world = 2 if args.nproc is None else args.nproc
@@ -65,7 +65,15 @@ def load_hf(spec: str | None):
     return model, tokenizer, path
 
 
-def _rank(ctx, folder: str, algorithm, max_new_tokens: int):
+def sampling_kwargs(sampling) -> dict:
+    """``generate``'s sampling arguments for a checked :class:`Sampling` (greedy: none)."""
+    if sampling.greedy:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p}
+
+
+def _rank(ctx, folder: str, algorithm, max_new_tokens: int, sampling):
     """One rank: rebuild the model from the folder, decode with a ShardedCache."""
     import torch
     import transformers
@@ -80,10 +88,14 @@ def _rank(ctx, folder: str, algorithm, max_new_tokens: int):
     model.eval()
     ids = torch.load(Path(folder, "ids.pt"))
     cache = treeattn.hf.ShardedCache(model.config, algorithm, reserve=max_new_tokens)
+    if not sampling.greedy:
+        torch.manual_seed(sampling.seed)  # every rank alike; RankZeroScores: the same scores
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(ids, cache=cache, max_new_tokens=max_new_tokens, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True)
+        out = model.generate(ids, cache=cache, max_new_tokens=max_new_tokens,
+                             logits_processor=[treeattn.hf.RankZeroScores()],
+                             output_logits=True, return_dict_in_generate=True,
+                             **sampling_kwargs(sampling))
     decode_s = time.perf_counter() - t0
     tokens = out.sequences[0, ids.shape[1]:].tolist()
     agree = all(t == tokens for t in all_gather_objects(ctx, tokens))
@@ -99,9 +111,11 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
     handed in by the command so that this module does not import it back)."""
     import torch
 
+    from treeattn.commands.generate_cluster import sampling_of
     from treeattn.runtime.launch import LaunchOptions, launch
 
     world = _check(args)
+    sampling = sampling_of(args)
     model, tokenizer, source = load_hf(args.model)
     if args.chat:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
@@ -119,7 +133,8 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
         torch.save(model.state_dict(), Path(folder, "weights.pt"))
         torch.save(ids, Path(folder, "ids.pt"))
         result = launch(functools.partial(_rank, folder=folder, algorithm=algorithm,
-                                          max_new_tokens=args.max_new_tokens), world,
+                                          max_new_tokens=args.max_new_tokens,
+                                          sampling=sampling), world,
                         LaunchOptions(timeout_s=args.timeout, threads=1))
     tokens = result["tokens"]
     steps = max(1, len(tokens) - 1)  # the first token comes from the prefill
@@ -131,10 +146,16 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
               "attention_s_per_token": result["attention_s"] / steps,
               "attention_calls": result["attention_calls"], "layers": layers,
               "ranks_agree": result["ranks_agree"]}
+    if not sampling.greedy:
+        record.update(temperature=sampling.temperature, top_k=sampling.top_k,
+                      top_p=sampling.top_p, seed=sampling.seed)
     if args.verify:
+        if not sampling.greedy:
+            torch.manual_seed(sampling.seed)
         with torch.no_grad():
-            ref = model.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False,
-                                 output_logits=True, return_dict_in_generate=True)
+            ref = model.generate(ids, max_new_tokens=args.max_new_tokens,
+                                 output_logits=True, return_dict_in_generate=True,
+                                 **sampling_kwargs(sampling))
         want = ref.sequences[0, ids.shape[1]:].tolist()
         n = min(len(ref.logits), len(result["logits"]))
         diff = max(float((ref.logits[i] - result["logits"][i]).abs().max()) for i in range(n))
@@ -159,7 +180,8 @@ def handle_hf(args: argparse.Namespace, read_plan) -> int:
         if "identical_to_single_process" in record:
             verdict = ("identical to" if record["identical_to_single_process"]
                        else "DIFFERENT from")
-            sys.stderr.write(f"greedy tokens {verdict} transformers' single-process generate "
+            mode = "sampled" if "seed" in record else "greedy"
+            sys.stderr.write(f"{mode} tokens {verdict} transformers' single-process generate "
                              f"(max |logit diff| {record['max_abs_logit_diff']})\n")
     ok = record.get("identical_to_single_process", True) and record["ranks_agree"]
     return 0 if ok else 1

@@ -10,10 +10,10 @@ function with transformers; then, on every rank of a ``torch.distributed`` group
 See ``docs/hf.md``: what is sharded, how prefill runs, and what is refused by name.
 """
 
-from treeattn.hf.attention import ATTENTION_NAME, register, treeattn_attention
+from treeattn.hf.attention import ATTENTION_NAME, RankZeroScores, register, treeattn_attention
 from treeattn.hf.cache import LAYOUTS, HFIntegrationError, ShardedCache, ShardedLayer, owner_of
 
 register()
 
-__all__ = ["ATTENTION_NAME", "LAYOUTS", "HFIntegrationError", "ShardedCache", "ShardedLayer",
-           "owner_of", "register", "treeattn_attention"]
+__all__ = ["ATTENTION_NAME", "LAYOUTS", "HFIntegrationError", "RankZeroScores", "ShardedCache",
+           "ShardedLayer", "owner_of", "register", "treeattn_attention"]

@@ -72,3 +72,22 @@ def register() -> None:
     AttentionInterface.register(ATTENTION_NAME, treeattn_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
 
+
+
+class RankZeroScores:
+    """A transformers logits processor that gives every rank rank 0's scores.
+
+    Greedy decoding needs nothing: every algorithm leaves the same merged attention on every
+    rank up to the last bit, and argmax ties are vanishingly rare. Sampling draws on each rank
+    from its own generator; seeded alike (``torch.manual_seed`` on every rank), ranks draw the
+    same token only from bit-identical scores, which this makes sure of (one broadcast of
+    (B, vocab) floats per step). Pass it as ``model.generate(..., logits_processor=
+    [treeattn.hf.RankZeroScores()])``.
+    """
+
+    def __call__(self, input_ids, scores):
+        import torch.distributed as dist
+
+        scores = scores.contiguous()
+        dist.broadcast(scores, src=0)
+        return scores
