@@ -19,7 +19,7 @@ SHARED = {"errors", "treeattn"}  # treeattn.errors and treeattn/__init__: leaves
 # treeattn.atomic (atomic outputs) builds on errors; every layer but topo may write through it
 # (topo imports nothing of ours: the commands hand it a temporary path instead).
 WRITERS_LEAF = "atomic"
-ANYTHING = {"topo", "sim", "kernels", "runtime", "llm", "sweep", "commands", "cli"}
+ANYTHING = {"topo", "sim", "kernels", "runtime", "llm", "hf", "sweep", "commands", "cli"}
 
 # The packages a package may import (besides itself and SHARED). topo is the bottom layer.
 ALLOWED = {
@@ -28,6 +28,7 @@ ALLOWED = {
     "kernels": set(),
     "runtime": {"topo", "sim", "kernels"},
     "llm": {"topo", "sim", "kernels", "runtime"},
+    "hf": {"topo", "sim", "kernels", "runtime"},  # transformers integration, beside llm
     "sweep": {"topo", "sim"},
     "commands": ANYTHING,
     "cli": ANYTHING,

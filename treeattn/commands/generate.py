@@ -80,6 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also decode in one process and compare the tokens (exact for "
                              "greedy decoding)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--engine", choices=("treeattn", "hf"), default="treeattn",
+                        help="treeattn's own model code (default), or Hugging Face "
+                             "transformers' generate with the treeattn.hf integration")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="with --nproc 1 on CUDA: capture the decode step once and replay "
                              "it as one CUDA graph per token (a small model's step is bound by "
@@ -404,6 +407,10 @@ def summary_lines(out: Outcome) -> list[str]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.engine == "hf":
+        from treeattn.commands.generate_hf import handle_hf
+
+        return handle_hf(args, planned_schedule)
     out = run_generation(args, stream=not args.json)
     if out is None:  # a torchrun rank other than 0: rank 0 prints
         return 0

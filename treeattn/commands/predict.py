@@ -18,6 +18,7 @@ from treeattn.commands._args import parse_tokens
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
+from treeattn.sim.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.export import schedule_to_json, tagged, trace_json
 from treeattn.sim.host.profiles import plan_overrides
 from treeattn.sim.prefill import SOURCES as SOURCES_PREFILL
@@ -63,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(q, many=False)
     q.add_argument("-o", "--output", metavar="PLAN.json", default=None,
                    help="write the plan file (with its schedule) that run/generate --plan execute")
+    q.add_argument("--emit", choices=EMIT_TARGETS, default=None,
+                   help="print the serving engine's flags for the best plan it can express "
+                        "(--tp sets its DCP size: GPUs / tp), beside treeattn's pick")
     q.set_defaults(func=handle_plan)
 
 
@@ -163,12 +167,15 @@ def handle_plan(args: argparse.Namespace) -> int:
         if path:
             check_output_path(path)
     topo, workload, overrides = _load(args, args.seq_len)
+    engine = emit(args.emit, topo, workload, overrides) if args.emit else None
     chosen = plan(topo, workload, **overrides)
     record = plan_file(chosen, args.topology)
     # one sequence without tensor parallelism: what the prefill pricing covers
     prefill = _prefill(args, args.seq_len) if args.batch == 1 and args.tp == 1 else None
     if prefill:
         record["prefill"] = [p.to_json() for p in prefill]
+    if engine is not None:
+        record["emit"] = engine
     if args.output:
         atomic.write_text(args.output, json.dumps(record, indent=1, allow_nan=False) + "\n")
     if args.trace:
@@ -217,6 +224,8 @@ def handle_plan(args: argparse.Namespace) -> int:
                  for i, c in enumerate(chosen.candidates[:15], 1)],
                 title="Candidates (closed_form = lower bound, not simulated)", wide=args.wide)
     console.print(chosen.explain())
+    if engine is not None:
+        print("\n".join(describe(engine)))  # plain: the flags line is copied as is
     return 0
 
 

@@ -1,0 +1,242 @@
+"""transformers' own ``generate`` with ``attn_implementation="treeattn"`` and a
+``ShardedCache``, against transformers' single-process ``generate`` of the same model.
+
+Reference: the same model, same weights (seeded), default SDPA attention and DynamicCache, in
+each rank's process. fp32 throughout; the only difference is the order in which attention's
+partials are merged, so greedy tokens must be identical and the logits of every step within
+``LOGIT_ATOL`` (1e-4 absolute on O(1) logits; a wrong shard, position or merge moves them by
+far more). Small random configs: Llama with grouped-query attention, Qwen2 with attention
+bias; SmolLM2 from the suite's GGUF when it is on disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+LOGIT_ATOL = 1e-4
+NEW_TOKENS = 32
+SMOLLM_ENV = "TREEATTN_TEST_SMOLLM2"  # the SmolLM2 runs: ~2 CPU-minutes
+
+
+def tiny_config(kind: str):
+    common = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  max_position_embeddings=512)
+    if kind == "llama":  # GQA: 4 query heads share 2 KV heads
+        return transformers.LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **common)
+    if kind == "qwen2":  # attention bias on q, k, v; 6 query heads over 3 ranks' shards
+        return transformers.Qwen2Config(num_attention_heads=6, num_key_value_heads=3,
+                                        use_sliding_window=False, **common)
+    raise ValueError(kind)
+
+
+def tiny_model(kind: str):
+    torch.manual_seed(1234)  # the same weights on every rank
+    config = tiny_config(kind)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    return model.eval()
+
+
+def _generate(model, ids, **kw):
+    out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS,
+                         output_logits=True, return_dict_in_generate=True, **kw)
+    return out.sequences, torch.stack(out.logits)
+
+
+def _compare_job(ctx, kind: str, runs: list[tuple[str, str, int]], batch: int = 1,
+                 pads: tuple[int, ...] = ()):
+    """Each run against transformers' single-process generate; ``pads[b]``: left padding of
+    sequence b (a batch of prompts of different lengths)."""
+    import treeattn.hf
+
+    model = tiny_model(kind)
+    g = torch.Generator().manual_seed(99)
+    ids = torch.randint(0, model.config.vocab_size, (batch, 13), generator=g)
+    kw = {}
+    if pads:
+        mask = torch.ones_like(ids)
+        for b, pad in enumerate(pads):
+            mask[b, :pad] = 0
+            ids[b, :pad] = 0  # the pad token
+        kw["attention_mask"] = mask
+    want_ids, want_logits = _generate(model, ids, **kw)
+    model.set_attn_implementation("treeattn")
+    report = []
+    for algorithm, layout, interleave in runs:
+        cache = treeattn.hf.ShardedCache(model.config, algorithm, layout=layout,
+                                         interleave_size=interleave, reserve=NEW_TOKENS)
+        got_ids, got_logits = _generate(model, ids, cache=cache, **kw)
+        assert torch.equal(got_ids, want_ids), (algorithm, layout, got_ids, want_ids)
+        err = float((got_logits - want_logits).abs().max())
+        assert err < LOGIT_ATOL, (algorithm, layout, err)
+        assert cache.get_seq_length() == ids.shape[1] + NEW_TOKENS - 1
+        report.append((algorithm, layout, err, cache.layers[0].local))
+    return report
+
+
+def _refused(fn) -> str:
+    """The message of the HFIntegrationError ``fn()`` raises (every rank raises alike)."""
+    from treeattn.hf import HFIntegrationError
+
+    try:
+        fn()
+    except HFIntegrationError as exc:
+        return str(exc)
+    raise AssertionError("nothing was refused")
+
+
+def _world2_job(ctx):
+    """Llama (GQA) with every partial-merging algorithm and both layouts, a batch of two,
+    a left-padded batch of three prompts of different lengths, and a refusal, in one
+    process group."""
+    import treeattn.hf
+
+    runs = [(a, "contiguous", 1) for a in ("tree", "butterfly", "oneshot", "helix", "dcp")]
+    runs += [("tree", "interleaved", 1), ("auto", "interleaved", 4)]
+    report = _compare_job(ctx, "llama", runs)
+    batch = _compare_job(ctx, "llama", [("tree", "interleaved", 1)], batch=2)
+    padded = _compare_job(ctx, "llama", [("tree", "contiguous", 1), ("dcp", "interleaved", 2)],
+                          batch=3, pads=(0, 5, 2))
+    model = tiny_model("llama")
+    model.set_attn_implementation("treeattn")
+    ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(3))
+    cache = treeattn.hf.ShardedCache(model.config, "tree")
+    cache.rank = 1 - cache.rank  # as if made on the other rank
+    other = _refused(lambda: model.generate(ids, max_new_tokens=2, do_sample=False,
+                                            cache=cache))
+    sampled = _sampling(ctx, model)
+    return {"report": report, "batch": batch, "padded": padded, "other": other,
+            "sampled": sampled}
+
+
+def _sampling(ctx, model):
+    """Seeded sampling (temperature, top-k, top-p) with rank 0's scores on every rank: the
+    ranks draw the same tokens, and those of transformers in one process with that seed."""
+    import torch.distributed as dist
+
+    import treeattn.hf
+
+    ids = torch.randint(0, 100, (1, 10), generator=torch.Generator().manual_seed(8))
+    kw = dict(max_new_tokens=16, min_new_tokens=16, do_sample=True, temperature=0.9, top_k=40,
+              top_p=0.95)
+    model.set_attn_implementation("sdpa")
+    torch.manual_seed(21)
+    want = model.generate(ids, **kw)
+    model.set_attn_implementation("treeattn")
+    torch.manual_seed(21)
+    got = model.generate(ids, cache=treeattn.hf.ShardedCache(model.config, "butterfly"),
+                         logits_processor=[treeattn.hf.RankZeroScores()], **kw)
+    everyone = [None] * ctx.world
+    dist.all_gather_object(everyone, got.tolist())
+    assert all(g == everyone[0] for g in everyone)
+    assert torch.equal(got, want)
+    return got.tolist()
+
+
+def test_llama_gqa_world2_like_one_process_and_refusals():
+    out = launch(_world2_job, 2, LaunchOptions(timeout_s=120, threads=1))
+    assert len(out["report"]) == 7 and len(out["batch"]) == 1
+    assert out["report"][0][3] == 7  # contiguous: rank 0 keeps its 7 prompt tokens only
+    assert len(out["padded"]) == 2 and len(out["sampled"][0]) == 26
+    assert "this ShardedCache was made for rank 1 of 2, and is used by rank 0 of 2" \
+        in out["other"]
+
+
+def test_qwen2_bias_world3_like_one_process():
+    runs = [("tree", "contiguous", 1), ("dcp", "interleaved", 1), ("butterfly", "contiguous", 1),
+            ("ring", "interleaved", 2)]
+    out = launch(functools.partial(_compare_job, kind="qwen2", runs=runs), 3,
+                 LaunchOptions(timeout_s=120, threads=1))
+    assert len(out) == len(runs)
+
+
+@pytest.mark.parametrize("config,feature", [
+    (lambda: transformers.MistralConfig(sliding_window=16), "sliding-window"),
+    (lambda: transformers.Qwen2Config(use_sliding_window=True, sliding_window=16,
+                                      max_window_layers=0), "sliding-window"),
+    (lambda: transformers.DeepseekV3Config(), "multi-head latent attention"),
+    (lambda: transformers.Gemma2Config(), "sliding-window|soft-capping"),
+])
+def test_unsupported_model_features_are_refused_by_name(config, feature):
+    from treeattn.hf.cache import HFIntegrationError, refuse_unsupported
+
+    with pytest.raises(HFIntegrationError, match=feature):
+        refuse_unsupported(config())
+
+
+def test_the_layout_owner_rule():
+    from treeattn.hf import owner_of
+
+    assert [owner_of(p, 7, 3, "contiguous") for p in range(9)] == [0, 0, 0, 1, 1, 2, 2, 2, 2]
+    assert [owner_of(p, 7, 3, "interleaved", 2) for p in range(9)] == [0, 0, 1, 1, 2, 2, 0, 0, 1]
+
+
+def _smollm_job(ctx, directory: str, algorithm: str):
+    """Sharded generate of the GGUF's weights (saved once by the fixture); rank 0's result."""
+    import treeattn.hf
+
+    config = transformers.AutoConfig.from_pretrained(directory)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="treeattn")
+    model.load_state_dict(torch.load(Path(directory, "weights.pt")), strict=False)
+    model.tie_weights()
+    ids = torch.load(Path(directory, "ids.pt"))
+    cache = treeattn.hf.ShardedCache(model.eval().config, algorithm, reserve=NEW_TOKENS)
+    return _generate(model, ids, cache=cache)
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2 read by transformers from the suite's GGUF (``gguf_file=``), its weights saved
+    for the ranks (a GGUF-quantised model cannot ``save_pretrained``), and transformers'
+    single-process greedy generation of one prompt."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    from treeattn.llm.formats.fetch import SMOLLM2_FILE, cache_dir
+
+    path = cache_dir() / SMOLLM2_FILE
+    if not path.exists():
+        pytest.skip("the SmolLM2 GGUF is not downloaded (the suite fetches it: treeattn fetch)")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32,
+        attn_implementation="sdpa").eval()
+    directory = tmp_path_factory.mktemp("smollm2")
+    model.config.save_pretrained(directory)
+    torch.save(model.state_dict(), directory / "weights.pt")
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 253, 1915, 30, 378, 5345, 314]])
+    torch.save(ids, directory / "ids.pt")
+    return str(directory), _generate(model, ids)
+
+
+@pytest.mark.skipif(os.environ.get(SMOLLM_ENV) != "1",
+                    reason=f"SmolLM2 through transformers takes minutes on 2 cores: {SMOLLM_ENV}=1")
+@pytest.mark.parametrize("world,algorithm", [(2, "tree"), (3, "dcp")])
+def test_smollm2_gguf_like_one_process(smollm2, world, algorithm):
+    directory, (want_ids, want_logits) = smollm2
+    got_ids, got_logits = launch(
+        functools.partial(_smollm_job, directory=directory, algorithm=algorithm), world,
+        LaunchOptions(timeout_s=300, threads=1))
+    assert torch.equal(got_ids, want_ids)
+    assert float((got_logits - want_logits).abs().max()) < LOGIT_ATOL
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "debug"], "--engine hf needs a transformers model"),
+    (["--nproc", "1"], "--nproc must be at least 2"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--context-tokens", "100"], "--context-tokens is not supported with --engine hf"),
+])
+def test_generate_engine_hf_refuses_with_one_line(args, message, capsys):
+    from treeattn.cli import main
+
+    assert main(["generate", "--engine", "hf", "--prompt", "hi", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]

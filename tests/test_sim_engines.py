@@ -1,0 +1,62 @@
+"""``treeattn plan --emit vllm|sglang``: the flags, the documented constraints, the ratio."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from treeattn.cli import main
+from treeattn.sim.engines import ENGINES, check_constraints, describe, emit
+from treeattn.sim.payloads import SimError
+from treeattn.sim.workload import DecodeWorkload
+from treeattn.topo import Topology
+
+BASE = ["plan", "--model", "llama-3.1-8b", "--seq-len", "128k"]
+
+
+def test_vllm_flags_realise_the_fastest_backend(capsys):
+    assert main([*BASE, "--topology", "dgx-h100:nodes=2", "--tp", "8", "--emit", "vllm",
+                 "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)["emit"]
+    flags = record["flags"]
+    assert flags[:4] == ["--tensor-parallel-size", "16", "--decode-context-parallel-size", "2"]
+    best = min(record["backends"], key=lambda r: r["latency_s"])
+    assert flags[flags.index("--dcp-comm-backend") + 1] == best["backend"]
+    assert {r["backend"] for r in record["backends"]} == {"ag_rs", "a2a"}
+    assert record["ratio"] == pytest.approx(best["latency_s"] / record["pick_latency_s"])
+    assert record["ratio"] >= 1 - 1e-12  # the pick searches every algorithm, backends included
+
+
+def test_the_text_names_version_and_source(capsys):
+    assert main([*BASE, "--topology", "dgx-h100:nodes=2", "--tp", "8", "--emit", "vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "--decode-context-parallel-size 2 --dcp-comm-backend" in out
+    assert ENGINES["vllm"].docs in out and "PR #34883" in out
+
+
+@pytest.mark.parametrize("args,constraint", [
+    (["--topology", "dgx-h100:nodes=1", "--tp", "2", "--emit", "vllm"],
+     "tp // num_kv_heads >= dcp is violated (tensor-parallel-size 8 // 8 KV heads = 1 < "
+     "decode-context-parallel-size 4)"),
+    (["--topology", "dgx-h100:nodes=2", "--tp", "8", "--emit", "sglang"],
+     "serves MLA attention only"),
+])
+def test_a_broken_constraint_is_one_error_line(args, constraint, capsys):
+    assert main([*BASE, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and constraint in err[0]
+
+
+def test_tp_must_be_a_multiple_of_dcp():
+    with pytest.raises(SimError, match=r"tp % dcp == 0 is violated"):
+        check_constraints(ENGINES["vllm"], 12, 8, 1)
+
+
+def test_an_inexpressible_pick_is_said_with_the_ratio():
+    topo = Topology.from_spec("dgx-h100:nodes=2")
+    record = emit("vllm", topo, DecodeWorkload("llama-3.1-8b", 131072, tp=8))
+    record.update(pick="tree/binomial@0", pick_algorithm="tree", pick_expressible=False,
+                  pick_latency_s=record["best"]["latency_s"] / 1.5, ratio=1.5)
+    text = "\n".join(describe(record))
+    assert "cannot be expressed in vLLM" in text and "1.50× the pick's time" in text

@@ -1,0 +1,187 @@
+"""``treeattn generate --engine hf``: the same generation through Hugging Face transformers.
+
+The model and tokenizer are transformers' own (``from_pretrained``, with ``gguf_file=`` for a
+GGUF such as the default SmolLM2), loaded once here; the ranks get its config and weights in a
+temporary folder (a GGUF-quantised model cannot ``save_pretrained``). Each rank decodes with
+transformers' ``generate``, ``attn_implementation="treeattn"`` and a
+:class:`treeattn.hf.ShardedCache` running ``--algorithm`` or ``--plan``
+(:mod:`treeattn.hf`). ``--verify`` runs transformers' own single-process ``generate`` here and
+compares tokens and logits. Sampling (``--temperature``, ``--top-k``, ``--top-p``,
+``--seed``) seeds every rank alike and gives them rank 0's scores
+(:class:`treeattn.hf.RankZeroScores`). Local ranks only (``--nproc``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from treeattn.errors import UserError
+
+
+def _check(args: argparse.Namespace) -> int:
+    from treeattn.commands.generate_cluster import torchrun_mode
+
+    if torchrun_mode(args):
+        raise UserError("--engine hf runs local ranks (--nproc); under torchrun use "
+                        "treeattn.hf in your own script (docs/hf.md)")
+    for flag, value in (("--cuda-graph", args.cuda_graph), ("--context-tokens",
+                                                             args.context_tokens),
+                        ("--profile", args.profile)):
+        if value:
+            raise UserError(f"{flag} is not supported with --engine hf")
+    if args.max_new_tokens <= 0:
+        raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    world = 2 if args.nproc is None else args.nproc
+    if world < 2:
+        raise UserError("--engine hf shards the cache: --nproc must be at least 2")
+    return world
+
+
+def load_hf(spec: str | None):
+    """``(model, tokenizer, source)`` through transformers, for a GGUF file or an HF folder."""
+    import torch
+    import transformers
+
+    from treeattn.llm.formats.weights import resolve_model
+
+    transformers.utils.logging.set_verbosity_error()  # the command prints its own lines
+    transformers.utils.logging.disable_progress_bar()
+    path = resolve_model(spec)
+    if path == "debug":
+        raise UserError("--engine hf needs a transformers model: a .gguf file, a Hugging Face "
+                        "directory, or the default smollm2-135m-instruct")
+    p = Path(path)
+    kw = {} if p.is_dir() else {"gguf_file": p.name}
+    where = str(p if p.is_dir() else p.parent)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        where, dtype=torch.float32, attn_implementation="sdpa", **kw).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(where, **kw)
+    return model, tokenizer, path
+
+
+def sampling_kwargs(sampling) -> dict:
+    """``generate``'s sampling arguments for a checked :class:`Sampling` (greedy: none)."""
+    if sampling.greedy:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p}
+
+
+def _rank(ctx, folder: str, algorithm, max_new_tokens: int, sampling):
+    """One rank: rebuild the model from the folder, decode with a ShardedCache."""
+    import torch
+    import transformers
+
+    import treeattn.hf
+    from treeattn.runtime.group import all_gather_objects
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="treeattn")
+    model.load_state_dict(torch.load(Path(folder, "weights.pt")), strict=False)
+    model.tie_weights()
+    model.eval()
+    ids = torch.load(Path(folder, "ids.pt"))
+    cache = treeattn.hf.ShardedCache(model.config, algorithm, reserve=max_new_tokens)
+    if not sampling.greedy:
+        torch.manual_seed(sampling.seed)  # every rank alike; RankZeroScores: the same scores
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, cache=cache, max_new_tokens=max_new_tokens,
+                             logits_processor=[treeattn.hf.RankZeroScores()],
+                             output_logits=True, return_dict_in_generate=True,
+                             **sampling_kwargs(sampling))
+    decode_s = time.perf_counter() - t0
+    tokens = out.sequences[0, ids.shape[1]:].tolist()
+    agree = all(t == tokens for t in all_gather_objects(ctx, tokens))
+    attention = cache.attention
+    return {"tokens": tokens, "logits": torch.stack(out.logits), "decode_s": decode_s,
+            "attention_s": attention.elapsed_s, "attention_calls": attention.calls,
+            "ranks_agree": agree}
+
+
+def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
+    """Generate through transformers on ``--nproc`` ranks; the record ``--json`` prints.
+    ``read_plan(path, world)``: the plan file's schedule (``generate.planned_schedule``,
+    handed in by the command so that this module does not import it back)."""
+    import torch
+
+    from treeattn.commands.generate_cluster import sampling_of
+    from treeattn.runtime.launch import LaunchOptions, launch
+
+    world = _check(args)
+    sampling = sampling_of(args)
+    model, tokenizer, source = load_hf(args.model)
+    if args.chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
+                                            add_generation_prompt=True, return_tensors="pt")
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    else:
+        ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    if ids.shape[1] < world:
+        raise UserError(f"the prompt has {ids.shape[1]} tokens, fewer than the {world} ranks")
+    algorithm = args.algorithm
+    if args.plan:
+        algorithm = read_plan(args.plan, world)
+    with tempfile.TemporaryDirectory(prefix="treeattn-hf-") as folder:
+        model.config.save_pretrained(folder)
+        torch.save(model.state_dict(), Path(folder, "weights.pt"))
+        torch.save(ids, Path(folder, "ids.pt"))
+        result = launch(functools.partial(_rank, folder=folder, algorithm=algorithm,
+                                          max_new_tokens=args.max_new_tokens,
+                                          sampling=sampling), world,
+                        LaunchOptions(timeout_s=args.timeout, threads=1))
+    tokens = result["tokens"]
+    steps = max(1, len(tokens) - 1)  # the first token comes from the prefill
+    layers = model.config.get_text_config().num_hidden_layers
+    record = {"engine": "hf", "text": tokenizer.decode(tokens, skip_special_tokens=True),
+              "tokens": tokens, "world": world, "model": source,
+              "algorithm": algorithm if isinstance(algorithm, str) else algorithm.algorithm,
+              "prompt_tokens": int(ids.shape[1]), "decode_s": result["decode_s"],
+              "attention_s_per_token": result["attention_s"] / steps,
+              "attention_calls": result["attention_calls"], "layers": layers,
+              "ranks_agree": result["ranks_agree"]}
+    if not sampling.greedy:
+        record.update(temperature=sampling.temperature, top_k=sampling.top_k,
+                      top_p=sampling.top_p, seed=sampling.seed)
+    if args.verify:
+        if not sampling.greedy:
+            torch.manual_seed(sampling.seed)
+        with torch.no_grad():
+            ref = model.generate(ids, max_new_tokens=args.max_new_tokens,
+                                 output_logits=True, return_dict_in_generate=True,
+                                 **sampling_kwargs(sampling))
+        want = ref.sequences[0, ids.shape[1]:].tolist()
+        n = min(len(ref.logits), len(result["logits"]))
+        diff = max(float((ref.logits[i] - result["logits"][i]).abs().max()) for i in range(n))
+        record["identical_to_single_process"] = want == tokens and math.isfinite(diff)
+        record["max_abs_logit_diff"] = diff if math.isfinite(diff) else None
+    return record
+
+
+def handle_hf(args: argparse.Namespace, read_plan) -> int:
+    from treeattn.commands.run import dumps
+    from treeattn.sim.export import tagged
+
+    record = run_hf(args, read_plan)
+    if args.json:
+        print(dumps(tagged("generation", record)))
+    else:
+        print(record["text"])
+        line = (f"{len(record['tokens'])} tokens on {record['world']} ranks through "
+                f"transformers, {record['algorithm']}: attention "
+                f"{record['attention_s_per_token'] * 1e3:.2f} ms per token (all layers)")
+        sys.stderr.write(line + "\n")
+        if "identical_to_single_process" in record:
+            verdict = ("identical to" if record["identical_to_single_process"]
+                       else "DIFFERENT from")
+            mode = "sampled" if "seed" in record else "greedy"
+            sys.stderr.write(f"{mode} tokens {verdict} transformers' single-process generate "
+                             f"(max |logit diff| {record['max_abs_logit_diff']})\n")
+    ok = record.get("identical_to_single_process", True) and record["ranks_agree"]
+    return 0 if ok else 1

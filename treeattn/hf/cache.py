@@ -1,0 +1,263 @@
+"""``ShardedCache``: a transformers ``Cache`` whose K/V are split along the sequence across
+the ranks of a ``torch.distributed`` group.
+
+Each rank keeps, per layer, only the positions its layout names:
+
+- ``"contiguous"``: the prompt split into contiguous blocks in rank order (the first
+  ``L % world`` ranks one token longer), and every generated token on the last rank, so each
+  shard stays one run of positions;
+- ``"interleaved"``: position ``p`` on rank ``(p // interleave_size) % world``, the layout of
+  vLLM's ``--cp-kv-cache-interleave-size`` (1: token round-robin), for prompt and generated
+  tokens alike, so the shards stay balanced however long the generation.
+
+The cache reports the *global* sequence length (``get_seq_length``, ``get_mask_sizes``), so
+transformers computes positions, RoPE and masks as for one process. Attention does not depend
+on the order of the keys, so the shards need not be contiguous.
+
+Prefill is replicated: every rank runs the whole prompt, the layer's ``update`` keeps its own
+positions and returns the whole prompt's K/V, and the attention is exact ordinary SDPA. (The
+sharded prefill of the prefill issue will replace this; until then the prompt is briefly
+whole on every rank.) Each decode step's ``update`` stores the new token on its owner and
+returns this rank's shard, which :func:`treeattn.hf.attention.treeattn_attention` reduces
+across the ranks by the plan's schedule (:class:`treeattn.ShardedAttention`).
+
+Storage per layer: one (2, B, Hkv, capacity, D) tensor, K at 0 and V at 1, growing by
+doubling; the shard handed to attention is two views of it (no copy).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from treeattn.runtime.errors import RuntimeFailure
+from treeattn.runtime.sharded_attention import ShardedAttention
+
+LAYOUTS = ("contiguous", "interleaved")
+# The layer each recent cache updated last, newest first: transformers calls the attention
+# function right after that layer's update, with what it returned (see hf/attention.py).
+_RECENT: list[ShardedLayer] = []
+
+
+def active_layer(index: int) -> ShardedLayer | None:
+    """The ShardedLayer of model layer ``index`` updated just before this attention call,
+    taken (so that a later forward without the cache cannot see it)."""
+    layer = _RECENT.pop() if _RECENT else None
+    return layer if layer is not None and layer.index == index else None
+
+
+class HFIntegrationError(RuntimeFailure):
+    """A model, cache or call the transformers integration does not serve (named)."""
+
+
+def owner_of(position: int, prompt: int, world: int, layout: str, interleave: int = 1) -> int:
+    """The rank that stores global ``position`` (``prompt`` tokens were prefilled).
+
+    >>> [owner_of(p, 5, 2, "contiguous") for p in range(7)]
+    [0, 0, 0, 1, 1, 1, 1]
+    >>> [owner_of(p, 5, 2, "interleaved", 2) for p in range(7)]
+    [0, 0, 1, 1, 0, 0, 1]
+    """
+    if layout == "interleaved":
+        return (position // interleave) % world
+    if position >= prompt:
+        return world - 1
+    base, extra = divmod(prompt, world)
+    edge = extra * (base + 1)  # the first `extra` ranks hold base + 1 tokens
+    return position // (base + 1) if position < edge else extra + (position - edge) // base
+
+
+def refuse_unsupported(config) -> None:
+    """Raise :class:`HFIntegrationError` naming the first feature this integration does not
+    serve: sliding-window layers, attention sinks, MLA, logit soft-capping, cross-attention."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    types = getattr(text, "layer_types", None) or []
+    if "sliding_attention" in types or (getattr(text, "sliding_window", None)
+                                        and getattr(text, "use_sliding_window", True)
+                                        and not types):
+        raise HFIntegrationError("sliding-window attention layers are not served by treeattn "
+                                 "(every layer must attend to the whole cache)")
+    for name, feature in (("kv_lora_rank", "multi-head latent attention (MLA)"),
+                          ("attn_logit_softcapping", "attention logit soft-capping"),
+                          ("num_sink_tokens", "attention sinks")):
+        if getattr(text, name, None):
+            raise HFIntegrationError(f"{feature} is not served by treeattn ({name} is set)")
+    if getattr(text, "model_type", "") == "gpt_oss":
+        raise HFIntegrationError("attention sinks (gpt-oss) are not served by treeattn")
+    if getattr(text, "is_encoder_decoder", False):
+        raise HFIntegrationError("encoder-decoder cross-attention is not served by treeattn")
+
+
+class ShardedLayer(CacheLayerMixin):
+    """One layer's shard; ``mode`` says what the last ``update`` returned.
+
+    Left-padded batches: the prefill's attention tells the layer which prompt positions are
+    real (:meth:`drop_padding`, from the mask's last row); each sequence then keeps only its
+    real tokens, owned by their index among them, so sequences hold different numbers of
+    tokens here (``counts``) and attention takes them as ``kv_len``.
+    """
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, cache: ShardedCache, index: int) -> None:
+        super().__init__()
+        self.cache, self.index = cache, index
+        self.store: torch.Tensor | None = None  # (2, B, Hkv, capacity, D)
+        self.counts: list[int] = []  # tokens of each sequence held here
+        self.real: list[int] = []  # real (unpadded) tokens of each sequence, all ranks
+        self.prompt_real: list[int] = []  # real prompt tokens of each sequence
+        self.total = 0  # positions of the (padded) sequence, as transformers counts them
+        self.mode = "prefill"
+        self.prompt = None  # the prefill's (K, V) until its attention has seen the mask
+
+    @property
+    def local(self) -> int:
+        """Tokens held here by the longest sequence."""
+        return max(self.counts, default=0)
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.is_initialized = True
+
+    def _room(self, shape, need: int) -> None:
+        b, h, _, d = shape
+        if self.store is not None and self.store.shape[3] >= need:
+            return
+        cap = max(need, 2 * (self.store.shape[3] if self.store is not None else 0), 16)
+        bigger = torch.zeros(2, b, h, cap, d, dtype=self.dtype, device=self.device)
+        if self.store is not None:
+            bigger[:, :, :, : self.local] = self.store[:, :, :, : self.local]
+        self.store = bigger
+
+    def _keep(self, key_states, value_states, real: list[list[int]]) -> None:
+        """Store, per sequence, the positions of ``real[b]`` this rank owns."""
+        c = self.cache
+        self.prompt_real = [len(r) for r in real]
+        mine = [[p for i, p in enumerate(r) if c.owner(i, len(r)) == c.rank] for r in real]
+        self.store = None
+        self._room(key_states.shape, max(len(m) for m in mine) + c.reserve)
+        for b, positions in enumerate(mine):
+            index = torch.tensor(positions, dtype=torch.long, device=self.device)
+            self.store[0, b, :, : len(positions)] = key_states[b].index_select(1, index)
+            self.store[1, b, :, : len(positions)] = value_states[b].index_select(1, index)
+        self.counts, self.real = [len(m) for m in mine], list(self.prompt_real)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Keep this rank's positions of the new K/V (B, Hkv, S, D); return what attention
+        needs: the whole prompt at prefill, this rank's shard at a decode step."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        c, (b, _, s, _) = self.cache, key_states.shape
+        c.check_group()
+        _RECENT[:] = [self]
+        if self.total == 0:  # prefill, replicated: keep our positions, attend to them all
+            self._keep(key_states, value_states, [list(range(s))] * b)
+            self.total, self.mode = s, "prefill"
+            self.prompt = (key_states, value_states)  # until the attention saw the mask
+            return key_states, value_states
+        self.prompt = None
+        if s != 1:
+            raise HFIntegrationError(f"a {s}-token forward after the prefill: treeattn decodes "
+                                     "one token per step (no chunked prefill, no speculative "
+                                     "verification)")
+        for i in range(b):
+            if c.owner(self.real[i], self.prompt_real[i]) == c.rank:
+                self._room(key_states.shape, self.counts[i] + 1)
+                at = self.counts[i]
+                self.store[0, i, :, at : at + 1] = key_states[i]  # (Hkv, 1, D)
+                self.store[1, i, :, at : at + 1] = value_states[i]
+                self.counts[i] += 1
+            self.real[i] += 1
+        self.total += 1
+        self.mode = "decode"
+        return self.shard()
+
+    def drop_padding(self, real: torch.Tensor) -> None:
+        """After a padded prefill: ``real`` (B, S) bool marks the prompt's real positions;
+        keep only those (the shard is rebuilt from the prompt's K/V, which the layer holds
+        until its attention has run)."""
+        k, v = self.prompt
+        self._keep(k, v, [torch.nonzero(row).flatten().tolist() for row in real.cpu()])
+        self.prompt = None
+
+    def kv_len(self) -> torch.Tensor | None:
+        """Each sequence's tokens here when they differ (B,), else None."""
+        if len(set(self.counts)) <= 1:
+            return None
+        return torch.tensor(self.counts, device=self.device)
+
+    def shard(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's K and V, each (B, Hkv, local, D): views of one storage tensor."""
+        if self.store is None:
+            raise HFIntegrationError(f"layer {self.index} holds nothing yet")
+        kv = self.store[:, :, :, : self.local]
+        return kv[0], kv[1]
+
+    def get_seq_length(self) -> int:
+        return self.total
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.total + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.store, self.counts, self.real, self.total = None, [], [], 0
+        self.mode, self.prompt = "prefill", None
+        self.is_initialized = False
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise HFIntegrationError("beam search reorders the cache: not served by treeattn")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise HFIntegrationError("cropping the cache (assisted decoding) is not served by "
+                                 "treeattn")
+
+
+class ShardedCache(Cache):
+    """A transformers ``Cache`` sharded along the sequence over the default process group.
+
+    ``config``: the model's config (checked for features treeattn does not serve).
+    ``plan_or_algorithm``: what :class:`treeattn.ShardedAttention` takes (a ``Plan``, or an
+    algorithm name; ``"auto"``: the planner's pick). ``layout``: ``"contiguous"`` or
+    ``"interleaved"`` (``interleave_size`` positions per turn, as vLLM's flag). ``reserve``:
+    tokens to make room for up front (e.g. ``max_new_tokens``). Making it is collective.
+    """
+
+    def __init__(self, config, plan_or_algorithm="auto", *, layout: str = "contiguous",
+                 interleave_size: int = 1, reserve: int = 0, group=None,
+                 timeout_s: float = 60.0) -> None:
+        refuse_unsupported(config)
+        if layout not in LAYOUTS:
+            raise HFIntegrationError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if not isinstance(interleave_size, int) or interleave_size < 1:
+            raise HFIntegrationError(f"interleave_size must be a positive integer, got "
+                                     f"{interleave_size!r}")
+        text = getattr(config, "get_text_config", lambda: config)()
+        n_layers = int(text.num_hidden_layers)
+        self.attention = ShardedAttention(plan_or_algorithm, group, timeout_s=timeout_s)
+        self.rank, self.world = self.attention.rank, self.attention.world
+        self.layout, self.interleave, self.reserve = layout, interleave_size, max(0, reserve)
+        super().__init__(layers=[ShardedLayer(self, i) for i in range(n_layers)])
+
+    def owner(self, position: int, prompt: int) -> int:
+        """The rank that keeps a sequence's ``position``-th real token (``prompt`` real
+        tokens were prefilled)."""
+        return owner_of(position, prompt, self.world, self.layout, self.interleave)
+
+    def check_group(self) -> None:
+        """Refuse a cache used in a process group other than the one it was made for."""
+        if not dist.is_initialized() or dist.get_world_size() != self.world \
+                or dist.get_rank() != self.rank:
+            now = (f"rank {dist.get_rank()} of {dist.get_world_size()}" if dist.is_initialized()
+                   else "no process group")
+            raise HFIntegrationError(f"this ShardedCache was made for rank {self.rank} of "
+                                     f"{self.world}, and is used by {now}")
+
+    @property
+    def local_lengths(self) -> list[int]:
+        """Tokens each layer holds here for its longest sequence."""
+        return [layer.local for layer in self.layers]

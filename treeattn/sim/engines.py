@@ -1,0 +1,145 @@
+"""``treeattn plan --emit vllm|sglang``: the serving engine's flags for the best plan it can
+express, checked against the engine's documented constraints.
+
+Both engines run decode context parallelism (DCP) inside their tensor-parallel group: with
+``--tensor-parallel-size W`` and a DCP size ``D`` the KV cache is split along the sequence
+over ``D`` ranks and the heads over ``W / D``. That is treeattn's ``--tp W/D`` on ``W`` GPUs,
+so the pick's workload maps to one DCP size, and each of the engine's communication backends
+to one of treeattn's schedules (table below). The engine's output is head-sharded (its
+tensor-parallel output projection follows), so both the engine's plans and treeattn's pick
+are priced with ``layout="head_sharded"``. vLLM's all-gather of the queries ahead of the
+``ag_rs`` backend is not priced (treeattn's ranks hold the whole query).
+
+Sources (the flags, their choices and the constraints checked):
+
+======== ================================================ ==================================
+engine   flags / version                                  where documented
+======== ================================================ ==================================
+vLLM     ``--decode-context-parallel-size`` (DCP, since   docs.vllm.ai/en/latest/serving/
+         v0.11), ``--cp-kv-cache-interleave-size``,       context_parallel_deployment.html;
+         ``--dcp-comm-backend ag_rs|a2a`` (a2a: vLLM PR   github.com/vllm-project/vllm/pull/
+         #34883, main in 2026)                            34883; constraints as restated in
+                                                          docs.vllm.ai/projects/ascend (CP
+                                                          user guide) and awsdocs-neuron
+                                                          vllm-neuron design/parallelism/dcp
+SGLang   ``--dcp-size``, ``--dcp-comm-backend``,          docs.sglang.io/docs/advanced_
+         ``--dcp-replicate-q-proj`` (SGLang main, DCP     features/dcp.md; github.com/
+         docs page and issue #19436 / PR #21637, 2026)    sgl-project/sglang/issues/19436
+======== ================================================ ==================================
+
+Constraints: ``tp % dcp == 0`` (both); for GQA models vLLM shards only the KV heads that
+tensor parallelism replicates, so ``tp // num_kv_heads >= dcp``; SGLang documents DCP for MLA
+attention layers only (its page: "stripes a request's MLA KV cache"), so a model with
+grouped-query attention is refused for SGLang by name. The interleave size emitted is 1
+(token round-robin, vLLM's default), which every block size divides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from treeattn.sim.payloads import SimError
+from treeattn.sim.planner import plan
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    version: str
+    docs: str
+    dcp_flag: str
+    backends: dict[str, str]  # the engine's --dcp-comm-backend choice -> treeattn algorithm
+    mla_only: bool
+    extra: tuple[str, ...] = ()
+
+
+ENGINES = {
+    "vllm": Engine(
+        "vLLM", "vLLM main (DCP since v0.11; dcp-comm-backend a2a from PR #34883)",
+        "https://docs.vllm.ai/en/latest/serving/context_parallel_deployment.html",
+        "--decode-context-parallel-size", {"ag_rs": "dcp", "a2a": "helix"}, mla_only=False,
+        extra=("--cp-kv-cache-interleave-size", "1")),
+    "sglang": Engine(
+        "SGLang", "SGLang main (DCP page, issue #19436, PR #21637)",
+        "https://docs.sglang.io/docs/advanced_features/dcp.md",
+        "--dcp-size", {"ag_rs": "dcp", "a2a": "helix", "fi_a2a": "helix"}, mla_only=True,
+        extra=("--dcp-replicate-q-proj",)),
+}
+EMIT_TARGETS = tuple(ENGINES)
+
+
+def check_constraints(engine: Engine, world: int, dcp: int, kv_heads: int,
+                      mla: bool = False) -> None:
+    """Raise SimError naming the first documented constraint this configuration breaks.
+
+    >>> check_constraints(ENGINES["vllm"], 8, 2, 4)
+    >>> check_constraints(ENGINES["vllm"], 8, 4, 8)
+    Traceback (most recent call last):
+    ...
+    treeattn.sim.payloads.SimError: vLLM cannot express this plan: tp // num_kv_heads >= dcp \
+is violated (tensor-parallel-size 8 // 8 KV heads = 1 < decode-context-parallel-size 4)
+    """
+    flag = engine.dcp_flag.lstrip("-")
+    if engine.mla_only and not mla:
+        raise SimError(f"{engine.name} cannot express this plan: its decode context "
+                       f"parallelism serves MLA attention only ({engine.docs}), and this "
+                       "model has grouped-query attention")
+    if world % dcp:
+        raise SimError(f"{engine.name} cannot express this plan: tp % dcp == 0 is violated "
+                       f"(tensor-parallel-size {world} % {flag} {dcp} = {world % dcp})")
+    if not mla and world // kv_heads < dcp:
+        raise SimError(f"{engine.name} cannot express this plan: tp // num_kv_heads >= dcp is "
+                       f"violated (tensor-parallel-size {world} // {kv_heads} KV heads = "
+                       f"{world // kv_heads} < {flag} {dcp})")
+
+
+def emit(target: str, topology, workload, overrides: dict | None = None) -> dict:
+    """The engine's flags for ``workload`` on ``topology`` (``workload.tp`` sets the DCP
+    size), the prediction of each backend, and treeattn's own pick beside the best of them."""
+    if target not in ENGINES:
+        raise SimError(f"unknown --emit target {target!r} (known: {', '.join(ENGINES)})")
+    engine, overrides = ENGINES[target], overrides or {}
+    world = topology.num_gpus
+    if world % workload.tp:
+        raise SimError(f"--tp {workload.tp} does not divide the {world} GPUs")
+    dcp = world // workload.tp
+    check_constraints(engine, world, dcp, workload.model.n_kv_heads)
+    sharded = replace(workload, layout="head_sharded")
+    pick = plan(topology, sharded, **overrides)
+    rows = []
+    for backend, algorithm in engine.backends.items():
+        chosen = plan(topology, sharded, algorithms=(algorithm,), **overrides)
+        rows.append({"backend": backend, "algorithm": algorithm, "latency_s": chosen.latency_s,
+                     "method": chosen.prediction.method})
+    best = min(rows, key=lambda r: r["latency_s"])
+    flags = ["--tensor-parallel-size", str(world), engine.dcp_flag, str(dcp),
+             "--dcp-comm-backend", best["backend"], *engine.extra]
+    return {"engine": engine.name, "version": engine.version, "docs": engine.docs,
+            "flags": flags, "dcp": dcp, "tensor_parallel_size": world, "backends": rows,
+            "best": best, "pick": pick.name, "pick_algorithm": pick.algorithm,
+            "pick_latency_s": pick.latency_s,
+            "pick_expressible": pick.algorithm in engine.backends.values(),
+            "ratio": best["latency_s"] / pick.latency_s}
+
+
+def describe(record: dict) -> list[str]:
+    """The lines ``treeattn plan --emit`` prints."""
+    def us(s: float) -> str:
+        return f"{s * 1e6:,.1f} µs" if s < 1e-2 else f"{s * 1e3:,.2f} ms"
+
+    best = record["best"]
+    lines = [f"{record['engine']} flags ({record['version']}; {record['docs']}):",
+             "  " + " ".join(record["flags"])]
+    for r in record["backends"]:
+        lines.append(f"  --dcp-comm-backend {r['backend']:<6} = treeattn {r['algorithm']}: "
+                     f"{us(r['latency_s'])} per layer ({r['method']})")
+    if record["pick_expressible"]:
+        lines.append(f"treeattn's pick (head-sharded output), {record['pick']}, is what "
+                     f"{record['engine']} runs with --dcp-comm-backend {best['backend']}.")
+    else:
+        lines.append(f"treeattn's pick (head-sharded output), {record['pick']} "
+                     f"({us(record['pick_latency_s'])} per layer), cannot be expressed in "
+                     f"{record['engine']}; the best it can run, "
+                     f"{best['backend']} ({us(best['latency_s'])}), takes "
+                     f"{record['ratio']:.2f}× the pick's time.")
+    return lines
