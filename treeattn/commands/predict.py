@@ -16,6 +16,12 @@ from treeattn import atomic
 from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.commands.tables import Column, add_wide_flag, print_table
+from treeattn.commands.token import (
+    add_token_flags,
+    handle_plan_gpus,
+    handle_predict_token,
+    memory_rows_check,
+)
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.export import schedule_to_json, tagged, trace_json
@@ -48,16 +54,23 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
     add_wide_flag(parser)
     parser.add_argument("--trace", metavar="FILE", default=None,
                         help="write the simulated timelines as a Chrome/Perfetto trace")
+    add_token_flags(parser)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("predict", help="predict decode-step latency per algorithm")
     _common(p, many=True)
+    p.add_argument("--token", action="store_true",
+                   help="price one whole decode step (weights, TP all-reduces, attention and "
+                        "its merge, LM head): TPOT and tokens/s")
     p.set_defaults(func=handle_predict)
     q = subparsers.add_parser("plan", help="choose the reduction tree for a cluster")
     _common(q, many=False)
     q.add_argument("-o", "--output", metavar="PLAN.json", default=None,
                    help="write the plan file (with its schedule) that run/generate --plan execute")
+    q.add_argument("--gpus", type=int, default=None,
+                   help="search the TP × DCP × CP splits of this many GPUs (the topology's "
+                        "first) for the lowest time per output token")
     q.set_defaults(func=handle_plan)
 
 
@@ -74,13 +87,18 @@ def _load(args: argparse.Namespace, seq_len: int):
 
 
 def handle_predict(args: argparse.Namespace) -> int:
+    if args.token:
+        return handle_predict_token(args)
     if args.trace:
         check_output_path(args.trace)
-    rows, timelines = [], []
+    rows, timelines, unfit = [], [], []
     for seq_len in args.seq_len:
         topo, workload, overrides = _load(args, seq_len)
+        memory = memory_rows_check(args, topo, seq_len, args.tp)
+        if not memory["fits"]:
+            unfit.append((seq_len, memory["memory"]))
         chosen = plan(topo, workload, simulate_each=True, **overrides)
-        rows += [r.to_json() for r in algorithm_rows(chosen, args.topology)]
+        rows += [{**r.to_json(), **memory} for r in algorithm_rows(chosen, args.topology)]
         for algorithm in ALGORITHM_NAMES:
             cand = chosen.best(algorithm)
             if cand is not None and cand.result is not None and cand.result.timeline:
@@ -109,16 +127,25 @@ def handle_predict(args: argparse.Namespace) -> int:
         if r["algorithm"] == PICK and r["speedup_vs_best_baseline"] <= 1.0:
             print(f"At {r['seq_len']:,} tokens a baseline wins: {r['name']} "
                   f"({r['system']}) is the fastest, and the planner picks it.")
+    for seq_len, why in unfit:
+        print(f"At {seq_len:,} tokens the model does not fit ({why}): these rows cannot run.")
     return 0
 
 
 def handle_plan(args: argparse.Namespace) -> int:
+    if args.gpus is not None:
+        return handle_plan_gpus(args)
     for path in (args.output, args.trace):
         if path:
             check_output_path(path)
     topo, workload, overrides = _load(args, args.seq_len)
+    memory = memory_rows_check(args, topo, args.seq_len, args.tp)
+    if not memory["fits"]:
+        raise SimError(f"{workload.describe()} with --tp {args.tp} does not fit: "
+                       f"{memory['memory']}")
     chosen = plan(topo, workload, **overrides)
     record = plan_file(chosen, args.topology)
+    record.update({k: v for k, v in memory.items() if k != "memory"})
     if args.output:
         atomic.write_text(args.output, json.dumps(record, indent=1, allow_nan=False) + "\n")
     if args.trace:
