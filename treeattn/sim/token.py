@@ -5,9 +5,15 @@ deployment (:class:`treeattn.sim.capacity.Split`: ``tp`` × ``cp`` GPUs, ``dcp``
 group sharding the KV cache) is priced on one GPU's critical path as the sum of:
 
 * **weight reads**: each GEMM kind of every layer (:func:`treeattn.sim.capacity.
-  step_weight_reads`) is one compute step of the GPU's hardware model
-  (:class:`treeattn.sim.devices.HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak) +
-  launch``), in the weight dtype (``bf16`` or ``fp8``);
+  step_weight_reads`) at the GPU's hardware model (:class:`treeattn.sim.devices.
+  HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak)``), in the weight dtype (``bf16`` or
+  ``fp8``);
+* **kernels**: every kernel of a layer outside attention pays the hardware model's fixed
+  cost per step (``launch_s``, 4 µs on GPUs, the fixed part treeattn's own decode kernel
+  showed as a CUDA-graph replay on an H200, see :mod:`treeattn.sim.devices`). The kernels
+  per layer (:data:`KERNELS_PER_LAYER`) are the module calls of the layer's forward in
+  vLLM's model code, counted by hand (below); fusion by ``torch.compile`` can merge a few
+  elementwise ones, so this errs high;
 * **TP all-reduces**: two per layer (after the attention output projection and after the
   MLP or experts) of ``B × hidden`` activations, plus the vocabulary-parallel embedding's
   all-reduce and the LM head's all-gather of the logits, each priced by the collective
@@ -19,11 +25,27 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
   ``dcp > 1`` the TP ranks hold different heads, so the queries of the DCP group are first
   all-gathered (vLLM's and SGLang's DCP do so), priced by the same collective model.
 
-What is left out, and biases the prediction low: elementwise kernels (norms, RoPE, the
-activation, residual adds), sampling, the host's scheduling between steps, and any overlap
-of communication with compute (which would bias it high). Elementwise kernels are short
-against the GEMMs at decode shapes; the launch cost of the hardware model, paid per GEMM,
-stands in for their fixed costs.
+Kernels per layer outside the attention kernel itself (which the planner prices), from the
+forward methods of vLLM's ``vllm/model_executor/models/llama.py`` and ``deepseek_v2.py``
+(https://github.com/vllm-project/vllm, read at commit 002d6073):
+
+==================  ===========================================================  =====
+block               module calls                                                 count
+==================  ===========================================================  =====
+GQA attention       input norm, QKV GEMM, RoPE, KV-cache write, output GEMM      5
+MLA attention       input norm, fused q_a/kv_a GEMM, q_a norm, kv_a norm, q_b       11
+                    GEMM, W_UK bmm, RoPE, cache write, W_UV bmm, output GEMM,
+                    post-attention norm
+dense gated MLP     (post-attention norm for GQA), gate-up GEMM, SiLU·mul, down  3 (+1)
+MoE                 router GEMM, grouped top-k, expert sort/align, experts'      11
+                    gate-up, SiLU·mul, experts' down, expert sum, shared
+                    expert gate-up, SiLU·mul, down, add
+once per step       embedding, final norm, LM head GEMM                          3
+==================  ===========================================================  =====
+
+What is left out, and biases the prediction low: sampling, the host's scheduling between
+steps (a serving benchmark's TPOT also holds the prefills of other requests run between
+decode steps), and any overlap of communication with compute (which would bias it high).
 
 Per sequence, a step yields one token: ``tokens_per_s = 1 / tpot_s``; for the batch,
 ``batch / tpot_s``.
@@ -39,6 +61,21 @@ from treeattn.sim.network import resolve_hardware
 from treeattn.sim.parallel import cp_group, group_workload, sub_topology
 from treeattn.sim.payloads import SimError
 from treeattn.sim.workload import DTYPE_BYTES, DecodeWorkload, ModelConfig
+
+#: Kernels per layer outside attention, and once per step (see the module docstring).
+KERNELS_PER_LAYER = {"gqa_attention": 5, "mla_attention": 11, "dense_mlp": 3,
+                     "gqa_post_norm": 1, "moe": 11}
+KERNELS_PER_STEP = 3
+
+
+def kernels_per_step(model: ModelConfig) -> int:
+    """Kernels one decode step launches outside attention (see the module docstring)."""
+    k = KERNELS_PER_LAYER
+    attention = k["mla_attention"] if model.is_mla else k["gqa_attention"] + k["gqa_post_norm"]
+    moe_layers = model.n_layers - model.first_dense_layers if model.is_moe else 0
+    dense_layers = model.n_layers - moe_layers
+    return (model.n_layers * attention + dense_layers * k["dense_mlp"] + moe_layers * k["moe"]
+            + KERNELS_PER_STEP)
 
 
 @dataclass
@@ -146,8 +183,9 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     parts: dict[str, float] = {}
 
     reads = step_weight_reads(model, split.tp, DTYPE_BYTES[wdt], batch)
-    parts["weights"] = sum(count * hw.compute_time(nbytes, flops)
+    parts["weights"] = sum(count * (hw.compute_time(nbytes, flops) - hw.launch_s)
                            for _, count, nbytes, flops in reads)
+    parts["kernels"] = kernels_per_step(model) * hw.launch_s
 
     tp_ranks = list(range(split.tp))
     hidden = batch * model.dim * act
