@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 
 from treeattn.sim.payloads import SimError
-from treeattn.sim.workload import DTYPE_BYTES, ModelConfig
+from treeattn.sim.workload import STORAGE_DTYPE_BYTES, ModelConfig
 
 #: vLLM's default ``--gpu-memory-utilization``: the pool for weights and KV (source above).
 MEMORY_UTILIZATION = 0.9
@@ -49,7 +49,7 @@ def dtype_name(short: str | None, default: str) -> str:
     if short is None:
         return default
     name = SHORT_DTYPES.get(short, short)
-    if name not in DTYPE_BYTES:
+    if name not in STORAGE_DTYPE_BYTES:
         raise SimError(f"unknown dtype {short!r} (known: {', '.join(SHORT_DTYPES)})")
     return name
 
@@ -250,7 +250,7 @@ def kv_cache_bytes(m: ModelConfig, split: Split, seq_len: int, batch: int, kv_by
 def memory_check(m: ModelConfig, split: Split, seq_len: int, batch: int, capacity: float,
                  weights_dtype: str | None = None, kv_dtype: str | None = None) -> MemoryCheck:
     """The whole-model check of one GPU (``capacity`` 0: unknown, always fits)."""
-    wb = DTYPE_BYTES[weights_dtype or m.dtype]
-    kb = DTYPE_BYTES[kv_dtype or m.dtype]
+    wb = STORAGE_DTYPE_BYTES[weights_dtype or m.dtype]
+    kb = STORAGE_DTYPE_BYTES[kv_dtype or m.dtype]
     return MemoryCheck(weights_held(m, split.tp, wb), kv_cache_bytes(m, split, seq_len, batch, kb),
                        (1.0 - MEMORY_UTILIZATION) * capacity, capacity)

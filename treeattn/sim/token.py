@@ -60,7 +60,7 @@ from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import resolve_hardware
 from treeattn.sim.parallel import cp_group, group_workload, sub_topology
 from treeattn.sim.payloads import SimError
-from treeattn.sim.workload import DTYPE_BYTES, DecodeWorkload, ModelConfig
+from treeattn.sim.workload import STORAGE_DTYPE_BYTES, DecodeWorkload, ModelConfig
 
 #: Kernels per layer outside attention, and once per step (see the module docstring).
 KERNELS_PER_LAYER = {"gqa_attention": 5, "mla_attention": 11, "dense_mlp": 3,
@@ -174,15 +174,15 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     check_split(model, split)
     wdt, kdt = weights_dtype or model.dtype, kv_dtype or model.dtype
     for name in (wdt, kdt):
-        if name not in DTYPE_BYTES:
+        if name not in STORAGE_DTYPE_BYTES:
             raise SimError(f"unknown dtype {name!r}")
     topo = deployment_topology(topology, split)
     hw = resolve_hardware(topo, hardware)[0]
     memory = memory_check(model, split, seq_len, batch, hw.memory_bytes, wdt, kdt)
-    act = DTYPE_BYTES[model.dtype]
+    act = STORAGE_DTYPE_BYTES[model.dtype]
     parts: dict[str, float] = {}
 
-    reads = step_weight_reads(model, split.tp, DTYPE_BYTES[wdt], batch)
+    reads = step_weight_reads(model, split.tp, STORAGE_DTYPE_BYTES[wdt], batch)
     parts["weights"] = sum(count * (hw.compute_time(nbytes, flops) - hw.launch_s)
                            for _, count, nbytes, flops in reads)
     parts["kernels"] = kernels_per_step(model) * hw.launch_s

@@ -65,7 +65,10 @@ FP32 = 4
 
 
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# What weights and a KV cache can be stored in (FP8 e4m3 as DeepSeek-V3 publishes its
+# weights and vLLM/SGLang store fp8 KV caches); computation stays in DTYPE_BYTES' dtypes.
+STORAGE_DTYPE_BYTES = {**DTYPE_BYTES, "float8": 1}
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class ModelConfig:
     dtype_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPE_BYTES:
+        if self.dtype not in STORAGE_DTYPE_BYTES:
             raise SimError(f"model {self.name}: unknown dtype {self.dtype!r}")
         for attr in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "dim", "vocab_size"):
             if getattr(self, attr) <= 0:
@@ -120,7 +123,7 @@ class ModelConfig:
                                   or self.head_dim != self.kv_lora_rank + self.qk_rope_head_dim):
             raise SimError(f"model {self.name}: an MLA model is one KV head of width "
                            "kv_lora_rank + qk_rope_head_dim")
-        object.__setattr__(self, "dtype_bytes", DTYPE_BYTES[self.dtype])
+        object.__setattr__(self, "dtype_bytes", STORAGE_DTYPE_BYTES[self.dtype])
 
     @property
     def is_mla(self) -> bool:
