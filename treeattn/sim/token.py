@@ -11,9 +11,8 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
 * **kernels**: every kernel of a layer outside attention pays the hardware model's fixed
   cost per step (``launch_s``, 4 µs on GPUs, the fixed part treeattn's own decode kernel
   showed as a CUDA-graph replay on an H200, see :mod:`treeattn.sim.devices`). The kernels
-  per layer (:data:`KERNELS_PER_LAYER`) are the module calls of the layer's forward in
-  vLLM's model code, counted by hand (below); fusion by ``torch.compile`` can merge a few
-  elementwise ones, so this errs high;
+  per layer (:data:`KERNELS_PER_LAYER`) are counted by hand from vLLM's model code
+  (below); fusion by ``torch.compile`` can merge a few elementwise ones, so this errs high;
 * **TP all-reduces**: two per layer (after the attention output projection and after the
   MLP or experts) of ``B × hidden`` activations, plus the vocabulary-parallel embedding's
   all-reduce and the LM head's all-gather of the logits, each priced by the collective
@@ -25,12 +24,20 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
   ``dcp > 1`` the TP ranks hold different heads, so the queries of the DCP group are first
   all-gathered (vLLM's and SGLang's DCP do so), priced by the same collective model.
 
-Kernels per layer outside the attention kernel itself (which the planner prices), from the
-forward methods of vLLM's ``vllm/model_executor/models/llama.py`` and ``deepseek_v2.py``
-(https://github.com/vllm-project/vllm, read at commit 002d6073):
+Kernels per layer outside the attention kernel itself (which the planner prices), counted
+from the modules of vLLM's ``vllm/model_executor/models/deepseek_v2.py``
+(https://github.com/vllm-project/vllm, read at commit 002d6073): its decoder layer (input
+norm, attention, post-attention norm, MLP or MoE), its GQA/MHA attention (``qkv_proj``,
+``rotary_emb``, ``attn``, ``o_proj``, the pattern of ``llama.py`` too), its gated MLP
+(``gate_up_proj``, ``SiluAndMul``, ``down_proj``), its MoE (a router GEMM and a fused-MoE
+call with the shared expert), and the modules its MLA wrapper is given (``fused_qkv_a_proj``,
+``q_a_layernorm``, ``q_b_proj``, ``kv_a_layernorm``, ``kv_b_proj`` absorbed as the two
+``W_UK``/``W_UV`` products, ``rotary_emb``, ``o_proj``). Inside the fused MoE and the MLA
+wrapper the kernels are our reading of those calls (top-k, expert sort, two expert GEMMs with
+the activation between, the expert sum; the cache write):
 
 ==================  ===========================================================  =====
-block               module calls                                                 count
+block               kernels                                                      count
 ==================  ===========================================================  =====
 GQA attention       input norm, QKV GEMM, RoPE, KV-cache write, output GEMM      5
 MLA attention       input norm, fused q_a/kv_a GEMM, q_a norm, kv_a norm, q_b       11
