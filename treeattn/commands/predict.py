@@ -16,6 +16,12 @@ from treeattn import atomic
 from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.commands.tables import Column, add_wide_flag, print_table
+from treeattn.commands.token import (
+    add_token_flags,
+    handle_plan_gpus,
+    handle_predict_token,
+    memory_rows_check,
+)
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.engines import EMIT_TARGETS, describe, emit
@@ -50,6 +56,7 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
     add_wide_flag(parser)
     parser.add_argument("--trace", metavar="FILE", default=None,
                         help="write the simulated timelines as a Chrome/Perfetto trace")
+    add_token_flags(parser)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,6 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="price the prefill of a --seq-len token prompt instead: time to first "
                         "token of pass-KV, pass-Q and all-gather-KV (plan always shows the "
                         "prefill pick beside the decode pick)")
+    p.add_argument("--token", action="store_true",
+                   help="price one whole decode step (weights, TP all-reduces, attention and "
+                        "its merge, LM head): TPOT and tokens/s")
     p.set_defaults(func=handle_predict)
     q = subparsers.add_parser("plan", help="choose the reduction tree for a cluster")
     _common(q, many=False)
@@ -67,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--emit", choices=EMIT_TARGETS, default=None,
                    help="print the serving engine's flags for the best plan it can express "
                         "(--tp sets its DCP size: GPUs / tp), beside treeattn's pick")
+    q.add_argument("--gpus", type=int, default=None,
+                   help="search the TP × DCP × CP splits of this many GPUs (the topology's "
+                        "first) for the lowest time per output token")
     q.set_defaults(func=handle_plan)
 
 
@@ -124,13 +137,18 @@ def handle_predict(args: argparse.Namespace) -> int:
             raise SimError("--trace draws decode timelines; the prefill is priced in "
                            "closed form (drop --trace or --prefill)")
         return handle_prefill(args)
+    if args.token:
+        return handle_predict_token(args)
     if args.trace:
         check_output_path(args.trace)
-    rows, timelines = [], []
+    rows, timelines, unfit = [], [], []
     for seq_len in args.seq_len:
         topo, workload, overrides = _load(args, seq_len)
+        memory = memory_rows_check(args, topo, seq_len, args.tp)
+        if not memory["fits"]:
+            unfit.append((seq_len, memory["memory"]))
         chosen = plan(topo, workload, simulate_each=True, **overrides)
-        rows += [r.to_json() for r in algorithm_rows(chosen, args.topology)]
+        rows += [{**r.to_json(), **memory} for r in algorithm_rows(chosen, args.topology)]
         for algorithm in ALGORITHM_NAMES:
             cand = chosen.best(algorithm)
             if cand is not None and cand.result is not None and cand.result.timeline:
@@ -159,17 +177,26 @@ def handle_predict(args: argparse.Namespace) -> int:
         if r["algorithm"] == PICK and r["speedup_vs_best_baseline"] <= 1.0:
             print(f"At {r['seq_len']:,} tokens a baseline wins: {r['name']} "
                   f"({r['system']}) is the fastest, and the planner picks it.")
+    for seq_len, why in unfit:
+        print(f"At {seq_len:,} tokens the model does not fit ({why}): these rows cannot run.")
     return 0
 
 
 def handle_plan(args: argparse.Namespace) -> int:
+    if args.gpus is not None:
+        return handle_plan_gpus(args)
     for path in (args.output, args.trace):
         if path:
             check_output_path(path)
     topo, workload, overrides = _load(args, args.seq_len)
+    memory = memory_rows_check(args, topo, args.seq_len, args.tp)
+    if not memory["fits"]:
+        raise SimError(f"{workload.describe()} with --tp {args.tp} does not fit: "
+                       f"{memory['memory']}")
     engine = emit(args.emit, topo, workload, overrides) if args.emit else None
     chosen = plan(topo, workload, **overrides)
     record = plan_file(chosen, args.topology)
+    record.update({k: v for k, v in memory.items() if k != "memory"})
     # one sequence without tensor parallelism: what the prefill pricing covers
     prefill = _prefill(args, args.seq_len) if args.batch == 1 and args.tp == 1 else None
     if prefill:

@@ -27,6 +27,22 @@ from each model's published ``config.json`` on the Hugging Face Hub:
   8 KV heads, head_dim 128, vocab 128256, bfloat16).
 * ``llama-3.1-405b``: meta-llama/Llama-3.1-405B/config.json (16384, 53248, 126 layers,
   128 heads, 8 KV heads, head_dim 128, vocab 128256, bfloat16).
+* ``deepseek-v3``: deepseek-ai/DeepSeek-V3/config.json
+  (https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json): hidden_size 7168,
+  intermediate_size 18432 (the dense FFN of the first ``first_k_dense_replace`` = 3 layers),
+  num_hidden_layers 61, num_attention_heads 128, q_lora_rank 1536, kv_lora_rank 512,
+  qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, n_routed_experts 256,
+  num_experts_per_tok 8, moe_intermediate_size 2048, n_shared_experts 1, vocab_size 129280,
+  untied embeddings; FP8 (e4m3, 128×128 blocks) weights as published, bfloat16 activations.
+
+  MLA (multi-head latent attention) with absorbed projections: the cache holds one latent
+  per token and layer, ``kv_lora_rank + qk_rope_head_dim`` = 576 values, which is both K and
+  V; every query head attends to it. In this registry an MLA model is one KV head of width
+  576 (``n_kv_heads = 1``, ``head_dim = 576``) whose KV block is that one latent, not a K and
+  a V (:meth:`DecodeWorkload.kv_bytes`). The merged partial is priced at that width too
+  (``o`` of absorbed MLA is 512 wide, so a partial is counted 12% large). Under tensor
+  parallelism every rank keeps the whole latent (the one KV head is replicated,
+  :func:`treeattn.sim.parallel.group_workload`), which decode context parallelism removes.
 * ``debug``: a tiny fp32 flavour for tests (2 layers, 4 query heads, 2 KV heads, head_dim 16).
 """
 
@@ -50,6 +66,9 @@ FP32 = 4
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# What weights and a KV cache can be stored in (FP8 e4m3 as DeepSeek-V3 publishes its
+# weights and vLLM/SGLang store fp8 KV caches); computation stays in DTYPE_BYTES' dtypes.
+STORAGE_DTYPE_BYTES = {**DTYPE_BYTES, "float8": 1}
 
 
 @dataclass(frozen=True)
@@ -78,17 +97,41 @@ class ModelConfig:
     vocab_size: int
     dtype: str = "bfloat16"
     tie_embeddings: bool = False
+    # MLA (0: grouped-query attention): the latent's width and the query projections.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    # Mixture of experts (0 routed experts: a dense gated MLP of ``ffn_dim`` in every layer).
+    n_routed_experts: int = 0
+    experts_per_token: int = 0
+    moe_ffn_dim: int = 0
+    n_shared_experts: int = 0
+    first_dense_layers: int = 0  # layers before the first MoE layer use the dense MLP
     dtype_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPE_BYTES:
+        if self.dtype not in STORAGE_DTYPE_BYTES:
             raise SimError(f"model {self.name}: unknown dtype {self.dtype!r}")
         for attr in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "dim", "vocab_size"):
             if getattr(self, attr) <= 0:
                 raise SimError(f"model {self.name}: {attr} must be positive")
         if self.n_heads % self.n_kv_heads:
             raise SimError(f"model {self.name}: n_heads % n_kv_heads != 0 (GQA)")
-        object.__setattr__(self, "dtype_bytes", DTYPE_BYTES[self.dtype])
+        if self.kv_lora_rank and (self.n_kv_heads != 1
+                                  or self.head_dim != self.kv_lora_rank + self.qk_rope_head_dim):
+            raise SimError(f"model {self.name}: an MLA model is one KV head of width "
+                           "kv_lora_rank + qk_rope_head_dim")
+        object.__setattr__(self, "dtype_bytes", STORAGE_DTYPE_BYTES[self.dtype])
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_routed_experts > 0
 
     @classmethod
     def from_name(cls, name: str) -> ModelConfig:
@@ -123,6 +166,10 @@ MODELS: dict[str, ModelConfig] = {
         ModelConfig("llama-3.1-8b", 32, 32, 8, 128, 4096, 14336, 128256),
         ModelConfig("llama-3.1-70b", 80, 64, 8, 128, 8192, 28672, 128256),
         ModelConfig("llama-3.1-405b", 126, 128, 8, 128, 16384, 53248, 128256),
+        ModelConfig("deepseek-v3", 61, 128, 1, 576, 7168, 18432, 129280, kv_lora_rank=512,
+                    qk_rope_head_dim=64, q_lora_rank=1536, qk_nope_head_dim=128, v_head_dim=128,
+                    n_routed_experts=256, experts_per_token=8, moe_ffn_dim=2048,
+                    n_shared_experts=1, first_dense_layers=3),
         ModelConfig("debug", 2, 4, 2, 16, 64, 128, 256, dtype="float32"),
     )
 }
@@ -200,7 +247,9 @@ class DecodeWorkload:
                 "T": tokens, "P": world, "Bq": query_slots(self.batch, world)}
 
     def kv_bytes(self, tokens: int) -> int:
-        return payload_numel(Payload.KV, self.dims(tokens)) * self.model.dtype_bytes
+        """K and V of ``tokens`` tokens; an MLA model caches one latent that is both."""
+        numel = payload_numel(Payload.KV, self.dims(tokens))
+        return (numel // 2 if self.model.is_mla else numel) * self.model.dtype_bytes
 
     @property
     def partial_bytes(self) -> int:

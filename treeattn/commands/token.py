@@ -1,0 +1,158 @@
+"""``predict --token`` and ``plan --gpus N``: whole decode steps, and the deployment search.
+
+``predict --token`` prices one whole decode step per output token of the deployment given
+by ``--tp`` (and ``--dcp``) on all of the topology's GPUs (``cp = GPUs / tp``), for each
+``--seq-len`` (:func:`treeattn.sim.token.predict_token`). ``plan --gpus N`` searches every
+TP × DCP × CP split of ``N`` GPUs and the merge algorithm for each
+(:func:`treeattn.sim.deployments.search`), and shows the best by TPOT with those it beat.
+
+Both carry the whole-model memory check (:mod:`treeattn.sim.capacity`); the plain
+``predict`` and ``plan`` commands use :func:`memory_rows_check` for theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+
+from treeattn.commands.tables import Column, print_table
+from treeattn.sim.capacity import Split, dtype_name, memory_check
+from treeattn.sim.payloads import SimError
+from treeattn.sim.workload import ModelConfig
+
+
+def add_token_flags(parser: argparse.ArgumentParser) -> None:
+    """The whole-model flags ``predict`` and ``plan`` share."""
+    parser.add_argument("--weights-dtype", choices=("bf16", "fp16", "fp8", "fp32"), default=None,
+                        help="weight dtype of the deployment (default: the model's)")
+    parser.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8", "fp32"), default=None,
+                        help="KV-cache dtype (default: the model's)")
+    parser.add_argument("--dcp", type=int, default=1,
+                        help="decode context parallelism inside the TP group (with --token): "
+                             "the KV cache sharded over this many of the TP ranks")
+
+
+def _dtypes(args, model: ModelConfig) -> tuple[str, str]:
+    return (dtype_name(args.weights_dtype, model.dtype), dtype_name(args.kv_dtype, model.dtype))
+
+
+def _topology(spec: str):
+    from treeattn.topo import Topology
+
+    return Topology.load(spec)
+
+
+def _capacity(topology) -> float:
+    from treeattn.sim.network import resolve_hardware
+
+    return resolve_hardware(topology, None)[0].memory_bytes
+
+
+def memory_rows_check(args, topology, seq_len: int, tp: int) -> dict:
+    """The whole-model memory fields of a plain ``predict``/``plan`` row (its ``--tp`` over
+    the topology's GPUs, the sequence over the rest)."""
+    model = ModelConfig.from_name(args.model)
+    if topology.num_gpus % tp:
+        raise SimError(f"--tp {tp} must divide the {topology.num_gpus} GPUs")
+    split = Split(tp=tp, cp=topology.num_gpus // tp)
+    weights, kv = _dtypes(args, model)
+    check = memory_check(model, split, seq_len, args.batch, _capacity(topology), weights, kv)
+    return {**check.to_json(), "memory": check.describe()}
+
+
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "does not fit"
+    return f"{seconds * 1e6:,.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:,.2f} ms"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 1024 ** 3:,.1f} GiB"
+
+
+def handle_predict_token(args: argparse.Namespace) -> int:
+    from treeattn.sim.export import tagged
+    from treeattn.sim.host.profiles import plan_overrides
+    from treeattn.sim.token import predict_token
+
+    topo = _topology(args.topology)
+    model = ModelConfig.from_name(args.model)
+    weights, kv = _dtypes(args, model)
+    if topo.num_gpus % args.tp:
+        raise SimError(f"--tp {args.tp} must divide the {topo.num_gpus} GPUs")
+    split = Split(tp=args.tp, cp=topo.num_gpus // args.tp, dcp=args.dcp)
+    overrides = plan_overrides(args.profile, topo)
+    rows = []
+    for seq_len in args.seq_len:
+        p = predict_token(topo, model, seq_len, split, batch=args.batch, weights_dtype=weights,
+                          kv_dtype=kv, **overrides)
+        row = {"topology": args.topology, **p.to_json()}
+        if not p.memory.fits:  # never priced as if it ran
+            row.update(tpot_s=None, tokens_per_s=None, batch_tokens_per_s=None,
+                       refused="does not fit: " + p.memory.describe())
+        rows.append(row)
+    if args.json:
+        print(json.dumps(tagged("token_predictions", rows), indent=2, allow_nan=False))
+        return 0
+    console = Console()
+    columns = [Column("seq_len", key=True), Column("TPOT", key=True),
+               Column("tok/s/seq", key=True), Column("tok/s batch"), Column("merge",
+                                                                            justify="left"),
+               Column("weights"), Column("TP all-reduce"), Column("attention"),
+               Column("memory/GPU")]
+    cells = [[f"{r['seq_len']:,}", _time(r["tpot_s"]),
+              "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.1f}",
+              "-" if r["batch_tokens_per_s"] is None else f"{r['batch_tokens_per_s']:,.0f}",
+              r["merge"], _time(r["parts_s"]["weights"]), _time(r["parts_s"]["tp_all_reduce"]),
+              _time(r["parts_s"]["attention"]),
+              f"{_gib(r['memory_need_bytes'])} of {_gib(r['memory_capacity_bytes'])}"]
+             for r in rows]
+    print_table(console, columns, cells, wide=args.wide,
+                title=f"Predicted decode step: {args.topology}, {model.name} {split.label}, "
+                      f"batch {args.batch}, weights {weights}, KV {kv}")
+    for r in rows:
+        if r["tpot_s"] is None:
+            console.print(f"At {r['seq_len']:,} tokens {split.label} {r['refused']}.",
+                          highlight=False)
+    return 0
+
+
+def handle_plan_gpus(args: argparse.Namespace) -> int:
+    from treeattn.sim.deployments import search
+    from treeattn.sim.export import tagged
+    from treeattn.sim.host.profiles import plan_overrides
+
+    topo = _topology(args.topology)
+    model = ModelConfig.from_name(args.model)
+    weights, kv = _dtypes(args, model)
+    overrides = plan_overrides(args.profile, topo) if topo.num_gpus == args.gpus else {}
+    found = search(topo, model, args.seq_len, args.gpus, batch=args.batch,
+                   weights_dtype=weights, kv_dtype=kv, **overrides)
+    rows = [{"topology": args.topology, **d.to_json()} for d in found]
+    if args.json:
+        print(json.dumps(tagged("deployments", {"best": rows[0], "rows": rows}), indent=2,
+                         allow_nan=False))
+        return 0
+    console = Console()
+    best = found[0]
+    p = best.prediction
+    console.print(f"[bold]{best.split.label}[/bold] on {args.gpus} GPUs: {_time(p.tpot_s)} per "
+                  f"output token ({p.tokens_per_s:,.1f} tokens/s per sequence, "
+                  f"{p.batch_tokens_per_s:,.0f} for the batch of {args.batch}); attention "
+                  f"merge {p.merge} ({p.merge_system})")
+    columns = [Column("#"), Column("deployment", key=True, justify="left"),
+               Column("TPOT", key=True), Column("vs best", key=True),
+               Column("merge", justify="left"), Column("memory/GPU"), Column("fits")]
+    cells = [[str(i), d.split.label, _time(d.tpot_s),
+              "-" if d.tpot_s is None else f"{d.tpot_s / best.tpot_s:.2f}×",
+              d.prediction.merge if d.prediction else "-",
+              f"{_gib(d.memory.need_bytes)} of {_gib(d.memory.capacity_bytes)}",
+              "yes" if d.fits else "no"] for i, d in enumerate(found, 1)]
+    print_table(console, columns, cells, wide=args.wide,
+                title=f"Deployments of {model.name} on {args.gpus} GPUs at {args.seq_len:,} "
+                      f"tokens, batch {args.batch} (weights {weights}, KV {kv})",
+                caption="vs best: TPOT against the best deployment (>1: slower). memory: "
+                        "weights + all layers' KV + 10% of HBM for activations and workspace.")
+    return 0

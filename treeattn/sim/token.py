@@ -1,0 +1,220 @@
+"""The whole decode step: time per output token (TPOT) of one deployment.
+
+A user picks a deployment by its TPOT, not by one attention layer. One decode step of a
+deployment (:class:`treeattn.sim.capacity.Split`: ``tp`` × ``cp`` GPUs, ``dcp`` of each TP
+group sharding the KV cache) is priced on one GPU's critical path as the sum of:
+
+* **weight reads**: each GEMM kind of every layer (:func:`treeattn.sim.capacity.
+  step_weight_reads`) at the GPU's hardware model (:class:`treeattn.sim.devices.
+  HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak)``), in the weight dtype (``bf16`` or
+  ``fp8``);
+* **kernels**: every kernel of a layer outside attention pays the hardware model's fixed
+  cost per step (``launch_s``, 4 µs on GPUs, the fixed part treeattn's own decode kernel
+  showed as a CUDA-graph replay on an H200, see :mod:`treeattn.sim.devices`). The kernels
+  per layer (:data:`KERNELS_PER_LAYER`) are counted by hand from vLLM's model code
+  (below); fusion by ``torch.compile`` can merge a few elementwise ones, so this errs high;
+* **TP all-reduces**: two per layer (after the attention output projection and after the
+  MLP or experts) of ``B × hidden`` activations, plus the vocabulary-parallel embedding's
+  all-reduce and the LM head's all-gather of the logits, each priced by the collective
+  model (:func:`treeattn.sim.nccl.collectives.collective_cost`) on TP group 0's GPUs;
+* **attention and its merge**, per layer: with the sequence on one rank, the attention of
+  the rank's heads over the whole cache (one compute step); otherwise the planner's pick
+  (:func:`treeattn.sim.planner.plan`) for the attention view of the split: the heads over
+  ``tp / dcp`` ranks, the sequence over ``dcp × cp``, the KV in its own dtype. With
+  ``dcp > 1`` the TP ranks hold different heads, so the queries of the DCP group are first
+  all-gathered (vLLM's and SGLang's DCP do so), priced by the same collective model.
+
+Kernels per layer outside the attention kernel itself (which the planner prices), counted
+from the modules of vLLM's ``vllm/model_executor/models/deepseek_v2.py``
+(https://github.com/vllm-project/vllm, read at commit 002d6073): its decoder layer (input
+norm, attention, post-attention norm, MLP or MoE), its GQA/MHA attention (``qkv_proj``,
+``rotary_emb``, ``attn``, ``o_proj``, the pattern of ``llama.py`` too), its gated MLP
+(``gate_up_proj``, ``SiluAndMul``, ``down_proj``), its MoE (a router GEMM and a fused-MoE
+call with the shared expert), and the modules its MLA wrapper is given (``fused_qkv_a_proj``,
+``q_a_layernorm``, ``q_b_proj``, ``kv_a_layernorm``, ``kv_b_proj`` absorbed as the two
+``W_UK``/``W_UV`` products, ``rotary_emb``, ``o_proj``). Inside the fused MoE and the MLA
+wrapper the kernels are our reading of those calls (top-k, expert sort, two expert GEMMs with
+the activation between, the expert sum; the cache write):
+
+==================  ===========================================================  =====
+block               kernels                                                      count
+==================  ===========================================================  =====
+GQA attention       input norm, QKV GEMM, RoPE, KV-cache write, output GEMM      5
+MLA attention       input norm, fused q_a/kv_a GEMM, q_a norm, kv_a norm, q_b       11
+                    GEMM, W_UK bmm, RoPE, cache write, W_UV bmm, output GEMM,
+                    post-attention norm
+dense gated MLP     (post-attention norm for GQA), gate-up GEMM, SiLU·mul, down  3 (+1)
+MoE                 router GEMM, grouped top-k, expert sort/align, experts'      11
+                    gate-up, SiLU·mul, experts' down, expert sum, shared
+                    expert gate-up, SiLU·mul, down, add
+once per step       embedding, final norm, LM head GEMM                          3
+==================  ===========================================================  =====
+
+What is left out, and biases the prediction low: sampling, the host's scheduling between
+steps (a serving benchmark's TPOT also holds the prefills of other requests run between
+decode steps), and any overlap of communication with compute (which would bias it high).
+
+Per sequence, a step yields one token: ``tokens_per_s = 1 / tpot_s``; for the batch,
+``batch / tpot_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from treeattn.sim.capacity import MemoryCheck, Split, check_split, memory_check, step_weight_reads
+from treeattn.sim.nccl.collectives import GroupShape, collective_cost
+from treeattn.sim.network import resolve_hardware
+from treeattn.sim.parallel import cp_group, group_workload, sub_topology
+from treeattn.sim.payloads import SimError
+from treeattn.sim.workload import STORAGE_DTYPE_BYTES, DecodeWorkload, ModelConfig
+
+#: Kernels per layer outside attention, and once per step (see the module docstring).
+KERNELS_PER_LAYER = {"gqa_attention": 5, "mla_attention": 11, "dense_mlp": 3,
+                     "gqa_post_norm": 1, "moe": 11}
+KERNELS_PER_STEP = 3
+
+
+def kernels_per_step(model: ModelConfig) -> int:
+    """Kernels one decode step launches outside attention (see the module docstring)."""
+    k = KERNELS_PER_LAYER
+    attention = k["mla_attention"] if model.is_mla else k["gqa_attention"] + k["gqa_post_norm"]
+    moe_layers = model.n_layers - model.first_dense_layers if model.is_moe else 0
+    dense_layers = model.n_layers - moe_layers
+    return (model.n_layers * attention + dense_layers * k["dense_mlp"] + moe_layers * k["moe"]
+            + KERNELS_PER_STEP)
+
+
+@dataclass
+class TokenPrediction:
+    """One deployment's decode step: TPOT, its parts, the merge it uses and its memory."""
+
+    model: str
+    split: Split
+    seq_len: int
+    batch: int
+    weights_dtype: str
+    kv_dtype: str
+    parts_s: dict[str, float]
+    merge: str  # the planner's pick for the attention merge ("none": one sequence rank)
+    merge_system: str
+    memory: MemoryCheck
+    attention_layer_s: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tpot_s(self) -> float:
+        return sum(self.parts_s.values())
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1.0 / self.tpot_s
+
+    @property
+    def batch_tokens_per_s(self) -> float:
+        return self.batch / self.tpot_s
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "deployment": self.split.label, "gpus": self.split.gpus,
+                "tp": self.split.tp, "dcp": self.split.dcp, "cp": self.split.cp,
+                "seq_len": self.seq_len, "batch": self.batch,
+                "weights_dtype": self.weights_dtype, "kv_dtype": self.kv_dtype,
+                "merge": self.merge, "merge_system": self.merge_system,
+                "tpot_s": self.tpot_s, "tokens_per_s": self.tokens_per_s,
+                "batch_tokens_per_s": self.batch_tokens_per_s,
+                "attention_layer_s": self.attention_layer_s,
+                "parts_s": dict(self.parts_s), **self.memory.to_json(), **self.extra}
+
+
+def check_token_model(model: ModelConfig) -> None:
+    """Refuse a model whose registry entry lacks what the whole step needs."""
+    missing = [a for a in ("dim", "ffn_dim", "vocab_size", "n_layers") if getattr(model, a) <= 0]
+    if model.is_moe and (model.experts_per_token <= 0 or model.moe_ffn_dim <= 0):
+        missing.append("experts_per_token/moe_ffn_dim")
+    if model.is_mla and (model.v_head_dim <= 0 or model.qk_nope_head_dim <= 0):
+        missing.append("v_head_dim/qk_nope_head_dim")
+    if missing:
+        raise SimError(f"model {model.name} lacks the shapes --token needs: {', '.join(missing)}")
+
+
+def deployment_topology(topology, split: Split):
+    """The first ``split.gpus`` GPUs of ``topology`` (the whole topology if it has no more)."""
+    if split.gpus > topology.num_gpus:
+        raise SimError(f"{split.label} needs {split.gpus} GPUs and the topology has "
+                       f"{topology.num_gpus}")
+    if split.gpus == topology.num_gpus:
+        return topology
+    return sub_topology(topology, list(range(split.gpus)))
+
+
+def _collective(op: str, nbytes: int, topology, ranks: list[int]) -> float:
+    if len(ranks) < 2 or nbytes < 1:
+        return 0.0
+    return collective_cost(op, int(nbytes), GroupShape.of(topology, ranks)).time_s
+
+
+def attention_view(model: ModelConfig, split: Split, seq_len: int, batch: int,
+                   kv_dtype: str) -> DecodeWorkload:
+    """The attention workload the planner merges: KV in its dtype, heads over ``tp/dcp``."""
+    layout = "head_sharded" if split.cp == 1 and split.tp > 1 else "replicated"
+    return DecodeWorkload(replace(model, dtype=kv_dtype), seq_len, batch=batch, layout=layout,
+                          tp=split.attention_tp)
+
+
+def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split, *,
+                  batch: int = 1, weights_dtype: str | None = None,
+                  kv_dtype: str | None = None, hardware=None, backend=None,
+                  algorithms: tuple[str, ...] | None = None,
+                  max_simulated: int | None = None) -> TokenPrediction:
+    """Price one decode step of ``model`` deployed as ``split`` on ``topology``'s first GPUs.
+
+    >>> from treeattn.topo import Topology
+    >>> p = predict_token(Topology.from_spec("dgx-h100"), "llama-3.1-8b", 32768, Split(tp=8))
+    >>> p.merge, round(p.tpot_s * 1e3, 1) > 0
+    ('none', True)
+    """
+    from treeattn.sim.algorithms import SOURCES
+    from treeattn.sim.planner import plan
+
+    model = ModelConfig.from_name(model) if isinstance(model, str) else model
+    check_token_model(model)
+    check_split(model, split)
+    wdt, kdt = weights_dtype or model.dtype, kv_dtype or model.dtype
+    for name in (wdt, kdt):
+        if name not in STORAGE_DTYPE_BYTES:
+            raise SimError(f"unknown dtype {name!r}")
+    topo = deployment_topology(topology, split)
+    hw = resolve_hardware(topo, hardware)[0]
+    memory = memory_check(model, split, seq_len, batch, hw.memory_bytes, wdt, kdt)
+    act = STORAGE_DTYPE_BYTES[model.dtype]
+    parts: dict[str, float] = {}
+
+    reads = step_weight_reads(model, split.tp, STORAGE_DTYPE_BYTES[wdt], batch)
+    parts["weights"] = sum(count * (hw.compute_time(nbytes, flops) - hw.launch_s)
+                           for _, count, nbytes, flops in reads)
+    parts["kernels"] = kernels_per_step(model) * hw.launch_s
+
+    tp_ranks = list(range(split.tp))
+    hidden = batch * model.dim * act
+    parts["tp_all_reduce"] = (2 * model.n_layers + 1) * _collective("all_reduce", hidden, topo,
+                                                                    tp_ranks)
+    parts["lm_head_gather"] = _collective("all_gather", batch * model.vocab_size * act, topo,
+                                          tp_ranks)
+
+    view = attention_view(model, split, seq_len, batch, kdt)
+    if split.seq_ranks == 1:
+        local = group_workload(view) if split.attention_tp > 1 else view
+        layer_s = hw.compute_time(local.attention_bytes(seq_len), local.attention_flops(seq_len))
+        merge, system = "none", "no merge (the sequence on one rank)"
+    else:
+        chosen = plan(topo, view, hardware, backend, algorithms=algorithms,
+                      max_simulated=max_simulated)
+        layer_s, merge, system = chosen.latency_s, chosen.name, SOURCES[chosen.algorithm]
+    if split.dcp > 1:  # gather the DCP group's queries: B × (heads of tp/dcp ranks) × width
+        heads = model.n_heads // split.attention_tp
+        q_bytes = batch * heads * model.head_dim * act
+        group = cp_group(split.tp, split.attention_tp)
+        layer_s += _collective("all_gather", q_bytes, topo, group)
+    parts["attention"] = model.n_layers * layer_s
+    return TokenPrediction(model.name, split, seq_len, batch, wdt, kdt, parts, merge, system,
+                           memory, layer_s)
