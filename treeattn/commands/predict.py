@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from treeattn import atomic
-from treeattn.atomic import check_output_path
+from treeattn.atomic import check_distinct, check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
@@ -114,6 +114,7 @@ def handle_predict(args: argparse.Namespace) -> int:
 
 
 def handle_plan(args: argparse.Namespace) -> int:
+    check_distinct(args.output, args.trace)
     for path in (args.output, args.trace):
         if path:
             check_output_path(path)
