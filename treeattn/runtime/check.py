@@ -100,7 +100,9 @@ def bytes_needed(req: RunRequest, world: int, local_ranks: int | None = None) ->
     element = torch.empty((), dtype=DTYPES[req.dtype]).element_size()
     per_token = 2 * req.batch * req.n_kv_heads * req.head_dim * element
     seq = max(req.seq_lens)
-    shard = per_token * -(-seq // world)
+    # a plan file's own shards (one may hold far more than an even split would)
+    longest = max(req.plan_lengths) if req.plan_lengths else -(-seq // world)
+    shard = per_token * longest
     total = (local_ranks or world) * 3 * shard
     if req.reference and per_token * seq <= req.ref_limit_bytes:
         total += 2 * per_token * seq
