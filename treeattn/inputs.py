@@ -125,7 +125,8 @@ def load_json(text: str | bytes, source: str, max_depth: int = MAX_DEPTH):
         return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float,
                           parse_int=_bounded_int)
     except (ValueError, RecursionError) as exc:
-        raise InputError(f"{source}: not valid JSON ({str(exc).splitlines()[0][:160]})") from None
+        why = str(exc).splitlines()[0][:160]
+        raise InputError(f"cannot read {source}: not valid JSON ({why})") from None
 
 
 def read_json(path: str | os.PathLike, what: str, limit: int, max_depth: int = MAX_DEPTH):

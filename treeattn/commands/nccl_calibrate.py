@@ -50,6 +50,8 @@ def calibration_profile(files: list[str], topology_spec: str) -> dict:
     return {"format": "treeattn.profile", "version": VERSION, "kind": NCCL_TESTS_KIND,
             "backend": default_backend(topology.gpu_model(0)).name,
             "topology": topology_spec, "world": topology.num_gpus,
+            "gpu_model": topology.gpu_model(0),
+            "hosts": len({topology.host_of(i) for i in range(topology.num_gpus)}),
             "nccl_tests": calibration.to_json()}
 
 
