@@ -25,7 +25,7 @@ from treeattn.errors import UserError
 from treeattn.sim.collectives import GroupShape
 from treeattn.sim.devices import default_backend
 from treeattn.sim.nccl_fit import fit
-from treeattn.sim.nccl_tests import NCCL_TESTS_OPS, read_nccl_tests
+from treeattn.sim.nccl_tests import NCCL_TESTS_OPS, read_nccl_sections
 from treeattn.sim.profiles import NCCL_TESTS_KIND, VERSION
 
 
@@ -33,8 +33,8 @@ def _read(spec: str):
     """``FILE`` or ``OP:FILE`` (when the op cannot be read from the text or the name)."""
     op, _, path = spec.partition(":")
     if path and op in NCCL_TESTS_OPS and not Path(spec).exists():
-        return read_nccl_tests(path, op=op)
-    return read_nccl_tests(spec)
+        return read_nccl_sections(path, op=op)
+    return read_nccl_sections(spec)
 
 
 def calibration_profile(files: list[str], topology_spec: str) -> dict:
@@ -44,7 +44,14 @@ def calibration_profile(files: list[str], topology_spec: str) -> dict:
     topology = Topology.load(topology_spec)
     if topology.num_gpus < 2:
         raise UserError(f"topology {topology_spec!r} has {topology.num_gpus} GPU(s)")
-    tables = [_read(f) for f in files]
+    tables = [table for f in files for table in _read(f)]
+    hosts = len({topology.host_of(i) for i in range(topology.num_gpus)})
+    for table in tables:
+        if (table.notes.get("ranked_hosts") and table.hosts != hosts
+                and table.world == topology.num_gpus):  # else fit() names the rank count
+            raise UserError(f"{table.source}: field hosts: expected the topology's {hosts} "
+                            f"host(s), got {table.hosts} (its '# Rank' lines name "
+                            f"{table.hosts} hosts)")
     shape = GroupShape.of(topology, range(topology.num_gpus))
     calibration = fit(tables, shape)
     return {"format": "treeattn.profile", "version": VERSION, "kind": NCCL_TESTS_KIND,
