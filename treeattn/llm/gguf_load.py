@@ -151,6 +151,7 @@ def open_gguf(path: str | Path):
         raise ModelError(f"cannot read model file {path}: {exc.strerror or exc}") from None
     except Exception as exc:  # the reader raises ValueError/IndexError/... on bad bytes
         raise ModelError(f"{path} is not a valid GGUF file ({type(exc).__name__}: {exc})") from None
+    reader.treeattn_path = str(path)  # for field()'s messages
     for tensor in reader.tensors:
         if tensor.data.nbytes != tensor.n_bytes:
             raise ModelError(f"{path} is truncated: tensor {tensor.name} is incomplete")
@@ -162,7 +163,12 @@ def field(reader, key: str, default=None):
     entry = reader.fields.get(key)
     if entry is None:
         return default
-    return entry.contents()
+    try:
+        return entry.contents()
+    except (UnicodeDecodeError, ValueError, IndexError, TypeError) as exc:  # lying bytes
+        where = getattr(reader, "treeattn_path", "GGUF file")
+        raise ModelError(f"{where}: field {key}: expected a readable value, got bytes that "
+                         f"do not decode ({type(exc).__name__})") from None
 
 
 def config_from_gguf(reader, path: str | Path = "") -> LlamaConfig:

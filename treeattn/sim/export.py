@@ -135,7 +135,8 @@ class _StepReader:
         return self.int(value, where, 0, self.world - 1)
 
     def step(self, item, where: str):
-        if not isinstance(item, list) or not item or item[0] not in _ARITY:
+        if not isinstance(item, list) or not item or not isinstance(item[0], str) \
+                or item[0] not in _ARITY:
             self.fail(where, "a step list starting with one of " + ", ".join(_ARITY), item)
         kind, rest = item[0], item[1:]
         if len(rest) != _ARITY[kind]:

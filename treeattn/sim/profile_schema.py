@@ -21,7 +21,7 @@ Schema, version 1 (``[lo, hi]``: the accepted range; ``?``: optional)::
                   times_s?, spread?}}
     attention {bandwidth_Bps (0, 1e14], launch_s [0, 10], flops_per_s? (0, 1e18],
                threads_per_rank? [1, 4096], concurrent_ranks?, sizes?, times_s?, spread?}
-    executor? {step_overhead_s? [0, 1], program_step_s? [-1, 1], program_message_bytes?
+    executor? {step_overhead_s [0, 1], program_step_s? [-1, 1], program_message_bytes?
                [1, 2^40], program_tags? [1, 2^20], program_max_world? [2, 131072]}
     cold?    {merge_s?, message_s? [0, 10], collectives_s? {OP: [0, 10]}, world? integer,
               after_bytes? [0, 1e15]}
@@ -115,7 +115,7 @@ def check_profile(data, source: str) -> dict:
     attention.integer("concurrent_ranks", 1, MAX_WORLD, required=False)
     _series(attention, "sizes", "times_s", "spread")
     if (executor := f.obj("executor", required=False)) is not None:
-        executor.number("step_overhead_s", 0.0, 1.0, required=False)
+        executor.number("step_overhead_s", 0.0, 1.0)
         if executor.has("program_step_s"):
             executor.number("program_step_s", -1.0, 1.0)
             executor.integer("program_message_bytes", 1, 1 << 40)
@@ -141,8 +141,10 @@ def _check_cluster(f: Fields) -> None:
     f.integer("hosts", 1, MAX_WORLD, required=False)
     section = f.obj("nccl_tests")
     section.integer("world", 2, MAX_WORLD)
+    from treeattn.sim.nccl_fit import SCALE_NAMES
+
     scales = section.obj("scales")
-    for name in scales.data:
+    for name in {*SCALE_NAMES, *scales.data}:
         scales.number(name, 0.0, 1e6, lo_open=True)
     tables = section.obj("tables")
     for op in tables.data:
