@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from rich.console import Console
 from rich.table import Table
@@ -19,6 +20,7 @@ from treeattn.commands._args import parse_tokens
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.export import schedule_to_json, tagged, trace_json
+from treeattn.sim.plan_size import check_planning_size
 from treeattn.sim.profiles import plan_overrides
 from treeattn.sweep.rows import PICK, algorithm_rows
 
@@ -67,6 +69,9 @@ def _load(args: argparse.Namespace, seq_len: int):
     topo = Topology.load(args.topology)
     if topo.num_gpus < 2:
         raise SimError(f"topology {args.topology!r} has one GPU: there is no reduction to plan")
+    note = check_planning_size(topo.num_gpus, f"topology {args.topology!r}")
+    if note:
+        sys.stderr.write(note + "\n")
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
                               include_model=args.include_model, layout=args.layout, tp=args.tp)
     return topo, workload, plan_overrides(args.profile, topo)
