@@ -231,7 +231,8 @@ def check_against_tensors(config: LlamaConfig, reader, path) -> None:
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     if int(embd.shape[0]) != config.dim:
         raise ModelError(f"{path}: field llama.embedding_length: expected {int(embd.shape[0])} "
-                         f"(the width of token_embd.weight), got {config.dim}")
+                         f"(the width of token_embd.weight), got {config.dim}: the metadata "
+                         "and the tensors' dimensions disagree")
 
 
 def tensor_to_torch(tensor) -> torch.Tensor:
