@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -119,3 +120,85 @@ def test_sweep_output_checked_before_work(tmp_path, capsys):
     assert code == 2
     assert "no such directory" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "missing")
+
+
+# -- nothing already at the path is destroyed ---------------------------------------------
+
+def test_fifo_target_is_written_in_place_or_refused_never_replaced(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(OutputError, match="FIFO with no reader"):
+        atomic.write_text(fifo, "x")  # nobody reads: refused, not waited on
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        atomic.write_text(fifo, "through the pipe")
+        assert os.read(reader, 100) == b"through the pipe"
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def _device_like(tmp_path: Path, name: str, major: int, minor: int) -> Path:
+    node = tmp_path / name
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    except (PermissionError, OSError) as exc:
+        pytest.skip(f"cannot make a device node here: {exc}")
+    return node
+
+
+def test_a_device_node_is_written_through_and_stays_a_device(tmp_path):
+    null = _device_like(tmp_path, "null", 1, 3)  # the numbers of /dev/null
+    atomic.write_text(null, "discarded")
+    with atomic.atomic_path(null) as tmp:
+        assert tmp == null  # a writer that wants a name gets the device itself
+    assert stat.S_ISCHR(os.stat(null).st_mode)
+    full = _device_like(tmp_path, "full", 1, 7)  # /dev/full: every write fails ENOSPC
+    with pytest.raises(OutputError, match="cannot write"):
+        atomic.write_text(full, "no room")
+    assert stat.S_ISCHR(os.stat(full).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "null"]
+
+
+def test_plan_to_a_device_like_target_keeps_the_device(tmp_path, capsys):
+    from treeattn.cli import main
+
+    full = _device_like(tmp_path, "full", 1, 7)
+    code = main(["plan", "--topology", "local:ranks=2", "--model", "debug", "--seq-len", "64",
+                 "-o", str(full)])
+    assert code == 2 and "cannot write" in capsys.readouterr().err
+    assert stat.S_ISCHR(os.stat(full).st_mode)
+
+
+def test_read_only_target_is_refused_even_as_root(tmp_path):
+    kept = tmp_path / "kept.json"
+    kept.write_text("precious")
+    kept.chmod(0o444)
+    with pytest.raises(OutputError, match="read-only"):
+        atomic.write_text(kept, "new")
+    with pytest.raises(OutputError, match="read-only"):
+        atomic.check_output_path(kept)
+    assert kept.read_text() == "precious"
+
+
+def test_symlink_target_is_replaced_and_the_link_kept(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    atomic.write_text(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+
+
+def test_two_outputs_naming_one_file_are_refused_before_work(tmp_path, capsys):
+    from treeattn.cli import main
+
+    same = tmp_path / "same.json"
+    code = main(["plan", "--topology", "local:ranks=2", "--model", "debug", "--seq-len", "64",
+                 "-o", str(same), "--trace", str(tmp_path / "." / "same.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "two outputs name the same file" in err, err
+    assert not same.exists()
+    atomic.check_distinct(tmp_path / "a", None, tmp_path / "b")

@@ -9,6 +9,15 @@ temporary is removed and the previous output is left exactly as it was.
 A folder of outputs (a sweep's tables and plots) is built whole in a sibling temporary folder
 and then swapped in, so an interrupted sweep never leaves new tables beside old plots.
 
+What is already at the path is never destroyed. A special file (a FIFO, a character
+device such as ``/dev/null``) is written in place, never renamed over: the rename would put
+a regular file where the device node was, which as root silently breaks the system. A FIFO
+with no reader, a block device or a socket is refused rather than waited on. A read-only
+file is refused, even as root where the permission bits do not stop a write: the user made
+it read-only to keep it. A symbolic link is followed: its target is replaced, the link stays.
+Two outputs of one command that name the same file are refused before any work starts
+(:func:`check_distinct`).
+
 Failures become :class:`OutputError`, a :class:`~treeattn.errors.UserError`, so the CLI
 prints one ``error: cannot write PATH: REASON`` line instead of a traceback.
 
@@ -19,8 +28,10 @@ ours: the commands hand ``topo`` a temporary path from :func:`atomic_path`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,23 +47,73 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
 
 
+def _resolved(path: str | os.PathLike) -> Path:
+    """``path`` with a symbolic link followed, so the link's target is what gets replaced."""
+    target = Path(path)
+    return Path(os.path.realpath(target)) if target.is_symlink() else target
+
+
+def _written_in_place(target: Path) -> bool:
+    """Whether ``target`` is a special file that is written through, never renamed over."""
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
 def check_output_path(path: str | os.PathLike, *, folder: bool = False) -> Path:
     """Fail early, before any work, if ``path`` cannot be written.
 
     The parent folder must exist and be writable, and the path itself must not be a folder
-    (for a file) or a file (for a folder). Returns the path as a :class:`Path`.
+    (for a file) or a file (for a folder). An existing target must be a regular file with a
+    write permission bit set (checked on the bits, so root is refused too), or a character
+    device or FIFO (written in place). Returns the path as a :class:`Path` (a symbolic link
+    resolved to its target).
     """
-    target = Path(path)
+    shown = str(path)
+    target = _resolved(path)
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise OutputError(f"cannot write {str(target)!r}: no such directory {str(parent)!r}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot write {str(target)!r}: permission denied on {str(parent)!r}")
+        raise OutputError(f"cannot write {shown!r}: no such directory {str(parent)!r}")
     if folder and target.exists() and not target.is_dir():
-        raise OutputError(f"cannot write folder {str(target)!r}: a file of that name exists")
+        raise OutputError(f"cannot write folder {shown!r}: a file of that name exists")
     if not folder and target.is_dir():
-        raise OutputError(f"cannot write {str(target)!r}: it is a directory")
+        raise OutputError(f"cannot write {shown!r}: it is a directory")
+    try:
+        st = os.stat(target)
+    except OSError:
+        st = None
+    if st is not None and not folder:
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+            if not os.access(target, os.W_OK):
+                raise OutputError(f"cannot write {shown!r}: permission denied")
+            return target  # written in place; its folder need not be writable
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputError(f"cannot write {shown!r}: it is not a regular file (a block "
+                              "device or socket), and it will not be replaced")
+        if not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+            raise OutputError(f"cannot write {shown!r}: it is read-only (mode "
+                              f"{stat.S_IMODE(st.st_mode):o}); it will not be replaced")
+        if not os.access(target, os.W_OK):
+            raise OutputError(f"cannot write {shown!r}: permission denied")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {shown!r}: permission denied on {str(parent)!r}")
     return target
+
+
+def check_distinct(*paths: str | os.PathLike | None) -> None:
+    """Refuse two outputs of one command that name the same file (``-o x --trace x``), by
+    their resolved paths, so that neither silently overwrites the other; ``None`` skipped."""
+    seen: dict[str, str] = {}
+    for path in paths:
+        if path is None or str(path) == "":
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise OutputError(f"two outputs name the same file: {seen[key]!r} and "
+                              f"{str(path)!r}; give each its own path")
+        seen[key] = str(path)
 
 
 @contextlib.contextmanager
@@ -62,6 +123,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     For writers that insist on a file name (``matplotlib.savefig``, ``Topology.draw``).
     """
     target = check_output_path(path)
+    if _written_in_place(target):
+        try:
+            yield target  # a device or FIFO: written through, never replaced
+        except OSError as exc:
+            raise OutputError(f"cannot write {str(path)!r}: {_reason(exc)}") from None
+        return
     try:
         fd, tmp_name = tempfile.mkstemp(
             dir=target.parent, prefix=f".{target.name}.", suffix=f".tmp{target.suffix}"
@@ -89,12 +156,35 @@ def _fsync_file(path: Path) -> None:
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file, fsync, rename)."""
-    with atomic_path(path) as tmp:
+    """Write ``data`` to ``path`` atomically (temp file, fsync, rename); a character device
+    or a FIFO with a reader is written in place (a FIFO without one is refused, not waited
+    on)."""
+    target = check_output_path(path)
+    if _written_in_place(target):
+        _write_through(target, str(path), data)
+        return
+    with atomic_path(target) as tmp:
         with open(tmp, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def _write_through(target: Path, shown: str, data: bytes) -> None:
+    try:  # O_NONBLOCK: opening a FIFO nobody reads fails (ENXIO) instead of blocking
+        fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        why = "a FIFO with no reader" if exc.errno == errno.ENXIO else _reason(exc)
+        raise OutputError(f"cannot write {shown!r}: {why}") from None
+    try:
+        os.set_blocking(fd, True)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        raise OutputError(f"cannot write {shown!r}: {_reason(exc)}") from None
+    finally:
+        os.close(fd)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -300,7 +300,7 @@ def _distributed(args, loaded, prompt, segment, stream, world, sampling, topolog
     model, eos_id = loaded.model, loaded.tokenizer.eos_id
     cached = args.context_tokens + len(prompt)
     if args.plan:
-        schedule = planned_schedule(args.plan, world)
+        schedule = planned_schedule(args.plan, world, model.config, args.dtype)
     else:
         topology, models = planning_models(args, world, topology)
         schedule = make_schedule(args.algorithm, world, model.config,
@@ -332,24 +332,35 @@ def planning_models(args, world: int, topology):
     return planned, (hardware, backend)
 
 
-def planned_schedule(path: str, world: int):
-    """The schedule of a plan file (``treeattn plan -o``), for a group of ``world`` ranks.
+def planned_schedule(path: str, world: int, config=None, dtype: str | None = None):
+    """The schedule of a plan file (``treeattn plan -o``), for a group of ``world`` ranks,
+    checked in full first (:func:`treeattn.sim.plan_file.read_plan`).
 
-    The schedule's steps are what run; message sizes follow this model's shapes, which is
-    what lets a plan made for a model's registry shape drive its real decode.
+    The schedule's steps are what run; message sizes follow this model's shapes. So the plan
+    must have been made for this attention shape (query heads, KV heads, head dim of
+    ``config``): another shape is refused with what differs. A plan priced for another
+    cache dtype still runs correctly and gets a warning (its prices assumed other sizes).
     """
-    import json
-    from pathlib import Path
+    from treeattn.llm.options import dtype_of
+    from treeattn.sim.plan_file import read_plan
 
-    from treeattn.sim.export import check_tag, schedule_from_json
-
-    try:
-        record = check_tag(json.loads(Path(path).read_text()), "plan", path)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read plan {path}: {exc}") from None
-    schedule = schedule_from_json(record.get("schedule"), path)
+    checked = read_plan(path)
+    schedule = checked.schedule
     if schedule.world != world:
         raise UserError(f"plan {path} is for {schedule.world} ranks; this run has {world}")
+    if config is not None:
+        m = checked.model
+        planned = (m.n_heads, m.n_kv_heads, m.head_dim)
+        here = (config.n_heads, config.n_kv_heads, config.head_dim)
+        if planned != here:
+            raise UserError(f"plan {path}: field model: expected a model of this run's shape "
+                            f"({here[0]} query heads, {here[1]} KV heads, head dim {here[2]}), "
+                            f"got {m.name} ({planned[0]}, {planned[1]}, {planned[2]})")
+    if dtype is not None:
+        size = dtype_of(dtype).itemsize
+        if size != checked.model.dtype_bytes:
+            sys.stderr.write(f"warning: plan {path} was priced for a {checked.model.dtype} "
+                             f"cache; this run's is {dtype}\n")
     return schedule
 
 

@@ -26,15 +26,15 @@ from treeattn.sim.devices import default_backend
 from treeattn.sim.host.profiles import NCCL_TESTS_KIND, VERSION
 from treeattn.sim.nccl.collectives import GroupShape
 from treeattn.sim.nccl.fit import fit
-from treeattn.sim.nccl.nccltests import NCCL_TESTS_OPS, read_nccl_tests
+from treeattn.sim.nccl.nccltests import NCCL_TESTS_OPS, read_nccl_sections
 
 
 def _read(spec: str):
     """``FILE`` or ``OP:FILE`` (when the op cannot be read from the text or the name)."""
     op, _, path = spec.partition(":")
     if path and op in NCCL_TESTS_OPS and not Path(spec).exists():
-        return read_nccl_tests(path, op=op)
-    return read_nccl_tests(spec)
+        return read_nccl_sections(path, op=op)
+    return read_nccl_sections(spec)
 
 
 def calibration_profile(files: list[str], topology_spec: str) -> dict:
@@ -44,12 +44,21 @@ def calibration_profile(files: list[str], topology_spec: str) -> dict:
     topology = Topology.load(topology_spec)
     if topology.num_gpus < 2:
         raise UserError(f"topology {topology_spec!r} has {topology.num_gpus} GPU(s)")
-    tables = [_read(f) for f in files]
+    tables = [table for f in files for table in _read(f)]
+    hosts = len({topology.host_of(i) for i in range(topology.num_gpus)})
+    for table in tables:
+        if (table.notes.get("ranked_hosts") and table.hosts != hosts
+                and table.world == topology.num_gpus):  # else fit() names the rank count
+            raise UserError(f"{table.source}: field hosts: expected the topology's {hosts} "
+                            f"host(s), got {table.hosts} (its '# Rank' lines name "
+                            f"{table.hosts} hosts)")
     shape = GroupShape.of(topology, range(topology.num_gpus))
     calibration = fit(tables, shape)
     return {"format": "treeattn.profile", "version": VERSION, "kind": NCCL_TESTS_KIND,
             "backend": default_backend(topology.gpu_model(0)).name,
             "topology": topology_spec, "world": topology.num_gpus,
+            "gpu_model": topology.gpu_model(0),
+            "hosts": len({topology.host_of(i) for i in range(topology.num_gpus)}),
             "nccl_tests": calibration.to_json()}
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from rich.console import Console
 
 from treeattn import atomic
-from treeattn.atomic import check_output_path
+from treeattn.atomic import check_distinct, check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.commands.token import (
@@ -27,6 +28,7 @@ from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.export import schedule_to_json, tagged, trace_json
 from treeattn.sim.host.profiles import plan_overrides
+from treeattn.sim.plan_size import check_planning_size
 from treeattn.sim.prefill import SOURCES as SOURCES_PREFILL
 from treeattn.sweep.rows import PICK, algorithm_rows
 
@@ -90,6 +92,9 @@ def _load(args: argparse.Namespace, seq_len: int):
     topo = Topology.load(args.topology)
     if topo.num_gpus < 2:
         raise SimError(f"topology {args.topology!r} has one GPU: there is no reduction to plan")
+    note = check_planning_size(topo.num_gpus, f"topology {args.topology!r}")
+    if note:
+        sys.stderr.write(note + "\n")
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
                               include_model=args.include_model, layout=args.layout, tp=args.tp)
     return topo, workload, plan_overrides(args.profile, topo)
@@ -185,6 +190,7 @@ def handle_predict(args: argparse.Namespace) -> int:
 def handle_plan(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         return handle_plan_gpus(args)
+    check_distinct(args.output, args.trace)
     for path in (args.output, args.trace):
         if path:
             check_output_path(path)

@@ -11,7 +11,6 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
@@ -206,27 +205,18 @@ def _apply_plan(args: argparse.Namespace) -> tuple[dict | None, tuple[int, ...] 
         if not args.seq_len:
             raise UserError("run needs --seq-len (or --plan)")
         return None, None
-    from treeattn.sim.export import check_tag
-    from treeattn.sim.workload import ModelConfig
+    from treeattn.sim.plan_file import read_plan
 
-    try:
-        record = json.loads(Path(args.plan).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read plan {args.plan}: {exc}") from None
-    record = check_tag(record, "plan", args.plan)
     if args.seq_len or args.algorithm:
         raise UserError("--plan fixes the context and the algorithm: drop --seq-len and "
                         "--algorithm")
-    try:
-        model = ModelConfig.from_name(record["model"])
-        lengths = tuple(int(n) for n in record["shard_lengths"])
-        args.seq_len, args.algorithm = [int(record["seq_len"])], ["plan"]
-        args.batch = int(record.get("batch", 1))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"plan {args.plan} is malformed ({exc})") from None
+    checked = read_plan(args.plan)  # every field, every size, deadlock: before any rank
+    model = checked.model
+    args.seq_len, args.algorithm = [checked.workload.seq_len], ["plan"]
+    args.batch = checked.workload.batch
     args.heads, args.kv_heads, args.head_dim = model.n_heads, model.n_kv_heads, model.head_dim
     args.dtype = model.dtype
-    return record["schedule"], lengths
+    return checked.record["schedule"], checked.shard_lengths
 
 
 def build_request(args: argparse.Namespace):

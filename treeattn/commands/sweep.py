@@ -81,6 +81,10 @@ def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
     points = expand_grid(args.topology or ["dgx-h100"], models, seq_lens, args.nodes,
                          args.batch or [1], args.tp)
     topologies = check_points(points)  # fail on bad input before any work or progress output
+    from treeattn.sim.plan_size import check_planning_size
+
+    for spec, topology in topologies.items():
+        check_planning_size(topology.num_gpus, f"topology {spec!r}")
     profile = None
     if args.profile:
         from treeattn.sim.host.profiles import load_profile, plan_overrides

@@ -44,12 +44,14 @@ from treeattn.llm.formats.weights import load_model
 from treeattn.llm.generate import Generation, greedy_decode
 from treeattn.llm.options import Sampler, Sampling, body_dtype, dtype_of, place_model
 from treeattn.llm.prefill import sharded_prefill
+from treeattn.runtime.agreement import agree_at_setup
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.plans import build, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims
+from treeattn.sim.export import schedule_to_json
 from treeattn.sim.schedule import Schedule
 
 GENERATE_TIMEOUT_S = 60.0  # per wait on a peer: ranks load the model at different speeds
@@ -149,6 +151,11 @@ def rank_generate(ctx: RankContext, request: GenerateRequest, loaded=None) -> di
         raise RuntimeFailure(f"rank {ctx.rank}: the decode plan is for {request.schedule.world} "
                              f"ranks, but this group has {ctx.world}")
     loaded = loaded or load_model(request.model)
+    cfg = loaded.model.config
+    agree_at_setup(ctx, schedule=schedule_to_json(request.schedule),
+                   shapes=(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dim),
+                   dtype=request.dtype, prompt=request.prompt_ids,
+                   tokens=(request.max_new_tokens, request.context_tokens))
     model = place_model(loaded.model, ctx.device, dtype_of(request.dtype))
     prompt = list(request.prompt_ids)
     cfg = model.config

@@ -32,6 +32,7 @@ import torch
 
 from treeattn.kernels import partial_attention
 from treeattn.kernels.reference import naive_attention
+from treeattn.runtime.agreement import agree_at_setup
 from treeattn.runtime.calibrate import calibrate_in_group
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, all_gather_objects, broadcast_object
@@ -100,7 +101,9 @@ def bytes_needed(req: RunRequest, world: int, local_ranks: int | None = None) ->
     element = torch.empty((), dtype=DTYPES[req.dtype]).element_size()
     per_token = 2 * req.batch * req.n_kv_heads * req.head_dim * element
     seq = max(req.seq_lens)
-    shard = per_token * -(-seq // world)
+    # a plan file's own shards (one may hold far more than an even split would)
+    longest = max(req.plan_lengths) if req.plan_lengths else -(-seq // world)
+    shard = per_token * longest
     total = (local_ranks or world) * 3 * shard
     if req.reference and per_token * seq <= req.ref_limit_bytes:
         total += 2 * per_token * seq
@@ -304,6 +307,10 @@ def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
     At each ``seq_len`` the algorithms are timed interleaved, one step of each per round.
     """
     dims = req.dims
+    agree_at_setup(ctx, plan=req.plan, shard_lengths=req.plan_lengths,
+                   shapes=(req.batch, req.n_heads, req.n_kv_heads, req.head_dim),
+                   dtype=req.dtype, seq_lens=req.seq_lens, algorithms=req.algorithms,
+                   params=req.params, native=req.native)
     profile = req.profile
     if req.check and profile is None and req.topology is None:
         profile = broadcast_object(ctx, calibrate_in_group(

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 
-from treeattn.sim.payloads import SimError
+from treeattn.inputs import kind_of
+from treeattn.sim.payloads import COLLECTIVE_OPS, COMPUTE_LABELS, MERGE_OPS, PAYLOADS, SimError
 from treeattn.sim.schedule import OUTPUT_LAYOUTS, Collective, Compute, Merge, Recv, Schedule, Send
 
 FORMAT_VERSION = 1
@@ -88,27 +89,85 @@ def _step_to_json(step) -> list:
     raise SimError(f"cannot export step {step!r}")
 
 
-def _step_from_json(item):
-    kind, *rest = item
-    if kind == "compute":
-        label, nbytes, flops = rest
-        return Compute(label, int(nbytes), int(flops))
-    if kind == "send":
-        dst, nbytes, tag, payload, chunk = rest
-        return Send(int(dst), int(nbytes), int(tag), payload, tuple(chunk) if chunk else None)
-    if kind == "recv":
-        src, nbytes, tag, payload, chunk, reduce = rest
-        return Recv(int(src), int(nbytes), int(tag), payload, tuple(chunk) if chunk else None,
-                    bool(reduce))
-    if kind == "merge":
-        nbytes, op, tag = rest
-        return Merge(int(nbytes), op, None if tag is None else int(tag))
-    if kind == "collective":
+# Bounds on what a plan file may say; generated schedules stay far below every one.
+MAX_WORLD = 1 << 17  # ranks (the largest topology is 65,536 GPUs)
+MAX_NBYTES = 1 << 50  # bytes one step moves or touches (1 PiB)
+MAX_TAG = 1 << 62
+MAX_CHUNKS = 1 << 20
+_ARITY = {"compute": 3, "send": 5, "recv": 6, "merge": 3, "collective": 7}
+
+
+class _StepReader:
+    """Strict reading of one step list: exact arity, integers that are integers (not
+    ``true``, not ``"3"``), names from the IR's tables; errors name the step's field."""
+
+    def __init__(self, source: str, world: int) -> None:
+        self.source, self.world = source, world
+
+    def fail(self, where: str, expected: str, value) -> None:
+        raise SimError(f"{self.source}: malformed schedule: field {where}: expected "
+                       f"{expected}, got {kind_of(value)}")
+
+    def int(self, value, where: str, lo: int, hi: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            self.fail(where, f"an integer in [{lo}, {hi}]", value)
+        return value
+
+    def name(self, value, where: str, names) -> str:
+        if not isinstance(value, str) or value not in names:
+            self.fail(where, "one of " + ", ".join(map(str, names)), value)
+        return value
+
+    def flag(self, value, where: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(where, "true or false", value)
+        return value
+
+    def chunk(self, value, where: str) -> tuple[int, int] | None:
+        if value is None:
+            return None
+        if not isinstance(value, list) or len(value) != 2:
+            self.fail(where, "null or [index, count]", value)
+        count = self.int(value[1], f"{where}[1]", 1, MAX_CHUNKS)
+        return self.int(value[0], f"{where}[0]", 0, count - 1), count
+
+    def rank(self, value, where: str) -> int:
+        return self.int(value, where, 0, self.world - 1)
+
+    def step(self, item, where: str):
+        if not isinstance(item, list) or not item or not isinstance(item[0], str) \
+                or item[0] not in _ARITY:
+            self.fail(where, "a step list starting with one of " + ", ".join(_ARITY), item)
+        kind, rest = item[0], item[1:]
+        if len(rest) != _ARITY[kind]:
+            self.fail(where, f"a {kind} step of {_ARITY[kind] + 1} items",
+                      f"{len(item)} items")
+        at = [f"{where}[{k}]" for k in range(1, len(item))]
+        if kind == "compute":
+            return Compute(self.name(rest[0], at[0], COMPUTE_LABELS),
+                           self.int(rest[1], at[1], 0, MAX_NBYTES),
+                           self.int(rest[2], at[2], 0, MAX_NBYTES * 1024))
+        if kind in ("send", "recv"):
+            step = (Send if kind == "send" else Recv)(
+                self.rank(rest[0], at[0]), self.int(rest[1], at[1], 0, MAX_NBYTES),
+                self.int(rest[2], at[2], 0, MAX_TAG), self.name(rest[3], at[3], PAYLOADS),
+                self.chunk(rest[4], at[4]),
+                *([self.flag(rest[5], at[5])] if kind == "recv" else []))
+            return step
+        if kind == "merge":
+            tag = None if rest[2] is None else self.int(rest[2], at[2], 0, MAX_TAG)
+            return Merge(self.int(rest[0], at[0], 0, MAX_NBYTES),
+                         self.name(rest[1], at[1], MERGE_OPS), tag)
         op, group, nbytes, payload, tag, sharded, root = rest
-        return Collective(op, tuple(int(m) for m in group), int(nbytes), payload,
-                          None if tag is None else int(tag), bool(sharded),
-                          None if root is None else int(root))
-    raise ValueError(f"unknown step kind {kind!r}")
+        if not isinstance(group, list) or not 1 <= len(group) <= self.world:
+            self.fail(at[1], f"a list of 1 to {self.world} ranks", group)
+        members = tuple(self.rank(m, f"{at[1]}[{k}]") for k, m in enumerate(group))
+        return Collective(self.name(op, at[0], COLLECTIVE_OPS), members,
+                          self.int(nbytes, at[2], 0, MAX_NBYTES),
+                          self.name(payload, at[3], PAYLOADS),
+                          None if tag is None else self.int(tag, at[4], 0, MAX_TAG),
+                          self.flag(sharded, at[5]),
+                          None if root is None else self.rank(root, at[6]))
 
 
 def schedule_to_json(schedule: Schedule) -> dict:
@@ -123,14 +182,33 @@ def schedule_to_json(schedule: Schedule) -> dict:
 
 
 def schedule_from_json(data: dict, source: str = "plan") -> Schedule:
-    """The schedule of a plan file, validated (one-line :class:`SimError` otherwise)."""
+    """The schedule of a plan file, read strictly and validated (one-line :class:`SimError`
+    naming the field otherwise): every field's type and range, then matching sends and
+    receives, collective groups and their order, merges, and a symbolic run that refuses a
+    schedule that would deadlock, naming the ranks and steps."""
     data = check_tag(data, "schedule", source)
+    reader = _StepReader(source, 1)
+    world = data.get("world")
+    reader.int(world, "world", 1, MAX_WORLD)
+    reader.world = world
+    ranks = data.get("steps")
+    if not isinstance(ranks, list) or len(ranks) != world:
+        reader.fail("steps", f"a list of one step list per rank ({world})", ranks)
+    steps = []
+    for r, rank in enumerate(ranks):
+        if not isinstance(rank, list):
+            reader.fail(f"steps[{r}]", "a list of steps", rank)
+        steps.append([reader.step(item, f"steps[{r}][{i}]") for i, item in enumerate(rank)])
+    layout = data.get("output_layout", "replicated")
+    reader.name(layout, "output_layout", OUTPUT_LAYOUTS)
+    algorithm = data.get("algorithm")
+    if not isinstance(algorithm, str) or not 0 < len(algorithm) <= 100:
+        reader.fail("algorithm", "the algorithm's name", algorithm)
+    params = data.get("params", {})
+    if not isinstance(params, dict):
+        reader.fail("params", "an object", params)
+    schedule = Schedule(algorithm, steps, dict(params), layout)
     try:
-        steps = [[_step_from_json(item) for item in rank] for rank in data["steps"]]
-        layout = data.get("output_layout", "replicated")
-        if layout not in OUTPUT_LAYOUTS or len(steps) != int(data["world"]):
-            raise ValueError("world or layout does not match the steps")
-        schedule = Schedule(str(data["algorithm"]), steps, dict(data.get("params", {})), layout)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SimError(f"{source}: malformed schedule ({exc})") from None
-    return schedule.validate()
+        return schedule.validate()
+    except SimError as exc:
+        raise type(exc)(f"{source}: {exc}") from None

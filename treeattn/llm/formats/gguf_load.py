@@ -151,6 +151,7 @@ def open_gguf(path: str | Path):
         raise ModelError(f"cannot read model file {path}: {exc.strerror or exc}") from None
     except Exception as exc:  # the reader raises ValueError/IndexError/... on bad bytes
         raise ModelError(f"{path} is not a valid GGUF file ({type(exc).__name__}: {exc})") from None
+    reader.treeattn_path = str(path)  # for field()'s messages
     for tensor in reader.tensors:
         if tensor.data.nbytes != tensor.n_bytes:
             raise ModelError(f"{path} is truncated: tensor {tensor.name} is incomplete")
@@ -162,7 +163,12 @@ def field(reader, key: str, default=None):
     entry = reader.fields.get(key)
     if entry is None:
         return default
-    return entry.contents()
+    try:
+        return entry.contents()
+    except (UnicodeDecodeError, ValueError, IndexError, TypeError) as exc:  # lying bytes
+        where = getattr(reader, "treeattn_path", "GGUF file")
+        raise ModelError(f"{where}: field {key}: expected a readable value, got bytes that "
+                         f"do not decode ({type(exc).__name__})") from None
 
 
 def config_from_gguf(reader, path: str | Path = "") -> LlamaConfig:
@@ -185,7 +191,7 @@ def config_from_gguf(reader, path: str | Path = "") -> LlamaConfig:
         raise ModelError(f"{path} lacks a 2-D tensor token_embd.weight")
     try:
         n_heads = int(need("attention.head_count"))
-        return LlamaConfig(
+        config_from_meta = LlamaConfig(
             dim=int(need("embedding_length")),
             n_layers=int(need("block_count")),
             n_heads=n_heads,
@@ -200,6 +206,33 @@ def config_from_gguf(reader, path: str | Path = "") -> LlamaConfig:
         )
     except (TypeError, ValueError, OverflowError) as exc:  # a string where a number belongs
         raise ModelError(f"{path} has malformed llama.* metadata ({exc})") from None
+    check_against_tensors(config_from_meta, reader, path)
+    return config_from_meta
+
+
+def check_against_tensors(config: LlamaConfig, reader, path) -> None:
+    """Refuse metadata the file's own tensors contradict, before anything is built from it.
+
+    A 14 KB file can claim 10^9 blocks: a model of that many layers would be built (and a
+    core kept busy for minutes) before any weight is found missing. The block count must be
+    the number of ``blk.N`` groups present (0..N-1), and the embedding width that of
+    ``token_embd.weight``; every count is then bounded by what the file holds.
+    """
+    blocks = set()
+    for tensor in reader.tensors:
+        prefix, _, rest = tensor.name.partition(".")
+        index = rest.partition(".")[0]
+        if prefix == "blk" and index.isascii() and index.isdigit() and len(index) < 7:
+            blocks.add(int(index))
+    if config.n_layers != len(blocks) or blocks != set(range(len(blocks))):
+        raise ModelError(f"{path}: field llama.block_count: expected the {len(blocks)} blocks "
+                         f"its tensors hold (blk.0..blk.{len(blocks) - 1}), got "
+                         f"{config.n_layers}")
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    if int(embd.shape[0]) != config.dim:
+        raise ModelError(f"{path}: field llama.embedding_length: expected {int(embd.shape[0])} "
+                         f"(the width of token_embd.weight), got {config.dim}: the metadata "
+                         "and the tensors' dimensions disagree")
 
 
 def tensor_to_torch(tensor) -> torch.Tensor:

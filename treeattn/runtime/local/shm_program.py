@@ -49,11 +49,12 @@ from treeattn.kernels.checks import check_partial_inputs
 from treeattn.kernels.dispatch import choose_backend
 from treeattn.runtime.errors import RankTimeout, RuntimeFailure
 from treeattn.runtime.group import silent_ranks_text
+from treeattn.runtime.local.shm import SLOT_BYTES
 from treeattn.runtime.wire import message_numel
 from treeattn.sim.host.partial_reduction import RECV_MERGE, SEND, reduction_ops
 
 SOURCES = (Path(__file__).with_name("native") / "shm_program.c", *cpu_native.SOURCES)
-ABI_VERSION = 3
+ABI_VERSION = 4
 OP_SEND, OP_RECV_MERGE, OP_RECV_REPLACE = 0, 1, 2  # the C file's op kinds
 OK, TIMED_OUT, WRONG_SIZE = 0, 1, 2  # its return codes (anything else: a bad program)
 SPIN_S = 0.3e-3  # busy-wait before sleeping, as the Python channel's 2000 checks do
@@ -70,10 +71,11 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         return None, f"the shared-memory program library is unavailable: {exc}"
     fn = lib.treeattn_shm_program
     fn.restype = ctypes.c_int
-    # fixed per program: ops, n_ops, scratch, rows, d, spin_s, stamps, failed;
-    # per call: attention (kernel arguments or NULL), scale, running, out, timeout_s
+    # fixed per program: ops, n_ops, scratch, rows, d, spin_s, stamps, failed, bounds
+    # (segment start, end, slot bytes, scratch partials); per call: attention (kernel
+    # arguments or NULL), scale, running, out, timeout_s
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 2
-                   + [ctypes.c_double] + [ctypes.c_void_p] * 3 + [ctypes.c_float]
+                   + [ctypes.c_double] + [ctypes.c_void_p] * 4 + [ctypes.c_float]
                    + [ctypes.c_void_p] * 2 + [ctypes.c_double])
     return lib, ""
 
@@ -107,12 +109,16 @@ class ShmProgram:
         # attention start, end; each op's start, end; each receive's arrival (the C file's)
         self.stamps = np.zeros(2 + 3 * n)
         self.failed = ctypes.c_int64(0)
+        seg = channel.seg  # the C code refuses any op outside it (and past a slot)
+        self.bounds = np.array([seg.ctypes.data, seg.ctypes.data + seg.nbytes, SLOT_BYTES,
+                                max(1, receives)], dtype=np.int64)
         spin_s = SPIN_S if channel.spin_checks > 0 else 0.0
         # The arguments that never change, as plain ints made once: a decode step calls
         # this per layer with cold caches, where every attribute lookup costs.
         self.call = _load()[0].treeattn_shm_program
         self.fixed = (self.table.ctypes.data, n, self.scratch.data_ptr(), rows, head_dim, spin_s,
-                      self.stamps.ctypes.data, ctypes.addressof(self.failed))
+                      self.stamps.ctypes.data, ctypes.addressof(self.failed),
+                      self.bounds.ctypes.data)
         # The timeline's rows as (step index, name, start stamp, end stamp), made once.
         self.template = [(0, names[0], 0, 1)]
         for k, (kind, _, index, _) in enumerate(ops):

@@ -84,8 +84,13 @@ class Tree:
     def __post_init__(self) -> None:
         object.__setattr__(self, "parent", tuple(int(x) for x in self.parent))
         p = len(self.parent)
-        if not 0 <= self.root < p or self.parent[self.root] != -1:
-            raise SimError(f"tree root {self.root} must be a rank with parent -1")
+        if not 0 <= self.root < p:
+            raise SimError(f"tree root {self.root} is not one of the tree's {p} ranks")
+        if self.parent[self.root] != -1:
+            roots = [v for v, u in enumerate(self.parent) if u == -1][:4]
+            raise SimError(f"tree root {self.root} has parent {self.parent[self.root]}: the "
+                           f"root's parent must be -1 (ranks with parent -1: "
+                           f"{roots or 'none'})")
         for v, u in enumerate(self.parent):
             if v != self.root and not 0 <= u < p:
                 raise SimError(f"tree: rank {v} has invalid parent {u}")

@@ -49,10 +49,12 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from treeattn.inputs import InputError, read_json
 from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
 from treeattn.sim.host.cold import cold_from_profile
 from treeattn.sim.host.partial_reduction import ProgramCosts
 from treeattn.sim.payloads import SimError
+from treeattn.sim.profile_schema import NCCL_TESTS_KIND, check_profile, refuse_if_foreign
 
 VERSION = 1
 # Decode attention on a CPU is memory-bound; when the profile has no FLOP rate we take one
@@ -70,8 +72,13 @@ def _positive(profile: dict, section: str, key: str, allow_zero: bool = False) -
     return value
 
 
+MAX_PROFILE_BYTES = 16 << 20  # a profile is a few KB; an nccl-tests one a few hundred
+
+
 def load_profile(source: str | Path | dict) -> dict:
-    """Read and check a calibration profile (a path or an already-parsed dict).
+    """Read and check a calibration profile (a path or an already-parsed dict) against the
+    schema of :mod:`treeattn.sim.profile_schema`: a regular file of bounded size, bounded
+    nesting, numbers only where numbers belong, finite and in range, required keys present.
 
     >>> p = load_profile({"version": 1, "backend": "gloo", "world": 2, "cores": 4,
     ...                   "p2p": {"latency_s": 3e-5, "bandwidth_Bps": 2e9},
@@ -79,32 +86,24 @@ def load_profile(source: str | Path | dict) -> dict:
     >>> p["world"]
     2
     """
-    if isinstance(source, dict):
-        profile = source
-    else:
-        try:
-            profile = json.loads(Path(source).read_text())
-        except (OSError, ValueError) as exc:
-            raise SimError(f"cannot read profile {source}: {exc}") from None
-    if not isinstance(profile, dict) or profile.get("version") != VERSION:
-        raise SimError(f"calibration profile must be a JSON object with version {VERSION}")
-    if profile.get("kind") == NCCL_TESTS_KIND:
-        _nccl_calibration(profile)  # raises on a malformed section
-        return profile
-    for key in ("world", "cores"):
-        if not isinstance(profile.get(key), int) or profile[key] < 1:
-            raise SimError(f"calibration profile: {key} must be a positive integer")
-    _positive(profile, "p2p", "latency_s", allow_zero=True)
-    _positive(profile, "p2p", "bandwidth_Bps")
-    _positive(profile, "attention", "bandwidth_Bps")
-    _positive(profile, "attention", "launch_s", allow_zero=True)
+    try:
+        if isinstance(source, dict):
+            profile, name = source, "calibration profile"
+        else:
+            profile = read_json(source, "profile", MAX_PROFILE_BYTES)
+            name = f"profile {source}"
+        check_profile(profile, name)
+        if profile.get("kind") == NCCL_TESTS_KIND:
+            _nccl_calibration(profile)  # raises on a malformed section
+    except InputError as exc:
+        raise SimError(str(exc)) from None
     return profile
 
 
 # A profile of a GPU cluster, calibrated from nccl-tests output (``calibrate --nccl-tests``):
 #   {"version": 1, "kind": "nccl-tests", "backend": "nccl"|"rccl", "topology": NAME,
-#    "world": N, "nccl_tests": {"world", "scales", "tables", "residuals", "sources"}}
-NCCL_TESTS_KIND = "nccl-tests"
+#    "gpu_model": MODEL, "hosts": H, "world": N,
+#    "nccl_tests": {"world", "scales", "tables", "residuals", "sources"}}
 
 
 def _nccl_calibration(profile: dict):
@@ -127,11 +126,13 @@ def plan_overrides(profile, topology) -> dict:
     --nccl-tests``), which must have been measured on as many GPUs as ``topology`` has."""
     if not profile:
         return {}
+    name = "calibration profile" if isinstance(profile, dict) else f"profile {profile}"
     profile = load_profile(profile)
+    try:  # a profile of another kind of machine (CPU ranks for GPUs, H100s for an MI300X)
+        refuse_if_foreign(profile, topology, name)  # would price the wrong one: refuse it
+    except InputError as exc:
+        raise SimError(str(exc)) from None
     if profile.get("kind") == NCCL_TESTS_KIND:
-        if profile["world"] != topology.num_gpus:
-            raise SimError(f"the profile was calibrated on {profile['world']} GPUs, the "
-                           f"topology has {topology.num_gpus}")
         return {"backend": backend_from_profile(profile)}
     return {"hardware": hardware_from_profile(profile), "backend": backend_from_profile(profile)}
 

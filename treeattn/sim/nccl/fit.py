@@ -94,14 +94,31 @@ def _interpolate(sizes, times, nbytes: int) -> float:
     return times[-1]
 
 
+CONFLICT_RATIO = 2.0  # one size measured twice, one time over 2x the other: not one machine
+
+
 def _rows(tables: list[NcclTestsTable]) -> list[tuple[str, int, float]]:
-    """(op, bytes, seconds) of every row, the faster of the out-of-place and in-place times."""
-    rows = []
+    """(op, bytes, seconds) of each distinct (op, size), the fastest of its rows' out-of-place
+    and in-place times. A size measured again (a repeated run, a second file) within
+    :data:`CONFLICT_RATIO` of itself keeps its best time; beyond it the tables disagree about
+    the machine, and they are refused, both named. One row per size also keeps the fit's
+    work bounded by the sizes, not by the file's length."""
+    best: dict[tuple[str, int], tuple[float, str, float]] = {}
     for table in tables:
         for row in table.rows:
-            best = min(row.time_us, row.in_place_time_us or math.inf)
-            rows.append((table.op, row.size, best * 1e-6))
-    return rows
+            t = min(row.time_us, row.in_place_time_us or math.inf) * 1e-6
+            key = (table.op, row.size)
+            if key in best:
+                low, where, high = best[key]
+                low, high = min(low, t), max(high, t)
+                if high > CONFLICT_RATIO * low:
+                    raise SimError(f"{table.source}: {table.op} at {row.size} bytes: expected "
+                                   f"one time per size, got {low * 1e6:g} us and "
+                                   f"{high * 1e6:g} us (also in {where})")
+                best[key] = (low, where, high)
+            else:
+                best[key] = (t, table.source, t)
+    return [(op, size, low) for (op, size), (low, _, _) in best.items()]
 
 
 def _loss(shape: GroupShape, rows, scales: dict[str, float]) -> float:

@@ -36,10 +36,14 @@ NCCL_TESTS_OPS = {
     "sendrecv": "sendrecv_perf", "broadcast": "broadcast_perf",
 }
 MAX_INPUT_BYTES = 8 << 20  # a full 8 B .. 16 GiB sweep is ~10 KB; refuse anything absurd
-_PREFIX = re.compile(r"^\s*\d+:\s?")  # "0: " from srun -l / mpirun --tag-output
-_RANK = re.compile(r"^#\s*Rank\s+(\d+)\b.*?\bon\s+(\S+)\s+device\s+(\d+)")
-_THREADS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
-_STARTING = re.compile(r"Collective test starting:\s*(\w+)")
+MAX_SIZES = 1024  # distinct sizes per op: a factor-2 sweep has ~32, a -f 1.1 one ~300
+_PREFIX = re.compile(r"^\s*[0-9]{1,6}:\s?")  # "0: " from srun -l / mpirun --tag-output
+# ASCII digits only: "²" is a digit to str.isdigit() and \d, and int() refuses it
+_RANK = re.compile(r"^#\s*Rank\s+([0-9]{1,7})\b.*?\bon\s+(\S+)\s+device\s+([0-9]+)",
+                   re.ASCII)
+_THREADS = re.compile(r"nThread\s+([0-9]{1,7})\s+nGpus\s+([0-9]{1,7})", re.ASCII)
+_STARTING = re.compile(r"Collective test starting:\s*(\w+)", re.ASCII)
+_SIZE = re.compile(r"[0-9]{1,16}")
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 
 
@@ -83,7 +87,22 @@ def op_from_name(name: str) -> str | None:
 
 
 def read_nccl_tests(path: str | Path, op: str | None = None) -> NcclTestsTable:
-    """Parse the nccl-tests output in ``path``; ``op`` defaults to what the text or name says."""
+    """Parse the nccl-tests output in ``path`` (one op); ``op`` defaults to what the text or
+    name says. A file holding several ops' sections is refused: :func:`read_nccl_sections`."""
+    (table,) = _single(read_nccl_sections(path, op), str(path))
+    return table
+
+
+def _single(tables: list[NcclTestsTable], source: str) -> list[NcclTestsTable]:
+    if len(tables) > 1:
+        raise SimError(f"{source}: holds {len(tables)} sections "
+                       f"({', '.join(t.op for t in tables)}); read it by sections")
+    return tables
+
+
+def read_nccl_sections(path: str | Path, op: str | None = None) -> list[NcclTestsTable]:
+    """Every op's table in the nccl-tests output at ``path``, kept apart (one file may hold
+    several runs, each after its ``# Collective test starting: OP_perf`` line)."""
     path = Path(path)
     if not path.is_file():
         raise SimError(f"nccl-tests file {str(path)!r}: not a regular file")
@@ -93,17 +112,27 @@ def read_nccl_tests(path: str | Path, op: str | None = None) -> NcclTestsTable:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
         raise SimError(f"cannot read {str(path)!r}: {exc.strerror}") from None
-    return parse_nccl_tests(text, op=op, source=str(path), fallback_name=path.name)
+    return parse_nccl_sections(text, op=op, source=str(path), fallback_name=path.name)
 
 
 def parse_nccl_tests(text: str, op: str | None = None, source: str = "<text>",
                      fallback_name: str = "") -> NcclTestsTable:
-    """Parse nccl-tests/rccl-tests text; see the module docstring for the accepted format."""
+    """Parse nccl-tests/rccl-tests text of one op; see the module docstring for the format."""
+    (table,) = _single(parse_nccl_sections(text, op, source, fallback_name), source)
+    return table
+
+
+def parse_nccl_sections(text: str, op: str | None = None, source: str = "<text>",
+                        fallback_name: str = "") -> list[NcclTestsTable]:
+    """Parse nccl-tests/rccl-tests text into one table per op section, in file order. Rows
+    before any ``Collective test starting`` line belong to ``op`` (or what the name says).
+    One pass over the lines; a section with more than :data:`MAX_SIZES` sizes is refused."""
     ranks: dict[int, str] = {}
     threads = gpus = None
     named_op = None
     library = "nccl"
     rows: list[NcclTestsRow] = []
+    sections: list[tuple[str | None, list[NcclTestsRow]]] = [(None, rows)]
     for number, raw in enumerate(text.splitlines(), 1):
         line = _PREFIX.sub("", raw, count=1).rstrip()
         if not line.strip():
@@ -118,24 +147,48 @@ def parse_nccl_tests(text: str, op: str | None = None, source: str = "<text>",
                 threads, gpus = int(m.group(1)), int(m.group(2))
             elif m := _STARTING.search(body):
                 named_op = op_from_name(m.group(1))
+                if named_op is None:
+                    raise SimError(f"{source} line {number}: unknown collective "
+                                   f"{m.group(1)!r} (ops: {', '.join(NCCL_TESTS_OPS)})")
+                if named_op != sections[-1][0]:
+                    if sections[-1][0] is None and not rows:
+                        sections.pop()
+                    rows = []
+                    sections.append((named_op, rows))
             continue
         fields = line.split()
-        if not fields[0].isdigit():
+        if not fields[0][:1].isdigit():
             continue  # "NCCL version ...", "RCCL version : ...", launcher noise
         rows.append(_row(fields, number, source))
-    chosen = op or named_op or op_from_name(fallback_name)
-    if chosen is None:
-        raise SimError(f"{source}: cannot tell which collective this is; name it as OP:FILE "
-                       f"(ops: {', '.join(NCCL_TESTS_OPS)})")
-    if chosen not in NCCL_TESTS_OPS:
-        raise SimError(f"{source}: unknown op {chosen!r} (ops: {', '.join(NCCL_TESTS_OPS)})")
-    if not rows:
-        raise SimError(f"{source}: no data rows (is this nccl-tests output?)")
+        if len(rows) > 4 * MAX_SIZES:
+            raise SimError(f"{source} line {number}: more than {4 * MAX_SIZES} rows in one "
+                           f"section; a sweep has at most {MAX_SIZES} sizes")
     world = len(ranks) if ranks else (threads or 1) * (gpus or 1)
     if ranks and sorted(ranks) != list(range(len(ranks))):
         raise SimError(f"{source}: rank lines are not 0..{len(ranks) - 1}")
     hosts = len(set(ranks.values())) if ranks else 1
-    return NcclTestsTable(chosen, world, tuple(rows), hosts, library, source)
+    tables = []
+    for named, section_rows in sections:
+        chosen = named or op or op_from_name(fallback_name)
+        if named is None and not section_rows and len(sections) > 1:
+            continue
+        if chosen is None:
+            raise SimError(f"{source}: cannot tell which collective this is; name it as "
+                           f"OP:FILE (ops: {', '.join(NCCL_TESTS_OPS)})")
+        if chosen not in NCCL_TESTS_OPS:
+            raise SimError(f"{source}: unknown op {chosen!r} (ops: "
+                           f"{', '.join(NCCL_TESTS_OPS)})")
+        if not section_rows:
+            raise SimError(f"{source}: no data rows for {chosen} (is this nccl-tests output?)")
+        if len({r.size for r in section_rows}) > MAX_SIZES:
+            raise SimError(f"{source}: {chosen} has more than {MAX_SIZES} distinct sizes")
+        tables.append(NcclTestsTable(chosen, world, tuple(section_rows), hosts, library,
+                                     source, {"ranked_hosts": bool(ranks)}))
+    ops = [t.op for t in tables]
+    if len(set(ops)) != len(ops):
+        raise SimError(f"{source}: op {next(o for o in ops if ops.count(o) > 1)} has two "
+                       "sections; give each run its own file")
+    return tables
 
 
 def _row(fields: list[str], number: int, source: str) -> NcclTestsRow:
@@ -152,13 +205,16 @@ def _row(fields: list[str], number: int, source: str) -> NcclTestsRow:
             raise SimError(f"{where}: bad #wrong column {wrong!r}")
         values = []
         for token in (time_s, algbw, busbw):
-            if not re.fullmatch(_NUMBER, token):
+            if len(token) > 40 or not re.fullmatch(_NUMBER, token, re.ASCII):
                 raise SimError(f"{where}: {token!r} is not a number")
             value = float(token)
             if not math.isfinite(value) or value < 0:
                 raise SimError(f"{where}: {token!r} is out of range")
             values.append(value)
         parsed.append(values)
+    if not _SIZE.fullmatch(fields[0]):
+        raise SimError(f"{where}: size {fields[0][:24]!r} is not a byte count of at most 16 "
+                       "ASCII digits")
     size = int(fields[0])
     if size <= 0 or size > 1 << 50:
         raise SimError(f"{where}: size {fields[0]} is out of range")

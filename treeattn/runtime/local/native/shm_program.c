@@ -22,6 +22,14 @@
  * A send whose slot is still full is deferred and pushed, in order, from every later wait,
  * exactly as the Python channel does, so a rank that moves on to receive never deadlocks a
  * peer; the program returns only when every send has been pushed.
+ *
+ * The program defends itself: before any op runs, every op's header and payload must lie
+ * inside the mapped segment [seg_lo, seg_hi) (the header 8-byte aligned, the payload's
+ * whole message below the end), each message must be exactly one partial and fit one
+ * mailbox slot, there must be a scratch partial for every receive, and the shape must not
+ * overflow. A program that breaks any of it is refused (BAD_PROGRAM, the op's index in
+ * *failed) without touching memory; a peer's header claiming another size is WRONG_SIZE
+ * before anything is read from its payload.
  */
 #define _GNU_SOURCE
 #include <linux/futex.h>
@@ -42,6 +50,7 @@ int treeattn_decode_partial(const float *q, float scale, const void *k, const vo
 enum { OP_SEND = 0, OP_RECV_MERGE = 1, OP_RECV_REPLACE = 2 };
 enum { WRITTEN = 0, NBYTES = 1, READ = 8 };  /* int64 words of a mailbox header */
 enum { OK = 0, TIMED_OUT = 1, WRONG_SIZE = 2, BAD_PROGRAM = 3, BAD_SHAPE = 4 };
+enum { HEADER_BYTES = 128 };
 #define MAX_DEFERRED 64
 #define MAX_SLEEP_NS 10000000L  /* the longest futex sleep before the deadline is checked */
 
@@ -126,6 +135,27 @@ static int wait_for(int64_t header, deferred_t *q, double spin_s, double timeout
     }
 }
 
+/* Check every op against the segment and the buffers before any runs (see the top). */
+static int check_program(const op_t *prog, int64_t n_ops, int64_t bytes, const int64_t *bounds,
+                         int64_t *failed) {
+    const int64_t lo = bounds[0], hi = bounds[1], slot = bounds[2], n_scratch = bounds[3];
+    int64_t receives = 0;
+    if (n_ops < 0 || lo <= 0 || hi <= lo || slot <= 0 || bytes > slot) return BAD_PROGRAM;
+    for (int64_t i = 0; i < n_ops; i++) {
+        const op_t *op = &prog[i];
+        *failed = i;
+        if (op->kind != OP_SEND && op->kind != OP_RECV_MERGE && op->kind != OP_RECV_REPLACE)
+            return BAD_PROGRAM;
+        if (op->nbytes != bytes) return BAD_PROGRAM;
+        if (op->header < lo || op->header > hi - HEADER_BYTES || op->header % 8) return BAD_PROGRAM;
+        if (op->payload < lo || op->payload > hi - bytes) return BAD_PROGRAM;
+        if (op->payload < op->header + HEADER_BYTES && op->header < op->payload + bytes)
+            return BAD_PROGRAM;  /* the payload would overwrite its own counters */
+        if (op->kind != OP_SEND && ++receives > n_scratch) return BAD_PROGRAM;
+    }
+    return OK;
+}
+
 /* Run `n_ops` ops on the packed partial `running` (rows x d of o, then rows of lse, fp32).
  * With `attention` non-NULL, first compute `running` with the decode kernel
  * (treeattn/kernels/native/decode_partial.c), whose arguments after the scale, up to its
@@ -138,12 +168,15 @@ static int wait_for(int64_t header, deferred_t *q, double spin_s, double timeout
  * end). Returns OK, or a failure code with the op's index in *failed (-1: the kernel). */
 int treeattn_shm_program(const int64_t *ops, int64_t n_ops, float *scratch, int64_t rows,
                          int64_t d, double spin_s, double *stamps, int64_t *failed,
-                         const int64_t *attention, float scale, float *running, float *out,
-                         double timeout_s) {
+                         const int64_t *bounds, const int64_t *attention, float scale,
+                         float *running, float *out, double timeout_s) {
     const op_t *prog = (const op_t *)ops;
+    *failed = -1;
+    if (rows <= 0 || d <= 0 || rows > (INT64_C(1) << 30) / (d + 1)) return BAD_SHAPE;
     const int64_t floats = rows * (d + 1), bytes = floats * (int64_t)sizeof(float);
     deferred_t q = {.n = 0};
     stamps[0] = now_s();
+    if (check_program(prog, n_ops, bytes, bounds, failed) != OK) return BAD_PROGRAM;
     *failed = -1;
     if (attention) {
         const int64_t *a = attention;
@@ -195,4 +228,4 @@ int treeattn_shm_program(const int64_t *ops, int64_t n_ops, float *scratch, int6
     return OK;
 }
 
-int treeattn_shm_program_abi(void) { return 3; }
+int treeattn_shm_program_abi(void) { return 4; }

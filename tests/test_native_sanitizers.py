@@ -1,0 +1,46 @@
+"""The shared-memory program's C code under AddressSanitizer and UBSan, on fuzzed programs.
+
+``tests/native/shm_program_fuzz.c`` drives ``treeattn_shm_program`` with generated valid
+programs (which must run to the end) and the same programs with one op made hostile (outside
+the segment, misaligned, over its own counters, the wrong size, an unknown kind, short of
+scratch), which the C code must refuse before touching memory; plus a receive nobody sends,
+a peer header that lies about the size and an overflowing shape. Every buffer is exactly as
+large as the program is owed, so any byte past one is a sanitizer report and a failure.
+Skipped where the compiler cannot build with the sanitizers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from treeattn.kernels import cpu_native
+from treeattn.runtime.local.shm_program import SOURCES
+
+pytestmark = pytest.mark.timeout(300)
+HARNESS = Path(__file__).parent / "native" / "shm_program_fuzz.c"
+SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-O0")
+
+
+@pytest.fixture(scope="module")
+def fuzzer(tmp_path_factory) -> Path:
+    compiler = cpu_native._compiler()
+    if compiler is None:
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("asan") / "shm_program_fuzz"
+    result = subprocess.run([*compiler, *SANITIZE, str(HARNESS), *map(str, SOURCES), "-lm",
+                             "-o", str(out)], capture_output=True, text=True, timeout=240)
+    if result.returncode != 0:
+        pytest.skip(f"the compiler cannot build with the sanitizers: {result.stderr[-300:]}")
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fuzzed_programs_are_sanitizer_clean(fuzzer, seed):
+    result = subprocess.run([str(fuzzer), str(seed), "700"], capture_output=True, text=True,
+                            timeout=240, env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
+                                              "UBSAN_OPTIONS": "print_stacktrace=1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "700 cases" in result.stdout

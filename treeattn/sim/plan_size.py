@@ -1,0 +1,44 @@
+"""How big a cluster the planner takes on: refused up front past a bound, a note before a
+long one, so that no accepted size runs for minutes without a word.
+
+The planner builds and prices candidate schedules whose steps grow with the GPUs (a binomial
+tree: an attention and about ``2·log2(p)`` messages per rank), and simulates the best. Its
+time grows a little faster than linearly in the GPUs: measured here (``treeattn plan
+--topology dgx-h100:nodes=N --model llama-3.1-8b --seq-len 1M``, a 2-core host shared with
+other jobs, load about 12) 6.9 s at 512 GPUs, 28 s at 2,048 and 49 s at 4,096. So past
+:data:`NOTE_GPUS` a note says it will take a while, and past :data:`MAX_PLAN_GPUS` (minutes
+even on an idle host) the request is refused with its size and the estimate, before any
+work: plan a slice of the cluster (fewer nodes) instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+from treeattn.sim.payloads import SimError
+
+NOTE_GPUS = 2048
+MAX_PLAN_GPUS = 16384
+
+
+def simulated_steps(gpus: int) -> int:
+    """Steps of one binomial tree's schedule on ``gpus`` ranks: the estimate quoted.
+
+    >>> simulated_steps(8)
+    64
+    """
+    return gpus * (2 * max(1, math.ceil(math.log2(max(2, gpus)))) + 2)
+
+
+def check_planning_size(gpus: int, what: str) -> str | None:
+    """Refuse (SimError) a cluster past :data:`MAX_PLAN_GPUS`; return a note past
+    :data:`NOTE_GPUS`, else None."""
+    steps = simulated_steps(gpus)
+    if gpus > MAX_PLAN_GPUS:
+        raise SimError(f"{what}: {gpus:,} GPUs, expected at most {MAX_PLAN_GPUS:,} for the "
+                       f"planner (one tree's schedule alone is about {steps:,} simulated "
+                       "steps, and planning prices dozens); plan fewer nodes")
+    if gpus > NOTE_GPUS:
+        return (f"note: planning {gpus:,} GPUs (about {steps:,} simulated steps per "
+                "schedule); this takes a while")
+    return None
