@@ -15,7 +15,10 @@ from hypothesis import strategies as st
 
 from treeattn.sim import DecodeWorkload
 from treeattn.sim.collectives import GroupShape, collective_cost, p2p_cost, p2p_protocol
+from treeattn.sim.engine import simulate
+from treeattn.sim.network import CostModel
 from treeattn.sim.parallel import cp_view
+from treeattn.sim.schedule import Recv, Schedule, Send
 from treeattn.topo import Topology
 
 KIB = 1024
@@ -122,3 +125,27 @@ def test_tree_pattern_factor_with_one_gpu_per_node():
     tree = collective_cost("all_reduce", size, shape, algorithm="tree", protocol="Simple")
     # busBw = min(0.92 · 1 channel · 48, perChMaxTreeBw[Hopper][N4] 36) × 0.85, × 0.5 alg
     assert tree.bandwidth_Bps == pytest.approx(min(0.92 * 48, 36.0) * 0.85 * 0.5 * 1e9)
+
+
+def _one_message(nbytes: int, dst: int, world: int) -> Schedule:
+    steps = [[] for _ in range(world)]
+    steps[0], steps[dst] = [Send(dst, nbytes, 0)], [Recv(0, nbytes, 0)]
+    return Schedule("one-message", steps, {})
+
+
+@pytest.mark.parametrize("spec,dst", [("dgx-h100:nodes=2", 1), ("dgx-h100:nodes=2", 8),
+                                      ("mi300x:nodes=2", 1), ("mi300x:nodes=2", 8),
+                                      ("pcie-4090:gpus=2", 1)])
+@pytest.mark.parametrize("nbytes", [8 * KIB, 16 * KIB, 16 * KIB + 4, 32 * KIB, 32 * KIB + 4,
+                                    132 * KIB])
+def test_one_message_priced_alike_by_engine_closed_form_and_p2p_cost(spec, dst, nbytes):
+    topo = Topology.from_spec(spec)
+    w = DecodeWorkload("debug", 64)
+    cm = CostModel(topo, w)
+    shape = GroupShape.of(topo, range(topo.num_gpus))
+    across = topo.host_of(0) != topo.host_of(dst)
+    want = p2p_cost(nbytes, shape, across_nodes=across).time_s
+    engine = simulate(_one_message(nbytes, dst, topo.num_gpus), topo, w, costs=cm).makespan_s
+    closed = cm.send_cost(nbytes) + cm.wire(0, dst, nbytes) + cm.recv_cost(nbytes)
+    assert engine == pytest.approx(want, rel=1e-9)
+    assert closed == pytest.approx(want, rel=1e-9)

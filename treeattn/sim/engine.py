@@ -9,8 +9,11 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   many servers, so ranks beyond the core count queue for compute. When the launcher pinned
   the ranks (``HardwareModel.pinned``), the host's k-th rank has core ``k mod cores`` to
   itself and queues only behind the ranks pinned to the same core.
-* ``Send`` occupies the sender for the backend's ``send_s``; the message is injected by a
-  simpy event at that moment. ``Recv`` waits for the arrival, then pays ``recv_s``.
+* ``Send`` occupies the sender for its software cost; the message is injected by a
+  simpy event at that moment. ``Recv`` waits for the arrival, then pays the receiver's.
+  Both, and the route's latency and bandwidth, come from :mod:`treeattn.sim.p2p`: on
+  NCCL/RCCL the protocol the library picks for the size, priced as ``treeattn comm`` and
+  the closed forms price it; on gloo the calibrated ``send_s``/``recv_s`` and the links.
 * On a host whose cores copy every byte of a message (``HardwareModel.copies_messages``:
   gloo's sockets), a rank's attention and the copies of its own messages take turns: when it
   starts, a Compute books the rank's own links (its one link out and one link in, which only
@@ -172,7 +175,7 @@ class _Run:
 
     def inject(self, src: int, step_index: int, step: Send) -> None:
         now, net = self.env.now, self.c.net
-        hops = net.hops(src, step.dst)
+        hops = self.c.p2p.hops(src, step.dst, step.nbytes)  # as the library sends it
         count, size = net.chunking(step.nbytes)
         self.sent[src] += step.nbytes
         arrival = now
@@ -224,7 +227,7 @@ class _Run:
                     self.cold[r].update(KINDS)
             elif isinstance(step, Send):
                 host = (c.program.send_s if self.programmed[r]
-                        else c.send_s + self._cold_extra(r, "send"))
+                        else c.p2p.send_s(step.nbytes) + self._cold_extra(r, "send"))
                 t = (yield from self._crowded_host(r, t, host)) if self.crowded[r] else t + host
                 self.post(r, i, step, t)
             elif isinstance(step, Collective):
@@ -241,7 +244,7 @@ class _Run:
                     self.cause[r][i] = info
                     t = info[3]
                 host = (c.program.recv_s if self.programmed[r]
-                        else c.recv_s + self._cold_extra(r, "recv"))
+                        else c.p2p.recv_s(step.nbytes) + self._cold_extra(r, "recv"))
                 t = (yield from self._crowded_host(r, t, host)) if self.crowded[r] else t + host
             self.start[r][i], self.end[r][i] = start, t
         self.finished += 1
