@@ -17,11 +17,36 @@ from treeattn.sim import DecodeWorkload
 from treeattn.sim.collectives import GroupShape, collective_cost, p2p_cost, p2p_protocol
 from treeattn.sim.engine import simulate
 from treeattn.sim.network import CostModel
-from treeattn.sim.parallel import cp_view
+from treeattn.sim.parallel import cp_view, group_workload
+from treeattn.sim.planner import plan
 from treeattn.sim.schedule import Recv, Schedule, Send
 from treeattn.topo import Topology
 
 KIB = 1024
+
+
+def _one_message(nbytes: int, dst: int, world: int) -> Schedule:
+    steps = [[] for _ in range(world)]
+    steps[0], steps[dst] = [Send(dst, nbytes, 0)], [Recv(0, nbytes, 0)]
+    return Schedule("one-message", steps, {})
+
+
+@pytest.mark.parametrize("spec,dst", [("dgx-h100:nodes=2", 1), ("dgx-h100:nodes=2", 8),
+                                      ("mi300x:nodes=2", 1), ("mi300x:nodes=2", 8),
+                                      ("pcie-4090:gpus=2", 1)])
+@pytest.mark.parametrize("nbytes", [8 * KIB, 16 * KIB, 16 * KIB + 4, 32 * KIB, 32 * KIB + 4,
+                                    132 * KIB])
+def test_one_message_priced_alike_by_engine_closed_form_and_p2p_cost(spec, dst, nbytes):
+    topo = Topology.from_spec(spec)
+    w = DecodeWorkload("debug", 64)
+    cm = CostModel(topo, w)
+    shape = GroupShape.of(topo, range(topo.num_gpus))
+    across = topo.host_of(0) != topo.host_of(dst)
+    want = p2p_cost(nbytes, shape, across_nodes=across).time_s
+    engine = simulate(_one_message(nbytes, dst, topo.num_gpus), topo, w, costs=cm).makespan_s
+    closed = cm.send_cost(nbytes) + cm.wire(0, dst, nbytes) + cm.recv_cost(nbytes)
+    assert engine == pytest.approx(want, rel=1e-9)
+    assert closed == pytest.approx(want, rel=1e-9)
 
 
 def test_p2p_protocol_follows_nccls_enqueue():
@@ -111,6 +136,17 @@ def test_a_tp_groups_network_bandwidth_is_its_rails(tp):
     assert full.p2p_inter_GBps == pytest.approx(50.0)
 
 
+def test_tp_weight_bytes_against_a_hand_count():
+    w = DecodeWorkload("llama-3.1-70b", 65536, tp=8)
+    shard = group_workload(w).model
+    d, hd, layers, ffn, vocab = 8192, 128, 80, 28672, 128256
+    attn = d * hd * (2 * 64 + 2 * 8) // 8  # Q, O: 64 heads; K, V: 8 heads; split 8 ways
+    mlp = 3 * d * ffn // 8
+    head = vocab // 8 * d
+    assert shard.weight_bytes_per_token() == 2 * (layers * (attn + mlp) + head)
+    assert shard.weight_bytes_per_token() / 1e9 == pytest.approx(17.4, abs=0.05)
+
+
 def test_broadcast_across_nodes_takes_the_network_hop():
     shape = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
     cost = collective_cost("broadcast", 1024, shape, algorithm="ring", protocol="LL")
@@ -127,25 +163,34 @@ def test_tree_pattern_factor_with_one_gpu_per_node():
     assert tree.bandwidth_Bps == pytest.approx(min(0.92 * 48, 36.0) * 0.85 * 0.5 * 1e9)
 
 
-def _one_message(nbytes: int, dst: int, world: int) -> Schedule:
-    steps = [[] for _ in range(world)]
-    steps[0], steps[dst] = [Send(dst, nbytes, 0)], [Recv(0, nbytes, 0)]
-    return Schedule("one-message", steps, {})
+def test_helix_and_dcp_are_refused_where_the_heads_do_not_split():
+    # debug has 4 query heads: 8 ranks leave some with none
+    chosen = plan(Topology.from_spec("local:ranks=8"), DecodeWorkload("debug", 512))
+    assert set(chosen.refused) == {"helix", "dcp"}
+    assert chosen.best("helix") is None and chosen.best("dcp") is None
+    assert "do not divide the 4 query heads" in chosen.refused["dcp"]
+    assert "Not priced" in chosen.explain()
+    even = plan(Topology.from_spec("local:ranks=4"), DecodeWorkload("debug", 512))
+    assert not even.refused and even.best("helix") is not None
 
 
-@pytest.mark.parametrize("spec,dst", [("dgx-h100:nodes=2", 1), ("dgx-h100:nodes=2", 8),
-                                      ("mi300x:nodes=2", 1), ("mi300x:nodes=2", 8),
-                                      ("pcie-4090:gpus=2", 1)])
-@pytest.mark.parametrize("nbytes", [8 * KIB, 16 * KIB, 16 * KIB + 4, 32 * KIB, 32 * KIB + 4,
-                                    132 * KIB])
-def test_one_message_priced_alike_by_engine_closed_form_and_p2p_cost(spec, dst, nbytes):
-    topo = Topology.from_spec(spec)
-    w = DecodeWorkload("debug", 64)
-    cm = CostModel(topo, w)
-    shape = GroupShape.of(topo, range(topo.num_gpus))
-    across = topo.host_of(0) != topo.host_of(dst)
-    want = p2p_cost(nbytes, shape, across_nodes=across).time_s
-    engine = simulate(_one_message(nbytes, dst, topo.num_gpus), topo, w, costs=cm).makespan_s
-    closed = cm.send_cost(nbytes) + cm.wire(0, dst, nbytes) + cm.recv_cost(nbytes)
-    assert engine == pytest.approx(want, rel=1e-9)
-    assert closed == pytest.approx(want, rel=1e-9)
+def test_oneshot_merge_reads_p_partials_and_writes_one():
+    from treeattn.sim.algorithms import build_schedule
+    from treeattn.sim.schedule import Merge
+
+    w = DecodeWorkload("llama-3.1-8b", 4096)
+    s = build_schedule("oneshot", Topology.from_spec("dgx-h100"), w)
+    merges = [st_ for st_ in s.steps[0] if isinstance(st_, Merge)]
+    assert [m.nbytes for m in merges] == [9 * w.partial_bytes]
+
+
+def test_dcp_reduce_scatters_the_attention_dtype():
+    from treeattn.sim.algorithms import build_schedule
+    from treeattn.sim.payloads import CollectiveOp
+    from treeattn.sim.schedule import Collective
+
+    w = DecodeWorkload("llama-3.1-8b", 4096, batch=2)
+    s = build_schedule("dcp", Topology.from_spec("dgx-h100"), w)
+    rs = [c for c in s.steps[0] if isinstance(c, Collective)
+          and c.op == CollectiveOp.REDUCE_SCATTER]
+    assert [c.nbytes for c in rs] == [2 * 32 * 128 * 2]  # B · Hq · D in bf16

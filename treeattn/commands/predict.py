@@ -75,10 +75,11 @@ def _load(args: argparse.Namespace, seq_len: int):
 def handle_predict(args: argparse.Namespace) -> int:
     if args.trace:
         check_output_path(args.trace)
-    rows, timelines = [], []
+    rows, timelines, refused = [], [], {}
     for seq_len in args.seq_len:
         topo, workload, overrides = _load(args, seq_len)
         chosen = plan(topo, workload, simulate_each=True, **overrides)
+        refused.update(chosen.refused)
         rows += [r.to_json() for r in algorithm_rows(chosen, args.topology)]
         for algorithm in ALGORITHM_NAMES:
             cand = chosen.best(algorithm)
@@ -106,6 +107,8 @@ def handle_predict(args: argparse.Namespace) -> int:
                       f"{r['speedup_vs_best_baseline']:.2f}×",
                       f"{r['speedup_vs_ring']:.1f}×", style=style)
     Console().print(table)
+    for reason in refused.values():
+        print(f"Not priced: {reason}.")
     for r in rows:
         if r["algorithm"] == PICK and r["speedup_vs_best_baseline"] <= 1.0:
             print(f"At {r['seq_len']:,} tokens a baseline wins: {r['name']} "
