@@ -224,31 +224,33 @@ def closed_form(algorithm: str, cm: CostModel, trees: list[Tree] | None = None,
 def ring_passq(cm: CostModel, schedule) -> float:
     """Pass-Q: the ring loop of query blocks, then the collective tail of ``schedule``.
 
-    Rank r's step ``j + 1`` starts at ``max(S_r(j) + send + attend_r, A_r(j)) + recv``
+    Rank r's step ``j + 1`` starts at ``max(S_r(j) + send + attend_r(j), A_r(j)) + recv``
     with the block arriving at ``A_r(j) = max(S_{r−1}(j) + send + wire(qblock),
-    A_r(j−1) + qblock / β_min)`` (as for ring, with a constant attention over the own shard
-    instead of a foreign block); then the all-to-all, merge, gather and placement as
+    A_r(j−1) + qblock / β_min)`` (as for ring, with the attention of step ``j``'s real
+    query slots over the own shard instead of a foreign block); then the all-to-all, merge,
+    gather and placement as
     :func:`collective_schedule` resolves them (exact for that part).
     """
     from treeattn.sim.payloads import ComputeLabel, Payload
     from treeattn.sim.schedule import Collective, Compute
 
     p = cm.world
-    attend = [next(s for s in steps if isinstance(s, Compute)
-                   and s.label == ComputeLabel.ATTENTION_QBLOCK) for steps in schedule.steps]
-    work = np.array([cm.compute(r, s.nbytes, s.flops) for r, s in enumerate(attend)])
+    attends = [[s for s in steps if isinstance(s, Compute)
+                and s.label == ComputeLabel.ATTENTION_QBLOCK] for steps in schedule.steps]
+    work = np.array([[cm.compute(r, s.nbytes, s.flops) for s in attends[r]]
+                     for r in range(p)])  # (rank, step): the real slots of that step's origin
     qb = float(cm.workload.buffer_bytes(Payload.QBLOCK, p))
     prv, ranks = _ring_pairs(cm)
     inv_min = cm.pair_summary(prv, ranks, qb)[:, 1]
     t, last_arrival = np.zeros(p), np.full(p, -np.inf)
-    for _ in range(p - 1):
+    for j in range(p - 1):
         sent = t + cm.send_cost(qb)
         arrival = np.maximum(sent[prv] + cm.wire_vec(prv, ranks, qb), last_arrival + qb * inv_min)
         last_arrival = arrival
-        t = np.maximum(sent + work, arrival) + cm.recv_cost(qb)
+        t = np.maximum(sent + work[:, j], arrival) + cm.recv_cost(qb)
     tails = [steps[next(i for i, s in enumerate(steps) if isinstance(s, Collective)):]
              for steps in schedule.steps]
-    return collective_steps(cm, tails, list(t + work))
+    return collective_steps(cm, tails, list(t + work[:, p - 1]))
 
 
 def collective_schedule(cm: CostModel, schedule) -> float:
