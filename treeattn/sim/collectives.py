@@ -309,10 +309,15 @@ def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, fl
     """``(protocol, base µs, hop µs, GB/s)`` of one send/recv: THE p2p price, which the engine
     (:mod:`treeattn.sim.p2p`), the closed forms and :func:`p2p_cost` all use.
 
-    NCCL has no p2p table; our analogy is one ring hop of the chosen protocol:
-    ``baseLat[ring][p]`` plus ``hwLat[class][ring][p]``, at the pair's bandwidth as the
-    tuning model sees it (the GPU's NVLink total, or its rail's share of the network), halved
-    for LL, whose flags take half of each line.
+    NCCL has no p2p table; our analogy is one hop of the chosen protocol:
+    ``baseLat[ring][p]`` plus the library's per-hop latency for the link class, at the
+    pair's bandwidth as the tuning model sees it (the GPU's NVLink total, or its rail's share
+    of the network), halved for LL, whose flags take half of each line. The per-hop latency
+    is given per algorithm and a send/recv is neither, so we take the smaller of the ring's
+    and the tree's figure: on NCCL that is the ring's everywhere but LL on the network
+    (2.7 against 5.0 µs); on RCCL it keeps the tuned 320 µs ring-Simple network hop of
+    ``tuning_model_5`` (a constant that keeps ring Simple off small multi-node collectives,
+    not a hop's cost) out of a single message, which takes the tree's 25 µs instead.
     """
     hw = "net" if across_nodes else s.intra
     bw = s.p2p_inter_GBps if across_nodes else s.p2p_intra_GBps
@@ -320,7 +325,8 @@ def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, fl
     hop_scale = s.net_lat_scale if hw == "net" else s.lat_scale
     base_t, hw_t = ((T.RCCL_BASE_LAT, T.RCCL_HW_LAT) if s.family == "amd"
                     else (T.NCCL_BASE_LAT, T.NCCL_HW_LAT))
-    return (p, base_t["ring"][p] * s.lat_scale, hw_t[hw]["ring"][p] * hop_scale,
+    hop = min(hw_t[hw]["ring"][p], hw_t[hw]["tree"][p])
+    return (p, base_t["ring"][p] * s.lat_scale, hop * hop_scale,
             bw * (0.5 if p == 0 else 1.0))
 
 
