@@ -39,6 +39,11 @@ def predictions() -> list[dict]:
             chosen = plan(topo, DecodeWorkload(model, seq_len), simulate_each=True)
             for algorithm in ALGORITHM_NAMES:
                 cand = chosen.best(algorithm)
+                if cand is None:  # cannot run this layout: the reason is the row
+                    rows.append({"topology": spec, "model": model, "seq_len": seq_len,
+                                 "algorithm": algorithm,
+                                 "refused": chosen.refused.get(algorithm, "not a candidate")})
+                    continue
                 rows.append({"topology": spec, "model": model, "seq_len": seq_len,
                              "algorithm": algorithm, "plan": cand.name,
                              "latency_s": float(cand.latency_s), "method": cand.method})

@@ -146,13 +146,14 @@ def handle_predict(args: argparse.Namespace) -> int:
         return handle_predict_token(args)
     if args.trace:
         check_output_path(args.trace)
-    rows, timelines, unfit = [], [], []
+    rows, timelines, unfit, refused = [], [], [], {}
     for seq_len in args.seq_len:
         topo, workload, overrides = _load(args, seq_len)
         memory = memory_rows_check(args, topo, seq_len, args.tp)
         if not memory["fits"]:
             unfit.append((seq_len, memory["memory"]))
         chosen = plan(topo, workload, simulate_each=True, **overrides)
+        refused.update(chosen.refused)
         rows += [{**r.to_json(), **memory} for r in algorithm_rows(chosen, args.topology)]
         for algorithm in ALGORITHM_NAMES:
             cand = chosen.best(algorithm)
@@ -178,6 +179,8 @@ def handle_predict(args: argparse.Namespace) -> int:
                 caption="† closed form only (not simulated). vs best baseline: against the "
                         "fastest of what serving systems run today (>1: faster).",
                 row_styles=["bold" if r["algorithm"] == PICK else None for r in rows])
+    for reason in refused.values():
+        print(f"Not priced: {reason}.")
     for r in rows:
         if r["algorithm"] == PICK and r["speedup_vs_best_baseline"] <= 1.0:
             print(f"At {r['seq_len']:,} tokens a baseline wins: {r['name']} "

@@ -12,8 +12,8 @@ those of :mod:`treeattn.sim.schedule`:
   starts as the identity. A chunk of it is one origin slot of both arrays, so every
   collective piece is equal-sized (no padding, unlike head chunks).
 * The ``j``-th ``attention_qblock`` of rank ``k`` attends the block of origin
-  ``s = (k − j) mod p``: slot ``i`` against the own KV shard of sequence ``i·p + s``, a
-  dummy against sequence ``(i·p + s) mod B`` (so padding costs a real KV read, as priced).
+  ``s = (k − j) mod p``: real slot ``i`` against the own KV shard of sequence ``i·p + s``;
+  padding slots are skipped and keep the identity (as priced: only real slots read KV).
 """
 
 from __future__ import annotations
@@ -90,17 +90,13 @@ def attend(bufs: dict, own_kv: torch.Tensor, rank: int, j: int, dims: AttnDims,
     # Real slots i hold sequences i·p + origin < B: a strided *view* of the shard (indexing
     # with a list would copy the whole shard on every step, 3x the memory traffic priced).
     real = max(0, -(-(b - origin) // p))  # slots with i·p + origin < B
-    parts = []
-    if real:
-        kv = own_kv[:, origin : origin + (real - 1) * p + 1 : p]  # (2, real, Hkv, T, D)
-        parts.append(partial_attention(block[:real], kv[0], kv[1], scale=scale))
-    for i in range(real, bq):  # padding: a dummy reads a real sequence's KV, as priced
-        seq = (i * p + origin) % b
-        kv = own_kv[:, seq : seq + 1]  # (2, 1, Hkv, T, D)
-        parts.append(partial_attention(block[i : i + 1], kv[0], kv[1], scale=scale))
-    o = torch.cat([part[0] for part in parts])  # (Bq, Hq, D)
-    lse = torch.cat([part[1] for part in parts])  # (Bq, Hq)
-    piece = torch.cat([o.float().reshape(-1), lse.float().reshape(-1)])
+    if not real:  # a block of padding only: nothing to attend, the slot stays the identity
+        return
+    kv = own_kv[:, origin : origin + (real - 1) * p + 1 : p]  # (2, real, Hkv, T, D)
+    o, lse = partial_attention(block[:real], kv[0], kv[1], scale=scale)  # (real, Hq, D/-)
+    o_slot, lse_slot = (t[origin].clone() for t in outbox_views(bufs["outbox"], dims))
+    o_slot[:real], lse_slot[:real] = o.float(), lse.float()  # padding rows: the identity
+    piece = torch.cat([o_slot.reshape(-1), lse_slot.reshape(-1)])
     bufs["outbox"] = _with_slot(bufs["outbox"], dims, origin, piece)
 
 

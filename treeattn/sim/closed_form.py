@@ -1,9 +1,11 @@
 """Closed-form α-β latency of each algorithm on uncontended links.
 
-Every message from ``a`` to ``b`` of ``n`` bytes costs ``send_s`` on the sender, then the
-cut-through wire time of :mod:`treeattn.sim.network` (``Σ latency + n/β_bottleneck``),
-then ``recv_s`` on the receiver: ``α_ab + n/β_ab`` (the cheaper of the Python steps' and the
-C program's costs, where a calibration has both, so that these stay lower bounds). Compute
+Every message from ``a`` to ``b`` of ``n`` bytes costs the sender's post, then the
+cut-through wire time (``Σ latency + n/β_bottleneck``), then the receiver's completion:
+``α_ab(n) + n/β_ab(n)``, all from :mod:`treeattn.sim.p2p`, the engine's own per-message
+model (on NCCL/RCCL the protocol the library picks for ``n``; on gloo the cheaper of the
+Python steps' and the C program's costs, where a calibration has both, so that these stay
+lower bounds). Compute
 steps cost ``max(bytes/BW, FLOPs/peak) + launch``. The formulas below follow each algorithm's step
 order (the schedule generators' docstrings) and propagate per-rank ready times:
 
@@ -45,10 +47,10 @@ def tree_up(cm: CostModel, start, tree: Tree, nbytes: float) -> list[float]:
     for v in reversed(tree.pre_order):
         now = t[v]
         for c in tree.reduce_order(v):
-            now = max(now, arrive[c]) + cm.least_recv_s + cm.compute(v, 3 * nbytes)
+            now = max(now, arrive[c]) + cm.recv_cost(nbytes) + cm.compute(v, 3 * nbytes)
         u = tree.parent[v]
         if u >= 0:
-            now += cm.least_send_s
+            now += cm.send_cost(nbytes)
             arrive[v] = now + cm.wire(v, u, nbytes)
         t[v] = now
     return t
@@ -61,9 +63,9 @@ def tree_down(cm: CostModel, start, tree: Tree, nbytes: float) -> list[float]:
     for v in tree.pre_order:
         now = t[v]
         if tree.parent[v] >= 0:
-            now = max(now, arrive[v]) + cm.least_recv_s
+            now = max(now, arrive[v]) + cm.recv_cost(nbytes)
         for c in tree.bcast_order(v):
-            now += cm.least_send_s
+            now += cm.send_cost(nbytes)
             arrive[c] = now + cm.wire(v, c, nbytes)
         t[v] = now
     return t
@@ -87,12 +89,13 @@ def tree(cm: CostModel, trees: list[Tree]) -> float:
 def butterfly(cm: CostModel) -> float:
     p, n = cm.world, cm.workload.partial_bytes
     merge = [cm.compute(r, 3 * n) for r in range(p)]
+    send, recv = cm.send_cost(n), cm.recv_cost(n)
     t = list(cm.attention_vec())
     if p & (p - 1) == 0:
         k = 1
         while k < p:
-            sent = [t[r] + cm.least_send_s for r in range(p)]
-            t = [max(sent[r], sent[r ^ k] + cm.wire(r ^ k, r, n)) + cm.least_recv_s + merge[r]
+            sent = [t[r] + send for r in range(p)]
+            t = [max(sent[r], sent[r ^ k] + cm.wire(r ^ k, r, n)) + recv + merge[r]
                  for r in range(p)]
             k <<= 1
         return max(t)
@@ -113,14 +116,16 @@ def _cyclic_round(cm: CostModel, t: list[float], dist: int, n: float, messages: 
     receives as many from ``r + dist`` (back to back on one route: each waits for the one
     before it to clear the bottleneck), then merges."""
     p = cm.world
+    send, recv = cm.send_cost(n), cm.recv_cost(n)
     out = []
     for r in range(p):
         src = (r + dist) % p
-        wire, serial = cm.wire(src, r, n), cm.wire(src, r, n) - cm.wire(src, r, 0)
-        now, arrival = t[r] + messages * cm.least_send_s, 0.0
+        wire = cm.wire(src, r, n)
+        serial = n * cm.p2p.summary(src, r, n)[1]  # behind the previous one on the bottleneck
+        now, arrival = t[r] + messages * send, 0.0
         for i in range(messages):
-            arrival = max(t[src] + (i + 1) * cm.least_send_s + wire, arrival + serial)
-            now = max(now, arrival) + cm.least_recv_s
+            arrival = max(t[src] + (i + 1) * send + wire, arrival + serial)
+            now = max(now, arrival) + recv
         out.append(now + merges[r])
     return out
 
@@ -128,14 +133,15 @@ def _cyclic_round(cm: CostModel, t: list[float], dist: int, n: float, messages: 
 def allgather(cm: CostModel) -> float:
     p, n = cm.world, cm.workload.partial_bytes
     attn = cm.attention_vec()
+    send, recv = cm.send_cost(n), cm.recv_cost(n)
     end = 0.0
     for r in range(p):
-        now = attn[r] + (p - 1) * cm.least_send_s
+        now = attn[r] + (p - 1) * send
         merge = cm.compute(r, 3 * n)
         for j in range(1, p):
             src = (r - j) % p
-            arrival = attn[src] + j * cm.least_send_s + cm.wire(src, r, n)
-            now = max(now, arrival) + cm.least_recv_s + merge
+            arrival = attn[src] + j * send + cm.wire(src, r, n)
+            now = max(now, arrival) + recv + merge
         end = max(end, now)
     return end
 
@@ -153,18 +159,18 @@ def ring(cm: CostModel) -> float:
     fl = 4.0 * w.batch * w.model.n_heads * w.model.head_dim * shards
     merge = cm.compute_vec(3 * w.partial_bytes)
     prv, ranks = _ring_pairs(cm)
-    inv_min = cm.pair_summary(prv, ranks)[:, 1]
+    inv_min = cm.pair_summary(prv, ranks, float(kv.max()))[:, 1]
     t = np.zeros(p)
     last_arrival = np.full(p, -np.inf)
     for i in range(p - 1):
         held = (ranks - i) % p
         work = cm.compute_vec(att[held], fl[held]) + (merge if i else 0.0)
-        sent = t + cm.least_send_s
         size = kv[(prv - i) % p]
+        sent = t + cm.send_vec(kv[(ranks - i) % p])
         arrival = np.maximum(sent[prv] + cm.wire_vec(prv, ranks, size),
                              last_arrival + size * inv_min)
         last_arrival = arrival
-        t = np.maximum(sent + work, arrival) + cm.least_recv_s
+        t = np.maximum(sent + work, arrival) + cm.send_vec(size, recv=True)
     last = (ranks + 1) % p
     return float(np.max(t + cm.compute_vec(att[last], fl[last]) + merge))
 
@@ -178,9 +184,9 @@ def ring_allreduce(cm: CostModel, start, payload: str, op_merge: bool = True) ->
         for s in range(p - 1):
             send_c = (ranks + int(replace) - s) % p
             recv_c = (ranks - s - (0 if replace else 1)) % p
-            sent = t + cm.least_send_s
+            sent = t + cm.send_vec(sizes[send_c])
             arrival = sent[prv] + cm.wire_vec(prv, ranks, sizes[send_c[prv]])
-            t = np.maximum(sent, arrival) + cm.least_recv_s
+            t = np.maximum(sent, arrival) + cm.send_vec(sizes[send_c[prv]], recv=True)
             if not replace:
                 t = t + cm.compute_vec(3 * sizes[recv_c])
     return t
@@ -218,31 +224,33 @@ def closed_form(algorithm: str, cm: CostModel, trees: list[Tree] | None = None,
 def ring_passq(cm: CostModel, schedule) -> float:
     """Pass-Q: the ring loop of query blocks, then the collective tail of ``schedule``.
 
-    Rank r's step ``j + 1`` starts at ``max(S_r(j) + send + attend_r, A_r(j)) + recv``
+    Rank r's step ``j + 1`` starts at ``max(S_r(j) + send + attend_r(j), A_r(j)) + recv``
     with the block arriving at ``A_r(j) = max(S_{r−1}(j) + send + wire(qblock),
-    A_r(j−1) + qblock / β_min)`` (as for ring, with a constant attention over the own shard
-    instead of a foreign block); then the all-to-all, merge, gather and placement as
+    A_r(j−1) + qblock / β_min)`` (as for ring, with the attention of step ``j``'s real
+    query slots over the own shard instead of a foreign block); then the all-to-all, merge,
+    gather and placement as
     :func:`collective_schedule` resolves them (exact for that part).
     """
     from treeattn.sim.payloads import ComputeLabel, Payload
     from treeattn.sim.schedule import Collective, Compute
 
     p = cm.world
-    attend = [next(s for s in steps if isinstance(s, Compute)
-                   and s.label == ComputeLabel.ATTENTION_QBLOCK) for steps in schedule.steps]
-    work = np.array([cm.compute(r, s.nbytes, s.flops) for r, s in enumerate(attend)])
+    attends = [[s for s in steps if isinstance(s, Compute)
+                and s.label == ComputeLabel.ATTENTION_QBLOCK] for steps in schedule.steps]
+    work = np.array([[cm.compute(r, s.nbytes, s.flops) for s in attends[r]]
+                     for r in range(p)])  # (rank, step): the real slots of that step's origin
     qb = float(cm.workload.buffer_bytes(Payload.QBLOCK, p))
     prv, ranks = _ring_pairs(cm)
-    inv_min = cm.pair_summary(prv, ranks)[:, 1]
+    inv_min = cm.pair_summary(prv, ranks, qb)[:, 1]
     t, last_arrival = np.zeros(p), np.full(p, -np.inf)
-    for _ in range(p - 1):
-        sent = t + cm.least_send_s
+    for j in range(p - 1):
+        sent = t + cm.send_cost(qb)
         arrival = np.maximum(sent[prv] + cm.wire_vec(prv, ranks, qb), last_arrival + qb * inv_min)
         last_arrival = arrival
-        t = np.maximum(sent + work, arrival) + cm.least_recv_s
+        t = np.maximum(sent + work[:, j], arrival) + cm.recv_cost(qb)
     tails = [steps[next(i for i, s in enumerate(steps) if isinstance(s, Collective)):]
              for steps in schedule.steps]
-    return collective_steps(cm, tails, list(t + work))
+    return collective_steps(cm, tails, list(t + work[:, p - 1]))
 
 
 def collective_schedule(cm: CostModel, schedule) -> float:

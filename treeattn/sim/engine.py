@@ -5,8 +5,11 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   keeping its own clock: steps that cannot block (Compute, Merge, Send) advance it without
   an event, and the process only yields when a Recv's message has not been posted yet.
 * ``Compute``/``Merge`` take ``HardwareModel.compute_time``. ``Send`` occupies the sender
-  for the backend's ``send_s``; the message is injected by a simpy event at that moment.
-  ``Recv`` waits for the arrival, then pays ``recv_s``. A collective starts when its last
+  for its software cost; the message is injected by a simpy event at that moment. ``Recv``
+  waits for the arrival, then pays the receiver's. Both, and the route's latency and
+  bandwidth, come from :mod:`treeattn.sim.p2p`: on NCCL/RCCL the protocol the library picks
+  for the size, priced as ``treeattn comm`` and the closed forms price it; on gloo the
+  calibrated ``send_s``/``recv_s`` and the links. A collective starts when its last
   member arrives and takes the library's modelled time (:mod:`treeattn.sim.nccl`).
 * What a rank's host CPU adds on top (ranks queueing for shared cores, attention taking
   turns with message copies, cold steps after the kernel, the compiled reduction's message
@@ -80,7 +83,7 @@ class _Run:
 
     def inject(self, src: int, step_index: int, step: Send) -> None:
         now, net = self.env.now, self.c.net
-        hops = net.hops(src, step.dst)
+        hops = self.c.p2p.hops(src, step.dst, step.nbytes)  # as the library sends it
         count, size = net.chunking(step.nbytes)
         self.sent[src] += step.nbytes
         arrival = now
@@ -121,7 +124,7 @@ class _Run:
                     t += duration
                 host.computed(r, step)
             elif isinstance(step, Send):
-                cost = host.send_s(r)
+                cost = host.send_s(r, step.nbytes)
                 t = (yield from host.host_work(r, t, cost)) if crowded else t + cost
                 self.post(r, i, step, t)
             elif isinstance(step, Collective):
@@ -136,7 +139,7 @@ class _Run:
                 if info[3] > t:
                     self.cause[r][i] = info
                     t = info[3]
-                cost = host.recv_s(r)
+                cost = host.recv_s(r, step.nbytes)
                 t = (yield from host.host_work(r, t, cost)) if crowded else t + cost
             self.start[r][i], self.end[r][i] = start, t
         self.finished += 1

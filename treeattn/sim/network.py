@@ -38,6 +38,7 @@ from treeattn.sim.devices import (
     default_backend,
     hardware_for,
 )
+from treeattn.sim.p2p import P2PModel
 from treeattn.sim.payloads import CollectiveOp, SimError
 from treeattn.sim.workload import DecodeWorkload
 
@@ -242,6 +243,8 @@ class CostModel:
         self.program = self.backend.program
         self.least_send_s = min(self.send_s, self.program.send_s if self.program else math.inf)
         self.least_recv_s = min(self.recv_s, self.program.recv_s if self.program else math.inf)
+        # THE per-message price of the engine and the closed forms (treeattn.sim.p2p)
+        self.p2p = P2PModel(topology, self.backend, self.net, self.hardware)
         self.bw = np.array([h.memory_bandwidth_Bps for h in self.hardware])
         self.shaped = any(h.bandwidth_shape for h in self.hardware)
         self.flops = np.array([h.peak_flops for h in self.hardware])
@@ -272,22 +275,59 @@ class CostModel:
         return self.compute_vec(nbytes, 4.0 * w.batch * w.model.n_heads * shards
                                 * w.model.head_dim)
 
-    def wire(self, src: int, dst: int, nbytes: float) -> float:
-        return self.net.wire_time(src, dst, nbytes)
+    def send_cost(self, nbytes: float) -> float:
+        """The sender's cost of a message of ``nbytes`` (the cheaper of the Python steps' and
+        the C program's, where a calibration has both: closed forms stay lower bounds)."""
+        return self.p2p.send_s(nbytes) if self.p2p.library else self.least_send_s
 
-    def pair_summary(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """``(p, 2)`` array of :meth:`Network.summary` rows, cached per pair list."""
-        key = (src.tobytes(), dst.tobytes())
+    def recv_cost(self, nbytes: float) -> float:
+        return self.p2p.recv_s(nbytes) if self.p2p.library else self.least_recv_s
+
+    def wire(self, src: int, dst: int, nbytes: float) -> float:
+        """Uncontended seconds from injection at ``src`` to arrival at ``dst``."""
+        lat_sum, inv_min = self.p2p.summary(src, dst, nbytes)
+        return lat_sum + nbytes * inv_min
+
+    def pair_summary(self, src: np.ndarray, dst: np.ndarray, nbytes: float = 0.0) -> np.ndarray:
+        """``(p, 2)`` array of :meth:`P2PModel.summary` rows for messages of ``nbytes``
+        (the size picks the protocol), cached per pair list and protocol."""
+        key = (src.tobytes(), dst.tobytes(), self.p2p.protocol(nbytes))
         found = self._pair_cache.get(key)
         if found is None:
-            found = np.array([self.net.summary(int(a), int(b)) for a, b in zip(src, dst)])
+            found = np.array([self.p2p.summary(int(a), int(b), nbytes)
+                              for a, b in zip(src, dst)])
             self._pair_cache[key] = found
         return found
 
     def wire_vec(self, src: np.ndarray, dst: np.ndarray, nbytes) -> np.ndarray:
-        """Vectorised :meth:`Network.wire_time` over pairs ``(src[i], dst[i])``."""
-        summ = self.pair_summary(np.asarray(src), np.asarray(dst))
-        return summ[:, 0] + np.asarray(nbytes, dtype=float) * summ[:, 1]
+        """Vectorised :meth:`wire` over pairs ``(src[i], dst[i])``."""
+        src, dst = np.asarray(src), np.asarray(dst)
+        sizes = np.broadcast_to(np.asarray(nbytes, dtype=float), src.shape)
+        if not self.p2p.library:
+            summ = self.pair_summary(src, dst)
+            return summ[:, 0] + sizes * summ[:, 1]
+        if sizes.size and sizes.min() == sizes.max():  # one size: one protocol
+            summ = self.pair_summary(src, dst, float(sizes.flat[0]))
+            return summ[:, 0] + sizes * summ[:, 1]
+        out = np.empty(src.shape)
+        values, inverse = np.unique(sizes, return_inverse=True)
+        protocols = np.array([self.p2p.protocol(float(v)) for v in values])[inverse]
+        protocols = protocols.reshape(src.shape)
+        for p in set(protocols.tolist()):
+            pick = protocols == p
+            summ = self.pair_summary(src, dst, float(sizes[pick][0]))
+            out[pick] = summ[pick, 0] + sizes[pick] * summ[pick, 1]
+        return out
+
+    def send_vec(self, nbytes, recv: bool = False) -> np.ndarray:
+        """:meth:`send_cost` (``recv``: :meth:`recv_cost`) per element of ``nbytes``."""
+        sizes = np.asarray(nbytes, dtype=float)
+        if not self.p2p.library:
+            return np.full(sizes.shape, self.least_recv_s if recv else self.least_send_s)
+        if sizes.size and sizes.min() == sizes.max():
+            return np.full(sizes.shape, self.send_cost(float(sizes.flat[0])))
+        values, inverse = np.unique(sizes, return_inverse=True)
+        return np.array([self.send_cost(float(v)) for v in values])[inverse].reshape(sizes.shape)
 
     # -- collectives -----------------------------------------------------------------------
 

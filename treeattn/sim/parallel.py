@@ -49,8 +49,12 @@ def group_workload(workload: DecodeWorkload) -> DecodeWorkload:
     kv = model.n_kv_heads // tp if model.n_kv_heads >= tp else 1  # replicated KV heads
     if model.n_kv_heads >= tp and model.n_kv_heads % tp:
         raise SimError(f"--tp {tp} does not divide {model.name}'s {model.n_kv_heads} KV heads")
+    # Each GPU holds its heads' columns of Q/K/V and rows of O at the full hidden size
+    # (dim × head_dim × its heads: 1/tp of the projections, not 1/tp²), 1/tp of the MLP's
+    # intermediate size and of the vocabulary (Megatron-style row/column splits).
     shard = replace(model, name=f"{model.name}/tp{tp}", n_heads=model.n_heads // tp,
-                    n_kv_heads=kv, dim=model.dim // tp)
+                    n_kv_heads=kv, ffn_dim=-(-model.ffn_dim // tp),
+                    vocab_size=-(-model.vocab_size // tp))
     return replace(workload, model=shard, tp=1)
 
 

@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass, field
 
 from treeattn.sim.algorithms import BASELINES, SOURCES, build_schedule
+from treeattn.sim.algorithms.serving import LayoutRefused, check_head_split
 from treeattn.sim.algorithms.tree import make_trees
 from treeattn.sim.algorithms.trees import Tree
 from treeattn.sim.closed_form import closed_form, collective_schedule, ring_passq
@@ -172,6 +173,8 @@ class Plan:
     # With tensor parallelism the plan is for one context-parallel group of ``cluster``.
     cluster: object = field(default=None, repr=False)
     tp: int = 1
+    # Algorithms that cannot run this layout, with the reason (never priced as if they ran).
+    refused: dict[str, str] = field(default_factory=dict)
 
     @property
     def algorithm(self) -> str:
@@ -234,6 +237,7 @@ class Plan:
             "speedup_vs_best_baseline": (baseline.latency_s / self.latency_s
                                          if baseline else None),
             "candidates": [c.to_json() for c in self.candidates],
+            "refused": dict(self.refused),
             "explanation": self.explain(),
         }
 
@@ -264,11 +268,19 @@ def _chunk_messages(c: Candidate, cm: CostModel) -> float:
     return 2 * p * len(c.trees)
 
 
-def score(cands: list[Candidate], topology, cm: CostModel) -> None:
-    """Attach trees and the closed-form bound to each candidate."""
-    for c in cands:
+def score(cands: list[Candidate], topology, cm: CostModel) -> dict[str, str]:
+    """Attach trees and the closed-form bound to each candidate; drop (from ``cands``) and
+    return, by algorithm, those that cannot run this layout."""
+    refused: dict[str, str] = {}
+    for c in list(cands):
         if _is_collective(c):
-            c.built = schedule_for(c, topology, cm.workload)
+            try:
+                check_head_split(c.algorithm, cm.workload, cm.world)
+                c.built = schedule_for(c, topology, cm.workload)
+            except LayoutRefused as err:
+                refused[c.algorithm] = str(err)
+                cands.remove(c)
+                continue
             c.bound_s = float(collective_schedule(cm, c.built))
             continue
         if c.algorithm == "ring-passq":  # ring's recurrence on query blocks + exact tail
@@ -280,6 +292,7 @@ def score(cands: list[Candidate], topology, cm: CostModel) -> None:
             c.trees = make_trees(topology, kw.pop("shape", "binomial"), backend=cm.backend,
                                  message_bytes=cm.workload.partial_bytes, **kw)
         c.bound_s = float(closed_form(c.algorithm, cm, c.trees, c.params.get("inner", "tree")))
+    return refused
 
 
 def schedule_for(c: Candidate, topology, workload: DecodeWorkload) -> Schedule:
@@ -327,7 +340,9 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
         cands = [c for c in cands if c.algorithm in algorithms]
         if not cands:
             raise SimError(f"no candidate among algorithms {', '.join(algorithms)}")
-    score(cands, topology, cm)
+    refused = score(cands, topology, cm)
+    if not cands:
+        raise SimError("; ".join(refused.values()) or "no candidate to plan")
     cands.sort(key=lambda c: (c.bound_s, c.name))
     budget = max_simulated or (8 if cm.world <= 64 else 3 if cm.world <= 2048 else 1)
     best, used = math.inf, 0
@@ -346,7 +361,7 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     # small worlds simulate in milliseconds: verify as far as it takes
     ranked = _verify_leader(cands, topology, cm, len(cands) if cm.world <= 64 else budget)
     winner = _first_that_fits(ranked, topology, cm)
-    return Plan(topology, workload, winner, ranked, cm)
+    return Plan(topology, workload, winner, ranked, cm, refused=refused)
 
 
 def _verify_leader(cands: list[Candidate], topology, cm: CostModel, budget: int) -> list:
@@ -482,6 +497,8 @@ def explain_plan(plan) -> str:
                      f"({ring.latency_s / win.latency_s:.1f}× longer) because it moves "
                      f"{_bytes(ring_bytes)} of KV blocks per layer against "
                      f"{_bytes(pred.comm_bytes)} here.")
+    for reason in plan.refused.values():
+        parts.append(f"Not priced: {reason}.")
     simulated = sum(c.result is not None for c in plan.candidates)
     parts.append(f"{len(plan.candidates)} candidates were scored in closed form and "
                  f"{simulated} simulated; the rest cannot beat the winner because their "

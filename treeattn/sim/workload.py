@@ -61,6 +61,15 @@ from treeattn.sim.payloads import (
 )
 from treeattn.sim.schedule import Compute
 
+
+def real_slots(batch: int, world: int, origin: int) -> int:
+    """How many of ``origin``'s pass-Q slots hold a real query (``i·world + origin < B``).
+
+    >>> [real_slots(5, 4, s) for s in range(4)]
+    [2, 1, 1, 1]
+    """
+    return max(0, -(-(batch - origin) // world))
+
 FP32 = 4
 
 
@@ -314,16 +323,19 @@ class DecodeWorkload:
         m = self.model
         return 4 * (self.batch if batch is None else batch) * m.n_heads * tokens * m.head_dim
 
-    def qblock_attention_step(self, tokens: int, world: int) -> Compute:
-        """One pass-Q step: the ``Bq`` queries of the held block over the own shard of
-        ``tokens`` tokens (their ``Bq`` sequences' KV, dummies included), the block read and
-        one outbox slot written. ``Bq = ceil(B / world)``: padding costs like real queries."""
-        bq = query_slots(self.batch, world)
-        kv = self.kv_bytes(tokens) // self.batch * bq  # (2, Bq, Hkv, T, D)
+    def qblock_attention_step(self, tokens: int, world: int, origin: int = 0) -> Compute:
+        """One pass-Q step: the block of ``origin``'s query slots over the own shard of
+        ``tokens`` tokens, the block read and one outbox slot written. Of the
+        ``Bq = ceil(B / world)`` slots only the real ones (queries ``i·world + origin < B``)
+        are attended, each over its own sequence's KV: padding slots are skipped, as a
+        batched decode kernel over the real rows would (a block with none still pays the
+        step's kernel launch)."""
+        real = real_slots(self.batch, world, origin)
+        kv = self.kv_bytes(tokens) // self.batch * real  # (2, real, Hkv, T, D)
         slot = self.buffer_bytes(Payload.OUTBOX, world) // world  # (Bq, Hq, D+1) fp32
-        nbytes = kv + self.buffer_bytes(Payload.QBLOCK, world) + slot
+        nbytes = (kv + self.buffer_bytes(Payload.QBLOCK, world) + slot) if real else 0
         return Compute(ComputeLabel.ATTENTION_QBLOCK, nbytes,
-                       self.attention_flops(tokens, bq))
+                       self.attention_flops(tokens, real))
 
     def describe(self) -> str:
         return f"{self.model.name} seq_len={self.seq_len} batch={self.batch}"

@@ -10,7 +10,9 @@ Spec grammar: ``NAME[:KEY=VALUE[,KEY=VALUE...]]``. Names and their parameters:
 * ``gb200-nvl72`` (``racks``): 72 GB200 GPUs per rack in one NVLink5 domain (900 GB/s per
   GPU and direction), one 400 Gb/s ConnectX-7 per GPU, racks on the rail fabric.
 * ``mi300x`` (``nodes``): 8 MI300X per host in an xGMI full mesh (one 64 GB/s link per peer
-  and direction), one PCIe 5.0 switch per GPU shared with its 400 Gb/s NIC, same fabric.
+  and direction), one PCIe 5.0 switch per GPU shared with its 400 Gb/s NIC, same fabric;
+  two AMD EPYC 9004 host CPUs (AMD's MI300X platform reference design, e.g. Supermicro
+  AS-8125GS-TNMR2: 2× EPYC 9004, 8× MI300X), joined by Infinity Fabric.
 * ``pcie-4090`` (``gpus`` in 2, 4, 8; ``nodes``): RTX 4090s on PCIe 4.0 x16, half the GPUs
   behind each socket's PCIe switch, no peer-to-peer (traffic stages through host memory),
   one 200 Gb/s NIC per socket for more than one host.
@@ -140,7 +142,8 @@ def _mi300x_host(b: GraphBuilder, host: str, h: int) -> list[str]:
     for i in range(8):
         for j in range(i + 1, 8):
             b.link(gpus[i], gpus[j], "xgmi", link.link_bandwidth, hw.XGMI_HOP_LATENCY)
-    add_pcie_tree(b, host, gpus, nics, 8, hw.PCIE_BANDWIDTH[5])
+    add_pcie_tree(b, host, gpus, nics, 8, hw.PCIE_BANDWIDTH[5], upi=hw.UPI_BANDWIDTH_AMD,
+                  vendor="amd")
     return nics
 
 

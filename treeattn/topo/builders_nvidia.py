@@ -31,6 +31,9 @@ gb200-nvl72  GB200  72      9 trays x 2 (2 each) ConnectX-7 400G  per GPU     DG
   EPYC 7742 sockets (joined by Infinity Fabric: :data:`~.hardware.UPI_BANDWIDTH_AMD`).
 * DGX H100 (user guide): 8x H100 SXM5, 4 NVSwitch chips, 8x ConnectX-7 400 Gb/s NDR,
   4 PCIe 5.0 switches, 2 Xeon Platinum 8480C.
+* CPU vendor (``cpu_vendor``, read by NCCL's tuning for the network overhead of a ring
+  step): AMD for the DGX A100 (EPYC 7742), Intel for the DGX H100 / H200 (Xeon 8480C) and
+  DGX B200 (Xeon 8570), "other" (ARM Grace) for GB200.
 * HGX H200 (NVIDIA H200 datasheet; DGX H200 user guide for the rest): the DGX H100 board with
   H200 GPUs (141 GB, 4.8 TB/s): NVLink4 900 GB/s bidirectional via 4 NVSwitch chips, 8x
   ConnectX-7 400 Gb/s.
@@ -75,14 +78,17 @@ class NvSwitchSystem:
     sockets: int = 2
     upi: float = 0.0  # inter-socket B/s (0: fabric.add_pcie_tree's default)
     chips_per_node: int = 1  # NVSwitch chips one physical node stands for (GB200: a tray)
+    cpu_vendor: str = "intel"  # the host CPUs' maker: "intel", "amd", "other" (Grace: ARM)
 
 
 SYSTEMS: dict[str, NvSwitchSystem] = {
-    "dgx-a100": NvSwitchSystem("A100", 8, (2,) * 6, 200, 4, 4, upi=hw.UPI_BANDWIDTH_AMD),
+    "dgx-a100": NvSwitchSystem("A100", 8, (2,) * 6, 200, 4, 4, upi=hw.UPI_BANDWIDTH_AMD,
+                               cpu_vendor="amd"),
     "dgx-h100": NvSwitchSystem("H100", 8, (5, 4, 4, 5), 400, 5, 4),
     "hgx-h200": NvSwitchSystem("H200", 8, (5, 4, 4, 5), 400, 5, 4),
     "dgx-b200": NvSwitchSystem("B200", 8, (9, 9), 400, 5, 4),
-    "gb200-nvl72": NvSwitchSystem("GB200", 72, (2,) * 9, 400, 5, 72, chips_per_node=2),
+    "gb200-nvl72": NvSwitchSystem("GB200", 72, (2,) * 9, 400, 5, 72, chips_per_node=2,
+                                  cpu_vendor="other"),
 }
 
 
@@ -107,7 +113,7 @@ def _box_host(s: NvSwitchSystem, b: GraphBuilder, host: str, h: int) -> list[str
     gpus = [add_gpu(b, host, i, h * s.gpus + i, s.gpu, nics[i]) for i in range(s.gpus)]
     add_nvswitch_domain(b, host, gpus, s.gpu, s.split)
     add_pcie_tree(b, host, gpus, nics, s.pcie_switches, hw.PCIE_BANDWIDTH[s.pcie_gen],
-                  sockets=s.sockets, upi=s.upi)
+                  sockets=s.sockets, upi=s.upi, vendor=s.cpu_vendor)
     return nics
 
 
@@ -144,7 +150,7 @@ def _rack(s: NvSwitchSystem, b: GraphBuilder, host: str, h: int) -> list[str]:
     add_nvswitch_domain(b, host, gpus, s.gpu, s.split, s.chips_per_node)
     bw, lat = hw.PCIE_BANDWIDTH[s.pcie_gen], hw.PCIE_EDGE_LATENCY
     for c in range(s.gpus // 2):  # superchip c: Grace c with GPUs 2c and 2c + 1
-        grace = b.node(f"{host}/cpu{c}", "cpu", host, socket=c)
+        grace = b.node(f"{host}/cpu{c}", "cpu", host, socket=c, vendor=s.cpu_vendor)
         for i in (2 * c, 2 * c + 1):
             sw = b.node(f"{host}/pcie{i}", "pcie_switch", host)
             b.link(sw, grace, "pcie", bw, lat)

@@ -133,13 +133,15 @@ def check_fabric(hosts: int, rails: int, leaf_hosts: int = 0) -> None:
 
 def add_pcie_tree(
     b: GraphBuilder, host: str, gpus: list[str], nics: list[str | None], switches: int,
-    bandwidth: float, sockets: int = 2, upi: float = 0.0,
+    bandwidth: float, sockets: int = 2, upi: float = 0.0, vendor: str = "intel",
 ) -> list[str]:
     """Add ``sockets`` CPUs joined by UPI (``upi`` B/s; by default SPR's figure on PCIe 5
     hosts, the desktop one below) and ``switches`` PCIe switches, split evenly across
     sockets, with ``gpus[i]`` (and ``nics[i]`` when given) behind switch ``i * switches //
-    len(gpus)``. Return the CPU names."""
-    cpus = [b.node(f"{host}/cpu{s}", "cpu", host, socket=s) for s in range(sockets)]
+    len(gpus)``. ``vendor`` ("intel", "amd", "other") is the CPUs' maker, which NCCL's
+    tuning reads (network overhead per ring step). Return the CPU names."""
+    cpus = [b.node(f"{host}/cpu{s}", "cpu", host, socket=s, vendor=vendor)
+            for s in range(sockets)]
     if not upi:
         upi = hw.UPI_BANDWIDTH_SPR if bandwidth > hw.PCIE_BANDWIDTH[4] else hw.UPI_BANDWIDTH_DESKTOP
     for s in range(1, sockets):

@@ -173,9 +173,11 @@ IB_NDR_BANDWIDTH = 400e9 / 8
 IB_HDR_BANDWIDTH = 200e9 / 8
 # InfiniBand XDR 800 Gb/s (ConnectX-8 SuperNIC): 100 GB/s per direction.
 IB_XDR_BANDWIDTH = 800e9 / 8
-# Network: NCCL's 2.7 us base for a NIC-leaf-NIC hop, split over NIC->leaf and leaf->NIC;
-# each extra switch level (leaf -> spine -> leaf) adds 0.5 us per edge (switch port-to-port).
-IB_EDGE_LATENCY = 1.1 * US
+# Network: NCCL's 2.7 us (hwLat NET, ring LL) for a NIC-leaf-NIC hop, split over NIC->leaf
+# and leaf->NIC (1.35 us each); each extra switch level (leaf -> spine -> leaf) adds 0.5 us
+# per edge (switch port-to-port). NCCL/RCCL messages take their per-protocol hop latency
+# from the library's table instead (treeattn.sim.p2p); these link figures price gloo.
+IB_EDGE_LATENCY = 1.35 * US
 IB_SPINE_LATENCY = 0.5 * US
 # NDR switch (Quantum-2 QM9700): 64 ports of 400 Gb/s.
 IB_SWITCH_PORTS = 64

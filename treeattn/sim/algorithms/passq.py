@@ -15,11 +15,16 @@ stays sharded along the sequence. The *queries* travel, not the KV::
     Collective(all_gather, outbox, sharded)    # replicate: every rank gets every origin slot
     Compute("place_rows")                      # (B, Hq, D) partial from the slots, dummies dropped
 
-Why it costs what it costs: every step reads the own KV shard of ``Bq`` sequences, so over
-``p`` steps a rank reads ``p·Bq ≥ B`` sequences' shards. For ``B ≥ p`` (and ``p | B``) that
-is one read of the cache, like every other algorithm; for ``B < p`` the ``p − B`` dummy
-steps still read a shard each (``B = 1``: ``p`` reads of the shard instead of one). The
-messages are small (a query block), which is why the paper uses it for decode.
+Why it costs what it costs: step ``j`` attends the real queries of origin ``(k − j) mod p``
+(slots ``i`` with ``i·p + origin < B``) over the own KV shard of their sequences; padding
+slots are skipped, as a batched decode kernel over the real rows would (a block with no
+real query only pays its step's launch). Over ``p`` steps a rank so reads each of the ``B``
+sequences' shards once, like every other algorithm. The block still rotates whole (it is
+``Bq`` slots whatever their content), sent before the step's attention and received after
+it, so the rotation overlaps the attention exactly as pass-KV's does (``ring``). The
+messages are small (a query block), which is why the paper uses it for decode. Modelled:
+the paper's Alg. 4, batched ring pass-Q for decode (not its pass-KV prefill, nor the
+pass-Q prefill variant of its Alg. 3).
 
 The natural output is batch-sharded (each owner holds its queries' outputs); treeattn's
 layers run replicated, and a head-sharded consumer cannot use batch shards either, so the
@@ -52,13 +57,13 @@ def build_ring_passq(topology, workload: DecodeWorkload) -> Schedule:
     steps = []
     for k in range(world):
         nxt, prv = (k + 1) % world, (k - 1) % world
-        attend = workload.qblock_attention_step(shards[k], world)
         rank_steps = []
         for j in range(world):
             last = j == world - 1
             if not last:
                 rank_steps.append(Send(nxt, qb, j, Payload.QBLOCK))
-            rank_steps.append(attend)
+            # the held block is origin (k - j)'s: only its real query slots are attended
+            rank_steps.append(workload.qblock_attention_step(shards[k], world, (k - j) % world))
             if not last:
                 rank_steps.append(Recv(prv, qb, j, Payload.QBLOCK, reduce=False))
         rank_steps += [home, merge, gather, place]

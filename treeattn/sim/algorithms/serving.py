@@ -27,9 +27,36 @@ the all-gather of the head shards that a practitioner would add; with ``layout=
 
 from __future__ import annotations
 
-from treeattn.sim.payloads import CollectiveOp, ComputeLabel, MergeOp, Payload
+from treeattn.sim.payloads import CollectiveOp, ComputeLabel, MergeOp, Payload, SimError
 from treeattn.sim.schedule import Collective, Compute, Merge, Schedule, Tags
 from treeattn.sim.workload import DecodeWorkload
+
+
+class LayoutRefused(SimError):
+    """An algorithm that cannot run this layout (the planner leaves it out, with the reason)."""
+
+
+HEAD_SPLIT = ("helix", "dcp")  # the baselines whose engines need an even split of the heads
+
+
+def check_head_split(algorithm: str, workload: DecodeWorkload, world: int) -> None:
+    """Refuse a head-scatter baseline whose ranks do not split the query heads evenly.
+
+    vLLM's DCP reduce-scatters the outputs along the heads (``reduce_scatter_tensor`` needs
+    equal shards) and the Helix all-to-all sends head chunk ``j`` to rank ``j``: with more
+    ranks than heads, or a count that does not divide them, some ranks would hold no heads
+    or uneven ones, which neither engine runs. (treeattn's own executor runs these schedules
+    on uneven chunks, so the generators build them; the planner, which prices them as the
+    engines run them, refuses the point.)
+    """
+    if algorithm not in HEAD_SPLIT:
+        return
+    heads = workload.model.n_heads
+    if heads % world:
+        op = "reduce-scatter" if algorithm == "dcp" else "all-to-all"
+        raise LayoutRefused(f"{algorithm}: {world} ranks do not divide the {heads} query heads "
+                            f"of {workload.model.name}; its {op} along the heads needs an "
+                            "even split, so it cannot run this layout")
 
 
 def _start(topology, workload: DecodeWorkload) -> tuple[tuple[int, ...], list[list]]:
@@ -57,7 +84,8 @@ def build_oneshot(topology, workload: DecodeWorkload) -> Schedule:
     tags, pb = Tags(), workload.partial_bytes
     tag = tags.collective()
     gather = Collective(CollectiveOp.ALL_GATHER, group, len(group) * pb, Payload.PARTIAL, tag=tag)
-    fold = Merge(3 * pb * (len(group) - 1), MergeOp.PARTIAL, tag)
+    # one pass over the p gathered partials, writing one: (p + 1) partials of traffic
+    fold = Merge((len(group) + 1) * pb, MergeOp.PARTIAL, tag)
     for rank_steps in steps:
         rank_steps += [gather, fold]
     return Schedule("oneshot", steps, {})
@@ -82,12 +110,16 @@ def build_dcp(topology, workload: DecodeWorkload, query_gather: bool = False) ->
     p = len(group)
     tag = tags.collective()
     num = workload.num_bytes
+    # vLLM reduce-scatters the rescaled output in the attention dtype (cp_lse_ag_out_rs:
+    # correct_attn_out rescales the attention output in place, then reduce_scatter(out)),
+    # not the fp32 numerator treeattn's runtime keeps
+    out = num // 4 * workload.model.dtype_bytes
     tail = [
         Compute(ComputeLabel.INIT_MAX, pb + mx),  # max ← the local lse
         Collective(CollectiveOp.ALL_GATHER, group, p * mx, Payload.MAX, tag=tag),
-        Merge(3 * mx * (p - 1), MergeOp.LSE, tag),  # max ← the global lse
+        Merge((p + 1) * mx, MergeOp.LSE, tag),  # max ← the global lse: p read, one written
         Compute(ComputeLabel.RESCALE, pb + 3 * mx + num),
-        Collective(CollectiveOp.REDUCE_SCATTER, group, num, Payload.NUM),
+        Collective(CollectiveOp.REDUCE_SCATTER, group, out, Payload.NUM),
         Compute(ComputeLabel.FINALIZE_GLOBAL, num + mx + pb),
     ]
     query = Collective(CollectiveOp.ALL_GATHER, group, workload.query_bytes(), Payload.QUERY,

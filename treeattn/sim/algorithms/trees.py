@@ -277,12 +277,33 @@ def simple_shape(shape: str, world: int, root: int = 0, k: int = 2,
 
 def cost_matrix(topology, message_bytes: float, backend: BackendModel) -> np.ndarray:
     """``C[u, v]``: seconds to deliver one message from ``u`` to ``v`` (∞ on the diagonal)."""
+    return message_prices(topology, message_bytes, backend)[0]
+
+
+def message_prices(topology, message_bytes: float,
+                   backend: BackendModel) -> tuple[np.ndarray, float]:
+    """``(C, send + recv)``: :func:`cost_matrix` and the two ends' software cost, priced as
+    the engine prices a message (:mod:`treeattn.sim.p2p`: on NCCL/RCCL the protocol's
+    per-class hop latency and the pair's bandwidth capped at the library's figure)."""
+    from treeattn.sim.nccl.collectives import p2p_parts
+    from treeattn.sim.network import Network
+    from treeattn.sim.p2p import P2PModel
+
     lat = np.asarray(topology.latency_matrix(), dtype=float)
     bw = np.asarray(topology.bandwidth_matrix(), dtype=float)
+    model = P2PModel(topology, backend, Network(topology, backend),
+                     resolve_hardware(topology, None))
+    send, recv = model.send_s(message_bytes), model.recv_s(message_bytes)
+    if model.library:
+        hosts = np.array([topology.host_of(r) for r in range(topology.num_gpus)])
+        across = hosts[:, None] != hosts[None, :]
+        parts = [p2p_parts(message_bytes, model.shape, a) for a in (False, True)]
+        lat = np.where(across, parts[1][2], parts[0][2]) * 1e-6
+        bw = np.minimum(bw, np.where(across, parts[1][3], parts[0][3]) * 1e9)
     with np.errstate(divide="ignore"):
-        cost = backend.send_s + lat + message_bytes / bw + backend.recv_s
+        cost = send + lat + message_bytes / bw + recv
     np.fill_diagonal(cost, np.inf)
-    return cost
+    return cost, send + recv
 
 
 def fnf_tree(cost: np.ndarray, root: int, per_child_s: float) -> Tree:
@@ -337,7 +358,7 @@ def searched_tree(topology, root: int = 0, backend=None, message_bytes: float | 
     if message_bytes is None:
         heads, dim = (model.n_heads, model.head_dim) if model is not None else (32, 128)
         message_bytes = FP32 * heads * (dim + 1)
-    cost = cost_matrix(topology, message_bytes, backend)
+    cost, ends = message_prices(topology, message_bytes, backend)
     merge_s = resolve_hardware(topology, None)[root].compute_time(3 * message_bytes)
-    per_child = backend.send_s + backend.recv_s + merge_s
+    per_child = ends + merge_s
     return fnf_tree(cost, root, per_child)

@@ -96,13 +96,19 @@ class HostModel:
         if self.streams(r, step):
             self.cold[r].update(KINDS)
 
-    def send_s(self, r: int) -> float:
+    def send_s(self, r: int, nbytes: int) -> float:
+        """The sender's host cost of an ``nbytes`` message (its protocol's, :mod:`~treeattn.sim.p2p`)."""
         c = self.c
-        return c.program.send_s if self.programmed[r] else c.send_s + self._cold_extra(r, "send")
+        if self.programmed[r]:
+            return c.program.send_s
+        return c.p2p.send_s(nbytes) + self._cold_extra(r, "send")
 
-    def recv_s(self, r: int) -> float:
+    def recv_s(self, r: int, nbytes: int) -> float:
+        """The receiver's host cost of an ``nbytes`` message."""
         c = self.c
-        return c.program.recv_s if self.programmed[r] else c.recv_s + self._cold_extra(r, "recv")
+        if self.programmed[r]:
+            return c.program.recv_s
+        return c.p2p.recv_s(nbytes) + self._cold_extra(r, "recv")
 
     def collective_s(self, r: int, step: Collective) -> float:
         """What a cold member runs on its core before it joins a collective."""

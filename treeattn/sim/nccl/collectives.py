@@ -23,9 +23,10 @@ broadcast, the whole gathered (scattered) buffer of an all-gather (reduce-scatte
 send buffer of an all-to-all, and one message of a send/recv.
 
 NCCL has no table for send/recv or all-to-all (it runs them as p2p transfers). We price a
-p2p message as one ring hop of that protocol: ``baseLat[ring] + hwLat[class][ring]``, at the
-pair's link bandwidth (halved for LL, whose flags take half of each line). That is our own
-analogy, stated as such in the fidelity report.
+p2p message as one ring hop of the protocol NCCL's enqueue picks for it (:func:`p2p_protocol`):
+``baseLat[ring] + hwLat[class][ring]``, at the pair's bandwidth (halved for LL, whose flags
+take half of each line); an all-to-all as the group of p2p transfers to every peer
+(:func:`_all_to_all`). That is our own analogy, stated as such in the fidelity report.
 
 >>> from treeattn.topo import Topology
 >>> shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
@@ -44,7 +45,7 @@ from treeattn.sim.nccl.group_shape import GroupShape
 from treeattn.sim.payloads import SimError
 
 __all__ = ["OPS", "CollectiveCost", "GroupShape", "candidates", "check_op", "collective_cost",
-           "p2p_cost"]
+           "net_overhead_us", "p2p_cost", "p2p_parts", "p2p_protocol"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 
@@ -78,6 +79,13 @@ def _arch_row(table: dict, arch: str) -> tuple:
     return table.get(arch) or table.get(arch.split("-")[0]) or table["ampere"]
 
 
+def net_overhead_us(s: GroupShape, p: int) -> float:
+    """NCCL's and RCCL's network post overhead under a multi-node ring step (getNetOverhead):
+    by the hosts' CPU vendor, ×3 for Simple."""
+    base = T.NCCL_NET_OVERHEAD_US.get(s.cpu_vendor, T.NCCL_NET_OVERHEAD_US["other"])
+    return base * (T.NCCL_NET_OVERHEAD_SIMPLE_FACTOR if p == 2 else 1)
+
+
 def _nvidia_latency_us(op: str, algo: str, p: int, s: GroupShape) -> float:
     base = T.NCCL_BASE_LAT[algo][p] * s.lat_scale
     intra = T.NCCL_HW_LAT[s.intra][algo][p] * s.lat_scale
@@ -85,10 +93,11 @@ def _nvidia_latency_us(op: str, algo: str, p: int, s: GroupShape) -> float:
     inter = T.NCCL_HW_LAT["net"][inter_algo][p] * s.net_lat_scale
     log_nodes = int(math.log2(s.nnodes))
     if algo == "ring":
+        if op == "broadcast":  # channels identical: one hop of the ring's hardware, pipelined
+            return base + (T.NCCL_HW_LAT["net"]["ring"][p] * s.net_lat_scale if s.nnodes > 1
+                           else intra)
         if s.nnodes > 1:  # the proxy's network overhead hides the NVLink hop
-            intra = max(intra, T.NCCL_NET_OVERHEAD_US * (3 if p == 2 else 1))
-        if op == "broadcast":
-            return base + intra  # channels identical: one hop, then pipelined
+            intra = max(intra, net_overhead_us(s, p))
         steps = 2 * (s.nranks - 1) if op == "all_reduce" else s.nranks - 1
         inter_steps = 0 if s.nnodes == 1 else (2 if op == "all_reduce" else 1) * (s.nnodes - 1)
         return base + (steps - inter_steps) * intra + inter_steps * inter
@@ -106,8 +115,10 @@ def _nvidia_bus_bw(op: str, algo: str, p: int, s: GroupShape) -> float:
     nch = s.channels
     per_channel = s.intra_speed if s.nnodes <= 2 else s.inter_speed
     bus = nch * per_channel
+    amd_hosts = s.cpu_vendor in ("amd", "mixed")  # llMaxBws' row on several nodes
     ll_max = (_arch_row(T.NCCL_LL_MAX_BW, s.arch)[0] if s.nnodes == 1
-              else T.NCCL_LL_MAX_BW_MULTINODE_INTEL[col])
+              else (T.NCCL_LL_MAX_BW_MULTINODE_AMD if amd_hosts
+                    else T.NCCL_LL_MAX_BW_MULTINODE_INTEL)[col])
     if algo == "ring":
         if p == 0:
             return min(ll_max, 0.5 * bus)
@@ -169,6 +180,8 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape) -> list[CollectiveCost]:
         log_size = _log_size(nbytes)
         if algo == "tree" and 0 <= log_size < len(T.NCCL_TREE_CORRECTION["LL"]):
             bus *= T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]][log_size]
+        if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
+            bus *= T.NCCL_TREE_PATTERN_FACTOR  # one GPU per node: search.cc's PATTERN_TREE
         if (algo == "ring" and p == 2 and op == "all_reduce" and s.nnodes > 1
                 and nbytes / (2 * s.channels * s.nranks) >= 64):
             latency *= T.NCCL_RING_SIMPLE_PLATEAU
@@ -229,11 +242,15 @@ def _amd_costs(op: str, nbytes: int, s: GroupShape) -> list[CollectiveCost]:
                 continue  # RCCL skips tree Simple on one gfx942 node
             base = T.RCCL_BASE_LAT[algo][p] * s.lat_scale
             intra = T.RCCL_HW_LAT[s.intra][algo][p] * s.lat_scale
-            inter = T.RCCL_HW_LAT["net"][algo][p] * s.net_lat_scale
-            if algo == "ring":
+            inter_algo = "tree" if s.ppn == 1 else algo  # RCCL keeps NCCL's ppn == 1 rule
+            inter = T.RCCL_HW_LAT["net"][inter_algo][p] * s.net_lat_scale
+            if algo == "ring" and op == "broadcast":
+                hop = T.RCCL_HW_LAT["net"]["ring"][p] * s.net_lat_scale if s.nnodes > 1 else intra
+                latency = base + hop
+            elif algo == "ring":
+                if s.nnodes > 1:  # RCCL keeps getNetOverhead under a multi-node ring step
+                    intra = max(intra, net_overhead_us(s, p))
                 steps = 2 * (s.nranks - 1) if op == "all_reduce" else s.nranks - 1
-                if op == "broadcast":
-                    steps = 1
                 inter_steps = 0 if s.nnodes == 1 else (2 if op == "all_reduce" else 1) * (
                     s.nnodes - 1)
                 latency = base + (steps - inter_steps) * intra + inter_steps * inter
@@ -268,39 +285,86 @@ def _priced(op, nbytes, algo, p, latency_us, alg_bw_GBps) -> CollectiveCost:
                           alg_bw_GBps * 1e9, time_us * 1e-6)
 
 
+def p2p_protocol(nbytes: float, s: GroupShape) -> int:
+    """NCCL's protocol for one send/recv of ``nbytes`` on communicator ``s`` (0 LL, 2 Simple).
+
+    ``addP2pToPlan`` (enqueue.cc) keeps LL while the bytes are at most ``nChannels × 16 KiB``,
+    ``nChannels = min(nChannelsMin, ceil(bytes / minPartSize))``; the minimum part is the p2p
+    chunk over 8 on one node, over 2 on several (512 KiB chunks on an all-NVLink node, 128 KiB
+    otherwise). So 64 KiB parts (one channel, LL up to 16 KiB) on NVLink and across nodes,
+    16 KiB parts (up to ``nChannelsMin`` = 2 channels, LL up to 32 KiB) on one PCIe node.
+    RCCL runs the same code (its enqueue.cc keeps NCCL_P2P_LL_THRESHOLD).
+    """
+    if s.nnodes == 1 and s.intra == "nvlink":
+        chunk, divisor = T.NCCL_P2P_CHUNK["nvlink"], 8
+    else:
+        chunk, divisor = T.NCCL_P2P_CHUNK["other"], 8 if s.nnodes == 1 else 2
+    min_part = chunk // divisor
+    channels = max(1, min(T.NCCL_P2P_CHANNELS, math.ceil(nbytes / min_part)))
+    return 0 if nbytes <= channels * T.NCCL_P2P_LL_THRESHOLD else 2
+
+
+def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, float, float,
+                                                                         float]:
+    """``(protocol, base µs, hop µs, GB/s)`` of one send/recv: THE p2p price, which the engine
+    (:mod:`treeattn.sim.p2p`), the closed forms and :func:`p2p_cost` all use.
+
+    NCCL has no p2p table; our analogy is one hop of the chosen protocol:
+    ``baseLat[ring][p]`` plus the library's per-hop latency for the link class, at the
+    pair's bandwidth as the tuning model sees it (the GPU's NVLink total, or its rail's share
+    of the network), halved for LL, whose flags take half of each line. The per-hop latency
+    is given per algorithm and a send/recv is neither, so we take the smaller of the ring's
+    and the tree's figure: on NCCL that is the ring's everywhere but LL on the network
+    (2.7 against 5.0 µs); on RCCL it keeps the tuned 320 µs ring-Simple network hop of
+    ``tuning_model_5`` (a constant that keeps ring Simple off small multi-node collectives,
+    not a hop's cost) out of a single message, which takes the tree's 25 µs instead.
+    """
+    hw = "net" if across_nodes else s.intra
+    bw = s.p2p_inter_GBps if across_nodes else s.p2p_intra_GBps
+    p = p2p_protocol(nbytes, s)
+    hop_scale = s.net_lat_scale if hw == "net" else s.lat_scale
+    base_t, hw_t = ((T.RCCL_BASE_LAT, T.RCCL_HW_LAT) if s.family == "amd"
+                    else (T.NCCL_BASE_LAT, T.NCCL_HW_LAT))
+    hop = min(hw_t[hw]["ring"][p], hw_t[hw]["tree"][p])
+    return (p, base_t["ring"][p] * s.lat_scale, hop * hop_scale,
+            bw * (0.5 if p == 0 else 1.0))
+
+
 def p2p_cost(nbytes: int, s: GroupShape, *, across_nodes: bool | None = None,
              op: str = "sendrecv") -> CollectiveCost:
-    """One send/recv of ``nbytes`` between two ranks of ``s`` (see the module docstring)."""
+    """One send/recv of ``nbytes`` between two ranks of ``s`` (see :func:`p2p_parts`)."""
     net = s.nnodes > 1 if across_nodes is None else across_nodes
-    hw = "net" if net else s.intra
-    bw = s.p2p_inter_GBps if net else s.p2p_intra_GBps
-    p = 0 if nbytes <= T.NCCL_P2P_LL_THRESHOLD * T.NCCL_P2P_CHANNELS else 2
-    hop_scale = s.net_lat_scale if hw == "net" else s.lat_scale
-    if s.family == "amd":
-        latency = (T.RCCL_BASE_LAT["ring"][p] * s.lat_scale
-                   + T.RCCL_HW_LAT[hw]["ring"][p] * hop_scale)
-    else:
-        latency = (T.NCCL_BASE_LAT["ring"][p] * s.lat_scale
-                   + T.NCCL_HW_LAT[hw]["ring"][p] * hop_scale)
-    return _priced(op, nbytes, "p2p", p, latency, bw * (0.5 if p == 0 else 1.0))
+    p, base, hop, bw = p2p_parts(nbytes, s, net)
+    return _priced(op, nbytes, "p2p", p, base + hop, bw)
 
 
 def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
-    """n−1 concurrent p2p transfers of nbytes/n each: the slowest class's latency, and each
-    class's share of the bytes over that class's bandwidth."""
+    """All-to-all as NCCL runs it: a group of sends and receives of ``nbytes / n`` to and from
+    every peer, all in flight together.
+
+    Latency: one p2p message's (:func:`p2p_parts`) for the slowest class of peer, plus, for
+    network peers, the proxy posting each further peer's send and receive (one step) one
+    after another at NCCL's network post overhead per step (``getNetOverhead``, by CPU
+    vendor, ×3 for Simple): our analogy of the ring's rule that every network step costs at
+    least that.
+    NVLink peers run on their own channels concurrently. So it never beats one message and
+    grows with the number of network peers. Bandwidth: each class's share of the bytes over
+    that class's bandwidth (LL halves it).
+    """
     per_peer = nbytes // max(1, s.nranks)
     parts = []
     if s.ppn > 1:
-        local = p2p_cost(per_peer, s, across_nodes=False, op="all_to_all")
-        parts.append((local, (s.ppn - 1) * per_peer, s.p2p_intra_GBps))
+        p, base, hop, bw = p2p_parts(per_peer, s, False)
+        parts.append((p, base + hop, (s.ppn - 1) * per_peer, bw))
     if s.nnodes > 1:
-        remote = p2p_cost(per_peer, s, across_nodes=True, op="all_to_all")
-        parts.append((remote, (s.nranks - s.ppn) * per_peer, s.p2p_inter_GBps))
-    latency = max(c.latency_s for c, _, _ in parts)
-    wire = max(b / (gbps * 1e9 * (0.5 if c.protocol == "LL" else 1.0)) if b else 0.0
-               for c, b, gbps in parts)
+        p, base, hop, bw = p2p_parts(per_peer, s, True)
+        remote = s.nranks - s.ppn
+        posts = (remote - 1) * net_overhead_us(s, p)  # one step (send + receive) per peer
+        parts.append((p, base + hop + posts, remote * per_peer, bw))
+    latency = max(lat for _, lat, _, _ in parts) * 1e-6
+    wire = max(b / (bw * 1e9) if b else 0.0 for _, _, b, bw in parts)
     bandwidth = nbytes / wire if wire else math.inf
-    return CollectiveCost("all_to_all", int(nbytes), "p2p", parts[-1][0].protocol, latency,
+    return CollectiveCost("all_to_all", int(nbytes), "p2p", T.PROTOCOLS[parts[-1][0]], latency,
                           bandwidth, latency + wire)
 
 

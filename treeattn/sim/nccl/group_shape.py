@@ -40,6 +40,10 @@ class GroupShape:
     # MI300X node run MSCCL's all-pairs schedule, not the tuner's choice. Off: the current
     # library. :func:`_rccl_msccl_allreduce` has the rule.
     rccl_msccl: bool = False
+    # The hosts' CPU vendor as NCCL's topology reports it ("intel", "amd", "mixed" across
+    # hosts, "other": ARM, POWER, unknown): it sets the network post overhead of a
+    # multi-node ring step and the multi-node LL bandwidth cap (nccl_tables: NCCL-net).
+    cpu_vendor: str = "intel"
 
     def scaled(self, lat: float = 1.0, net_lat: float = 1.0, bw: float = 1.0,
                net_bw: float = 1.0) -> GroupShape:
@@ -79,7 +83,8 @@ class GroupShape:
                 topology, local, family, arch, intra, nvswitch, links_out)
         inter_speed, p2p_inter = 0.0, 0.0
         if nnodes > 1:
-            nic_total = _nic_bandwidth(topology, host) / 1e9
+            # the NICs the group's GPUs of that host use (their rails), not every NIC of it
+            nic_total = _rail_bandwidth(topology, local) / 1e9
             p2p_inter = nic_total / max(1, ppn)
             cap = speed if speed else nic_total
             inter_speed = _largest_at_most(_speeds(T.NCCL_SPEEDS_INTER, arch),
@@ -87,7 +92,8 @@ class GroupShape:
             if ppn == 1:  # one GPU per node: every channel crosses the network
                 speed, p2p_intra = inter_speed, p2p_inter
         return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
-                   speed, inter_speed, p2p_intra, p2p_inter)
+                   speed, inter_speed, p2p_intra, p2p_inter,
+                   cpu_vendor=cpu_vendor(topology, per_host))
 
 
 def _speeds(table: dict, arch: str) -> tuple[float, ...]:
@@ -124,13 +130,42 @@ def _intra_channels(topology, local, family, arch, intra, nvswitch, links_out):
     return 2, _largest_at_most(_speeds(T.NCCL_SPEEDS_INTRA, arch), path_bw / 2), path_bw
 
 
-def _nic_bandwidth(topology, host: str) -> float:
-    """Bytes/s out of ``host``'s NICs into the network (sum over its rails)."""
-    total = 0.0
-    for node, data in topology.graph.nodes(data=True):
-        if data.get("kind") == "nic" and data.get("host") == host:
-            total += max((d["bandwidth"] for _, _, d in topology.graph.out_edges(node, data=True)
-                          if d.get("kind") == "ib"), default=0.0)
+def _rail_bandwidth(topology, local: list[str]) -> float:
+    """Bytes/s into the network from the NICs that ``local`` (GPUs of one host) use.
+
+    A GPU's NIC is the one its route to another host leaves through (its rail on a
+    rail-optimised fabric, the NIC behind its PCIe switch): NCCL's search gives each GPU its
+    nearest NIC, and a tensor-parallel group's context-parallel slice of one GPU per host
+    sends through that GPU's rail only, not through every NIC of the host.
+    """
+    graph = topology.graph
+    host = topology.host_of(local[0])
+    other = next((h for h in topology.hosts if h != host), None)
+    if other is None:
+        raise SimError(f"host {host}: no other host to price a multi-node collective over")
+    mine, theirs = topology.gpus_on(host), topology.gpus_on(other)
+    nics = set()
+    for gpu in local:  # to the GPU in the same position there: its own rail (no PXN hop)
+        peer = theirs[mine.index(gpu) % len(theirs)]
+        for u, v in topology.route(gpu, peer):
+            if graph.nodes[u].get("kind") == "nic" and graph.edges[u, v].get("kind") == "ib":
+                nics.add((u, v))
+                break
+    total = sum(float(graph.edges[e]["bandwidth"]) for e in nics)
     if total <= 0:
         raise SimError(f"host {host}: no network interface to price a multi-node collective")
     return total
+
+
+def cpu_vendor(topology, hosts) -> str:
+    """The CPU vendor NCCL would report for a communicator on ``hosts``: one vendor, or
+    "mixed" when the hosts differ (nodes of kind ``cpu`` carry ``vendor``; "intel" when a
+    topology does not say, NCCL's most common case and this model's earlier assumption)."""
+    found = set()
+    wanted = set(hosts)
+    for _node, data in topology.graph.nodes(data=True):
+        if data.get("kind") == "cpu" and data.get("host") in wanted:
+            found.add(str(data.get("vendor", "intel")))
+    if len(found) > 1:
+        return "mixed"
+    return found.pop() if found else "intel"

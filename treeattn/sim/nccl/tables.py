@@ -15,8 +15,22 @@ NCCL      NVIDIA/nccl 2.30.7 (commit 5067397c), ``src/graph/tuning.cc``:
           ``treeCorrectionFactor``, ``nvlsEfficiency``; ``src/graph/search.cc``: the
           per-channel search speeds; ``src/graph/topo.h``: NCCL's NVLink bandwidth per
           link (``SM80_NVLINK_BW`` 20, ``SM86`` 12, ``SM90`` 20.6, ``SM100`` 40.1 GB/s).
-NCCL-p2p  ``src/enqueue.cc``: send/recv use LL up to ``NCCL_P2P_LL_THRESHOLD`` (16 KiB
-          per channel), Simple above; NCCL keeps no latency table for p2p.
+NCCL-p2p  ``src/enqueue.cc`` (``addP2pToPlan``): a send/recv uses LL while its bytes are at
+          most ``nChannels × NCCL_P2P_LL_THRESHOLD`` (16 KiB), Simple above. ``nChannels``
+          is ``min(nChannelsMin, ceil(bytes / minPartSize))`` with ``minPartSize`` the p2p
+          chunk over 8 on one node and over 2 on several (``src/init.cc``: 512 KiB on an
+          all-NVLink node, 128 KiB on PCIe and across nodes): 64 KiB parts on NVLink and
+          the network, so one channel and LL up to 16 KiB; 16 KiB parts on one PCIe node,
+          so up to ``nChannelsMin`` (2) channels and LL up to 32 KiB. NCCL keeps no latency
+          table for p2p (our analogy: one ring hop, see :mod:`treeattn.sim.nccl.collectives`).
+NCCL-net  ``src/graph/tuning.cc`` ``getNetOverhead``: the network post overhead a multi-node
+          ring step cannot go below, 1 µs on x86 Intel hosts, 2 µs on x86 AMD hosts, 1 µs
+          otherwise (×3 for Simple); ``llMaxBws`` rows for several nodes are picked by the
+          CPU vendor (AMD or mixed: the second row); the tree's bus bandwidth ×0.85 when the
+          tree graph has pattern ``NCCL_TOPO_PATTERN_TREE`` (``search.cc`` forces it when a
+          node holds one GPU of the communicator). RCCL (commit 03a89144) keeps the same
+          ``getNetOverhead``, the same ring rule and the same one-GPU-per-node rule for the
+          network hop latency (the tree's, ``ppn == 1``).
 RCCL      ROCm/rocm-systems ``projects/rccl/src/graph/tuning.cc`` (commit 03a89144):
           RCCL's own ``baseLat`` and ``tuning_model_5`` (gfx942, MI300X) hardware
           latencies, bandwidth ratios and correction factors; ``rccl_wrap.cc``: the
@@ -69,6 +83,7 @@ NCCL_HW_LAT = {
 NCCL_LL_MAX_BW = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0),
                   "hopper": (141.0, 45.0, 35.0), "blackwell": (282.0, 90.0, 70.0)}
 NCCL_LL_MAX_BW_MULTINODE_INTEL = (39.0, 39.0, 20.4)
+NCCL_LL_MAX_BW_MULTINODE_AMD = (87.7, 22.5, 19.0)  # AMD or mixed hosts (llMaxBws row 1)
 NCCL_PER_CH_RING_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3,
                           "hopper": (36.7,) * 3, "blackwell": (40.0,) * 3}
 NCCL_PER_CH_TREE_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3,
@@ -85,9 +100,12 @@ NCCL_TREE_CORRECTION = {
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
                .8, .9, .9),
 }
-# Network overhead folded into the intra-node hop of a multi-node ring (Intel hosts), ×3 for
-# Simple; and the multi-node ring Simple all-reduce latency factor beyond 64 B per channel-rank.
-NCCL_NET_OVERHEAD_US = 1.0
+# Network post overhead folded into the intra-node hop of a multi-node ring, by host CPU
+# vendor (getNetOverhead; anything but x86 Intel/AMD: 1 µs), ×3 for Simple; and the
+# multi-node ring Simple all-reduce latency factor beyond 64 B per channel-rank.
+NCCL_NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
+NCCL_NET_OVERHEAD_SIMPLE_FACTOR = 3
+NCCL_TREE_PATTERN_FACTOR = 0.85  # tree bus bandwidth when the tree graph is PATTERN_TREE
 NCCL_RING_SIMPLE_PLATEAU = 1.4
 # Per-channel search speeds, GB/s, tried from high to low (search.cc).
 NCCL_SPEEDS_INTRA = {"hopper": (60, 50, 40, 30, 24, 20, 15, 12, 11, 6, 3),
@@ -102,6 +120,9 @@ NCCL_NVLS_GRAPH = (8, 40.0, 60.0)  # logs: NVLS graph channels, intra and inter 
 NCCL_MAX_SEARCH_CHANNELS = 16  # MAXCHANNELS / 2: search channels are doubled for execution
 NCCL_P2P_LL_THRESHOLD = 16384  # bytes per channel
 NCCL_P2P_CHANNELS = 2  # p2p channels per peer on PCIe (paths.cc); NVLink peers get more
+# p2p chunk sizes (init.cc): on one all-NVLink node, otherwise (PCIe, several nodes); the
+# minimum part per channel is the chunk over 8 on one node, over 2 on several (enqueue.cc).
+NCCL_P2P_CHUNK = {"nvlink": 1 << 19, "other": 1 << 17}
 
 # --- AMD (RCCL, tuning model 5: gfx942 / MI300X) -----------------------------------------
 RCCL_BASE_LAT = {"tree": (12.0, 12.0, 17.0), "ring": (12.0, 12.0, 17.0)}

@@ -52,6 +52,16 @@ def link_bandwidth(el: ET.Element) -> float | None:
     return gts * 1e9 * encoding / 8 * int(width) * 0.8
 
 
+def cpu_vendor(el: ET.Element) -> str:
+    """The CPU's maker as NCCL's tuning reads it (``<cpu arch= vendor=>``): "intel", "amd"
+    (x86 only) or "other"."""
+    arch = el.get("arch", "x86_64").strip().lower()
+    vendor = el.get("vendor", "").strip()
+    if arch not in ("x86_64", "x86", ""):
+        return "other"
+    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor, "other")
+
+
 def cpu_link_bandwidth(cpus: list[ET.Element]) -> float:
     """Inter-socket bandwidth from the CPU vendor and model."""
     if cpus[0].get("vendor", "") == "AuthenticAMD":
@@ -101,7 +111,7 @@ class XmlGraph:
         name = f"{ic.HOST}/cpu{numa}"
         if name in self.b.graph:
             name = f"{ic.HOST}/cpu{numa}_{i}"
-        self.cpus.append(self.b.node(name, "cpu", ic.HOST, numa=numa))
+        self.cpus.append(self.b.node(name, "cpu", ic.HOST, numa=numa, vendor=cpu_vendor(el)))
         for child in el:
             if child.tag == "pci":
                 self._pci(child, name, 1)

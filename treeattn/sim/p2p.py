@@ -1,0 +1,117 @@
+"""What one point-to-point message costs: one model for the engine and the closed forms.
+
+On GPUs whose messages go through NCCL or RCCL (the ``nccl``/``rccl`` backends), a Send/Recv
+is priced as the library would run it (:func:`treeattn.sim.nccl.collectives.p2p_parts`): the
+protocol its enqueue picks for the size (LL up to 16 KiB on NVLink and across nodes,
+Simple above), that protocol's ring base latency, split evenly between the sender's post and
+the receiver's completion, the protocol's per-hop latency for the link class the pair
+crosses (NVLink/xGMI, PCIe or the network) and the pair's bandwidth as the library's model
+sees it (the GPU's NVLink total, its rail's share of the network), halved for LL. The
+communicator is the whole topology, as in the schedules (every rank talks to every rank).
+
+So the same message costs the same in :mod:`treeattn.sim.engine` and in
+:mod:`treeattn.sim.closed_form`, and the same as ``treeattn comm sendrecv``. The engine keeps
+its links: a message still books every link of its route, with the hop latency spread over
+the route's edges in proportion to their own latencies and each edge held at no more than
+the pair's bandwidth, so contention works as before and, uncontended, the wire time is
+exactly ``hop + bytes / bandwidth``.
+
+Elsewhere (CPU ranks on gloo, or a GPU topology priced with the ``gloo`` backend) a message
+costs the backend's calibrated ``send_s`` and ``recv_s`` and the route's own link latencies
+and bottleneck, as measured (:mod:`treeattn.sim.host.profiles`).
+"""
+
+from __future__ import annotations
+
+LIBRARIES = ("nccl", "rccl")
+
+
+class P2PModel:
+    """Per-message costs for one (topology, backend, hardware): protocol-aware on NCCL/RCCL.
+
+    ``send_s(n)`` and ``recv_s(n)`` are the two ends' software costs, ``hops(a, b, n)`` the
+    route's ``(edge, bandwidth B/s, latency s)`` for the engine's link calendar, and
+    ``summary(a, b, n)`` its ``(Σ latency, 1 / bottleneck)`` for the closed forms.
+    """
+
+    def __init__(self, topology, backend, network, hardware) -> None:
+        self.net = network
+        self.backend = backend
+        self.library = (backend.name in LIBRARIES and backend.program is None
+                        and not all(h.name == "cpu" for h in hardware))
+        self.shape = None
+        self._hops: dict = {}
+        self._protocols: dict = {}
+        self._prices: dict = {}
+        if self.library and topology.num_gpus > 1:
+            from treeattn.sim.nccl.group_shape import GroupShape
+
+            shape = GroupShape.of(topology, range(topology.num_gpus))
+            if backend.calibration is not None:  # measured on this cluster: its scales
+                shape = backend.calibration.shape(shape)
+            self.shape = shape
+            self.hosts = [topology.host_of(r) for r in range(topology.num_gpus)]
+        else:
+            self.library = False
+
+    def protocol(self, nbytes: float) -> int:
+        """NCCL's protocol index for a message of ``nbytes`` (-1: not a library message)."""
+        if not self.library:
+            return -1
+        found = self._protocols.get(nbytes)
+        if found is None:
+            from treeattn.sim.nccl.collectives import p2p_protocol
+
+            found = self._protocols[nbytes] = p2p_protocol(nbytes, self.shape)
+        return found
+
+    def _priced(self, nbytes: float) -> tuple:
+        """``(half base s, ((hop s, cap B/s) inside a node, (hop s, cap B/s) across))`` of
+        the protocol a message of ``nbytes`` takes (cached per protocol)."""
+        p = self.protocol(nbytes)
+        found = self._prices.get(p)
+        if found is None:
+            from treeattn.sim.nccl.collectives import p2p_parts
+
+            classes = []
+            for across in (False, True):
+                _, base, hop, gbps = p2p_parts(nbytes, self.shape, across)
+                classes.append((hop * 1e-6, gbps * 1e9))
+            found = self._prices[p] = (0.5e-6 * base, tuple(classes))
+        return found
+
+    def send_s(self, nbytes: float) -> float:
+        """The sender's post: half the protocol's ring base latency (or ``send_s``)."""
+        if not self.library:
+            return self.backend.send_s
+        return self._priced(nbytes)[0]
+
+    def recv_s(self, nbytes: float) -> float:
+        """The receiver's completion: the other half (or ``recv_s``)."""
+        if not self.library:
+            return self.backend.recv_s
+        return self._priced(nbytes)[0]
+
+    def hops(self, src: int, dst: int, nbytes: float) -> tuple:
+        """The route of a message of ``nbytes`` from ``src`` to ``dst``, priced as sent."""
+        raw = self.net.hops(src, dst)
+        if not self.library or not raw:
+            return raw
+        key = (src, dst, self.protocol(nbytes))
+        found = self._hops.get(key)
+        if found is None:
+            hop, cap = self._priced(nbytes)[1][self.hosts[src] != self.hosts[dst]]
+            total = sum(lat for _, _, lat in raw)
+            share = ([lat / total for _, _, lat in raw] if total > 0
+                     else [1.0 / len(raw)] * len(raw))
+            found = tuple((edge, min(bw, cap), hop * f) for (edge, bw, _), f in zip(raw, share))
+            self._hops[key] = found
+        return found
+
+    def summary(self, src: int, dst: int, nbytes: float) -> tuple[float, float]:
+        """``(Σ latency s, 1 / bottleneck B/s)`` of the priced route (that of :meth:`hops`)."""
+        raw_lat, raw_inv = self.net.summary(src, dst)
+        if not self.library or (raw_lat == 0.0 and raw_inv == 0.0):
+            return raw_lat, raw_inv
+        hop, cap = self._priced(nbytes)[1][self.hosts[src] != self.hosts[dst]]
+        return hop, max(raw_inv, 1.0 / cap)
