@@ -4,11 +4,11 @@ planner's pick against the best baseline.
 For world 2 and 4 (gloo on loopback, one torch thread per rank), one process group per world:
 
 1. calibrate once with microbenchmarks only, the exchange up to the largest KV block the
-   ring will move (``treeattn.runtime.calibrate``);
+   ring will move (``treeattn.runtime.measure.calibrate``);
 2. at each seq_len, rank 0 predicts every algorithm with the simulator from that profile and
    asks the planner (``treeattn.sim.plan``, same profile) for its pick;
 3. all algorithms are measured *interleaved* (one step of each per round, the order rotating:
-   ``treeattn.runtime.timing.time_interleaved``), so that a drifting, shared machine slows
+   ``treeattn.runtime.measure.timing.time_interleaved``), so that a drifting, shared machine slows
    them alike and the ratios between them stay meaningful.
 
 Reported per point: measured median, p10 and p90, predicted value and band, error, and
@@ -35,8 +35,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_io import write_results  # noqa: E402  (benchmarks/, beside this script)
 
-from treeattn.runtime.calibrate import calibrate_in_group, machine_info  # noqa: E402
-from treeattn.runtime.check import (  # noqa: E402
+from treeattn.runtime.group import broadcast_object  # noqa: E402
+from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
+from treeattn.runtime.measure.calibrate import calibrate_in_group, machine_info  # noqa: E402
+from treeattn.runtime.measure.check import (  # noqa: E402
     RunRequest,
     geo_mean_error,
     largest_message_bytes,
@@ -44,8 +46,6 @@ from treeattn.runtime.check import (  # noqa: E402
     predictor,
     run_points,
 )
-from treeattn.runtime.group import broadcast_object  # noqa: E402
-from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 from treeattn.runtime.plans import shard_lengths, workload_for  # noqa: E402
 from treeattn.sim.algorithms import ALGORITHM_NAMES, BASELINES, SOURCES  # noqa: E402
 

@@ -36,9 +36,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_io import write_results  # noqa: E402  (benchmarks/, beside this script)
 
-from treeattn.runtime.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 from treeattn.runtime.local.overhead import INNER, overhead_per_message, time_variants  # noqa: E402
+from treeattn.runtime.measure.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.transport import transport_for  # noqa: E402
 
 WORLD = 2

@@ -2,10 +2,10 @@
 
 For every point of ``benchmarks/data/published_tpot.json`` (a deployment someone measured
 and published: model, GPUs, TP/DCP/CP split, context, batch, with its source URL, hardware
-and software), predict the time per output token with :func:`treeattn.sim.token.
+and software), predict the time per output token with :func:`treeattn.sim.deploy.token.
 predict_token` and compare. Nothing in the model was fitted to these points: its constants
-come from datasheets, NCCL's tuning model and the engines' code (see ``treeattn/sim/token.py``
-and ``treeattn/sim/capacity.py``).
+come from datasheets, NCCL's tuning model and the engines' code (see ``sim/deploy/token.py``
+and ``treeattn/sim/deploy/capacity.py``).
 
 The context of a point is the prompt plus half the output: the mean context over the decode
 steps of one request. The error of a point is ``max(p, m) / min(p, m) - 1``. Points whose
@@ -27,9 +27,9 @@ import sys
 from pathlib import Path
 
 from treeattn import atomic
-from treeattn.sim.capacity import Split, dtype_name
+from treeattn.sim.deploy.capacity import Split, dtype_name
+from treeattn.sim.deploy.token import predict_token
 from treeattn.sim.devices import GPU_LAUNCH_S, MEMORY_EFFICIENCY, HardwareModel
-from treeattn.sim.token import predict_token
 from treeattn.topo import Topology
 
 ROOT = Path(__file__).resolve().parent

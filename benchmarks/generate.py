@@ -47,9 +47,9 @@ from treeattn.llm.generate_dist import (  # noqa: E402
     make_schedule,
     split_lengths,
 )
-from treeattn.runtime.calibrate import machine_info  # noqa: E402
-from treeattn.runtime.check import predictor  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
+from treeattn.runtime.measure.calibrate import machine_info  # noqa: E402
+from treeattn.runtime.measure.check import predictor  # noqa: E402
 from treeattn.runtime.plans import build, workload_for  # noqa: E402
 from treeattn.runtime.wire import AttnDims  # noqa: E402
 

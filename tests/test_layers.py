@@ -158,8 +158,8 @@ def test_a_cycle_and_a_layer_break_are_caught():
                        ("treeattn.llm.c", "treeattn.runtime.a")])
     assert find_cycles(fake) == {("treeattn.llm.b", "treeattn.llm.c", "treeattn.runtime.a")}
     bad = layer_violations([("treeattn.runtime.plans", "treeattn.llm.cache", False, 3),
-                            ("treeattn.sweep.grid", "treeattn.runtime.check", True, 9),
-                            ("treeattn.sweep.grid", "treeattn.runtime.check", False, 9)])
+                            ("treeattn.sweep.grid", "treeattn.runtime.measure.check", True, 9),
+                            ("treeattn.sweep.grid", "treeattn.runtime.measure.check", False, 9)])
     assert len(bad) == 2
     assert "runtime may not use llm" in bad[0] and "at top level" in bad[1]
 

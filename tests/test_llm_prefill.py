@@ -25,7 +25,7 @@ from treeattn.llm.prefill_check import PrefillJob, reference_prefill
 from treeattn.runtime.group import RankContext
 from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.prefill_ring import causal_partial
-from treeattn.sim.prefill_layout import PrefillLayout
+from treeattn.sim.prefill.layout import PrefillLayout
 
 ATOL = RTOL = 1e-4
 pytestmark = pytest.mark.timeout(300)

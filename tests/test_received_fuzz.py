@@ -126,7 +126,7 @@ def _cli_refuses(argv: list[str], capsys, where: str) -> None:
 # -- plan files --------------------------------------------------------------------------
 
 def test_fuzz_plan_files(tmp_path, capsys):
-    from treeattn.sim.plan_file import plan_from_json, read_plan
+    from treeattn.sim.files.plan_file import plan_from_json, read_plan
 
     base = (HOSTILE / "plans" / "ok-tree.json").read_text()
     path = tmp_path / "plan.json"

@@ -18,8 +18,8 @@ from treeattn.cli import main
 from treeattn.errors import UserError
 from treeattn.sim import DecodeWorkload, SimError, build_schedule
 from treeattn.sim.algorithms import ALGORITHM_NAMES
-from treeattn.sim.export import schedule_to_json, tagged
-from treeattn.sim.plan_file import plan_from_json, read_plan
+from treeattn.sim.files.export import schedule_to_json, tagged
+from treeattn.sim.files.plan_file import plan_from_json, read_plan
 from treeattn.topo import Topology
 
 CORPUS = Path(__file__).parent / "fixtures" / "hostile" / "plans"

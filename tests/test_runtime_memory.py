@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from treeattn.runtime.check import RunRequest
 from treeattn.runtime.launch import LaunchOptions, launch
+from treeattn.runtime.measure.check import RunRequest
 from treeattn.runtime.plans import build, shard_lengths, workload_for
 from treeattn.runtime.run_state import KVPool
 from treeattn.sim.memory import peak_memory

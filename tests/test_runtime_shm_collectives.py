@@ -199,7 +199,7 @@ def test_both_paths_follow_member_order_and_leave_tagged_messages_alone():
 def _starts_then_gathers(ctx: RankContext) -> list:
     """Timed-step starts interleaved with a schedule's mailbox all-gathers; every rank's
     ``(used the mailboxes, what it gathered)``."""
-    from treeattn.runtime import timing
+    from treeattn.runtime.measure import timing
 
     channel = transport_for(ctx).channel
     ops = CollectiveOps(ctx, tuple(range(ctx.world)), None, channel)

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from treeattn.runtime.check import RunRequest, mark_bands, point_error, within_band
-from treeattn.runtime.fitting import fit_latency_bandwidth, latency_bandwidth
+from treeattn.runtime.measure.check import RunRequest, mark_bands, point_error, within_band
+from treeattn.runtime.measure.fitting import fit_latency_bandwidth, latency_bandwidth
 
 # Predictions of one point repeated in one session must lie within ±20% of their centre.
 # The old estimator spread ±37% on the ring point; on this 2-core host shared with
@@ -75,7 +75,7 @@ def test_robust_bandwidth_holds_where_a_weighted_fit_extrapolates_badly() -> Non
 
 
 def test_exchange_sizes_reach_the_largest_message_and_stop_at_the_cap() -> None:
-    from treeattn.runtime.calibrate import EXCHANGE_CAP, EXCHANGE_SIZES, exchange_sizes
+    from treeattn.runtime.measure.calibrate import EXCHANGE_CAP, EXCHANGE_SIZES, exchange_sizes
 
     assert exchange_sizes(None) == EXCHANGE_SIZES
     assert exchange_sizes(3 << 27)[-1] == 3 << 27
@@ -123,7 +123,7 @@ class RepeatJob:
         self.req, self.times = req, times
 
     def __call__(self, ctx):
-        from treeattn.runtime.check import run_points
+        from treeattn.runtime.measure.check import run_points
 
         return [run_points(ctx, self.req) for _ in range(self.times)]
 

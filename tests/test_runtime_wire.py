@@ -57,7 +57,7 @@ def test_ring_kv_messages_carry_the_senders_block(world: int) -> None:
 @given(st.floats(1e-6, 1e-3), st.floats(1e8, 1e11))
 @settings(max_examples=40, deadline=None)
 def test_latency_bandwidth_fit_recovers_exact_data(alpha: float, beta: float) -> None:
-    from treeattn.runtime.calibrate import fit_latency_bandwidth
+    from treeattn.runtime.measure.calibrate import fit_latency_bandwidth
 
     sizes = [4, 4096, 1 << 20, 1 << 24, 1 << 26]
     a, b = fit_latency_bandwidth(sizes, [alpha + n / beta for n in sizes])
@@ -67,7 +67,7 @@ def test_latency_bandwidth_fit_recovers_exact_data(alpha: float, beta: float) ->
 
 
 def test_geo_mean_error_is_symmetric_in_over_and_under_prediction() -> None:
-    from treeattn.runtime.check import geo_mean_error
+    from treeattn.runtime.measure.check import geo_mean_error
 
     points = [{"measured_s": 1.0, "predicted_s": 2.0}, {"measured_s": 2.0, "predicted_s": 1.0},
               {"measured_s": 1.0, "predicted_s": None}]

@@ -179,8 +179,8 @@ class _Recorder:
 def test_the_exchange_posts_its_receive_before_its_send():
     import torch
 
-    from treeattn.runtime.calibrate import exchange_once
     from treeattn.runtime.group import RankContext
+    from treeattn.runtime.measure.calibrate import exchange_once
 
     ctx = RankContext(rank=1, world=3, local_rank=1, device=torch.device("cpu"),
                       backend="gloo", timeout_s=1.0)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from treeattn.cli import main
-from treeattn.sim.engines import ENGINES, check_constraints, describe, emit
+from treeattn.sim.deploy.engines import ENGINES, check_constraints, describe, emit
 from treeattn.sim.payloads import SimError
 from treeattn.sim.workload import DecodeWorkload
 from treeattn.topo import Topology

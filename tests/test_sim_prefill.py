@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.cli import main
-from treeattn.sim.prefill import PREFILL_ALGORITHMS, _Prefill, predict_prefill
-from treeattn.sim.prefill_layout import PrefillLayout, causal_pairs
+from treeattn.sim.prefill.layout import PrefillLayout, causal_pairs
+from treeattn.sim.prefill.pricing import PREFILL_ALGORITHMS, _Prefill, predict_prefill
 from treeattn.topo import Topology
 
 

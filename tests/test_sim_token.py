@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from treeattn.cli import main
 from treeattn.sim import DecodeWorkload, ModelConfig, SimError
-from treeattn.sim.capacity import (
+from treeattn.sim.deploy.capacity import (
     MEMORY_UTILIZATION,
     Split,
     check_split,
@@ -24,9 +24,9 @@ from treeattn.sim.capacity import (
     memory_check,
     weights_held,
 )
-from treeattn.sim.deployments import search
+from treeattn.sim.deploy.deployments import search
+from treeattn.sim.deploy.token import check_token_model, kernels_per_step, predict_token
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
-from treeattn.sim.token import check_token_model, kernels_per_step, predict_token
 from treeattn.topo import Topology
 
 ROOT = Path(__file__).resolve().parents[1]

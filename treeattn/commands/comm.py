@@ -20,7 +20,7 @@ from rich.console import Console
 
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
-from treeattn.sim.export import tagged
+from treeattn.sim.files.export import tagged
 from treeattn.sim.nccl.collectives import OPS, GroupShape, collective_cost
 from treeattn.sim.payloads import busbw_factor
 

@@ -38,7 +38,7 @@ from treeattn.errors import UserError
 from treeattn.sim.algorithms import CLI_CHOICES
 
 ALGORITHMS = CLI_CHOICES
-PREFILL_CHOICES = ("pass-kv", "pass-q", "all-gather-kv")  # treeattn.sim.prefill's
+PREFILL_CHOICES = ("pass-kv", "pass-q", "all-gather-kv")  # treeattn.sim.prefill.pricing's
 # Why the runtime refuses the other two: the decode cache keeps contiguous shards.
 PREFILL_REFUSED = {
     "pass-q": "pass-Q leaves each rank's K/V where its zig-zag queries were computed, not in "
@@ -325,8 +325,8 @@ def planning_models(args, world: int, topology):
     names the cluster), else ``topology`` and the datasheet defaults."""
     if args.profile is None:
         return topology, (None, None)
-    from treeattn.runtime.calibrate import read_profile
-    from treeattn.runtime.check import predictor
+    from treeattn.runtime.measure.calibrate import read_profile
+    from treeattn.runtime.measure.check import predictor
 
     planned, hardware, backend = predictor(read_profile(args.profile), world, args.topology)
     return planned, (hardware, backend)
@@ -334,7 +334,7 @@ def planning_models(args, world: int, topology):
 
 def planned_schedule(path: str, world: int, config=None, dtype: str | None = None):
     """The schedule of a plan file (``treeattn plan -o``), for a group of ``world`` ranks,
-    checked in full first (:func:`treeattn.sim.plan_file.read_plan`).
+    checked in full first (:func:`treeattn.sim.files.plan_file.read_plan`).
 
     The schedule's steps are what run; message sizes follow this model's shapes. So the plan
     must have been made for this attention shape (query heads, KV heads, head dim of
@@ -342,7 +342,7 @@ def planned_schedule(path: str, world: int, config=None, dtype: str | None = Non
     cache dtype still runs correctly and gets a warning (its prices assumed other sizes).
     """
     from treeattn.llm.options import dtype_of
-    from treeattn.sim.plan_file import read_plan
+    from treeattn.sim.files.plan_file import read_plan
 
     checked = read_plan(path)
     schedule = checked.schedule
@@ -392,7 +392,7 @@ def to_json(out: Outcome) -> dict:
     if out.identical is not None:
         record["identical_to_single_process"] = out.identical
         record["max_abs_logit_diff"] = out.max_logit_diff
-    from treeattn.sim.export import tagged
+    from treeattn.sim.files.export import tagged
 
     return tagged("generation", record)
 

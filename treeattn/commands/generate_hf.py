@@ -166,7 +166,7 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
 
 def handle_hf(args: argparse.Namespace, read_plan) -> int:
     from treeattn.commands.run import dumps
-    from treeattn.sim.export import tagged
+    from treeattn.sim.files.export import tagged
 
     record = run_hf(args, read_plan)
     if args.json:

@@ -25,11 +25,11 @@ from treeattn.commands.token import (
 )
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
-from treeattn.sim.engines import EMIT_TARGETS, describe, emit
-from treeattn.sim.export import schedule_to_json, tagged, trace_json
+from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
+from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
 from treeattn.sim.host.profiles import plan_overrides
 from treeattn.sim.plan_size import check_planning_size
-from treeattn.sim.prefill import SOURCES as SOURCES_PREFILL
+from treeattn.sim.prefill.pricing import SOURCES as SOURCES_PREFILL
 from treeattn.sweep.rows import PICK, algorithm_rows
 
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")
@@ -102,7 +102,7 @@ def _load(args: argparse.Namespace, seq_len: int):
 
 def _prefill(args: argparse.Namespace, seq_len: int) -> list:
     """The prefill predictions of one prompt length, fastest first."""
-    from treeattn.sim.prefill import predict_prefill
+    from treeattn.sim.prefill.pricing import predict_prefill
     from treeattn.topo import Topology
 
     if args.batch != 1 or args.tp != 1:

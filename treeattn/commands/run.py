@@ -22,7 +22,7 @@ from treeattn.errors import UserError
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.local.binding import BIND_CHOICES
 from treeattn.sim.algorithms import CLI_CHOICES
-from treeattn.sim.export import tagged
+from treeattn.sim.files.export import tagged
 from treeattn.sim.workload import DTYPE_BYTES
 
 DEMO_SEQ_LENS = (16384, 65536, 262144)
@@ -205,7 +205,7 @@ def _apply_plan(args: argparse.Namespace) -> tuple[dict | None, tuple[int, ...] 
         if not args.seq_len:
             raise UserError("run needs --seq-len (or --plan)")
         return None, None
-    from treeattn.sim.plan_file import read_plan
+    from treeattn.sim.files.plan_file import read_plan
 
     if args.seq_len or args.algorithm:
         raise UserError("--plan fixes the context and the algorithm: drop --seq-len and "
@@ -220,8 +220,8 @@ def _apply_plan(args: argparse.Namespace) -> tuple[dict | None, tuple[int, ...] 
 
 
 def build_request(args: argparse.Namespace):
-    from treeattn.runtime.calibrate import read_profile
-    from treeattn.runtime.check import RunRequest
+    from treeattn.runtime.measure.calibrate import read_profile
+    from treeattn.runtime.measure.check import RunRequest
 
     plan, plan_lengths = _apply_plan(args)
     profile = read_profile(args.profile) if args.profile else None
@@ -238,7 +238,7 @@ def build_request(args: argparse.Namespace):
 
 
 def handle_run(args: argparse.Namespace) -> int:
-    from treeattn.runtime.check import mark_bands, validate
+    from treeattn.runtime.measure.check import mark_bands, validate
 
     world = _world(args)
     if args.trace:
@@ -276,7 +276,7 @@ def handle_run(args: argparse.Namespace) -> int:
 
 def write_trace(path: str, points: list[dict]) -> None:
     """Predicted and measured timelines of every point, side by side, one track per rank."""
-    from treeattn.sim.export import trace_json
+    from treeattn.sim.files.export import trace_json
 
     timelines = []
     for p in points:
@@ -304,7 +304,7 @@ def _fmt_range(lo: float | None, hi: float | None) -> str:
 
 def print_points(console: Console, points: list[dict], wide: bool = False) -> None:
     """The predicted-vs-measured table, one row per point."""
-    from treeattn.runtime.check import geo_mean_error
+    from treeattn.runtime.measure.check import geo_mean_error
 
     columns = [Column("algorithm", key=True, justify="left"), Column("world", key=True),
                Column("seq_len", key=True), Column("measured ms", key=True),
@@ -349,7 +349,7 @@ class CalibrateJob:
         self.max_bytes = max_bytes
 
     def __call__(self, ctx):
-        from treeattn.runtime.calibrate import calibrate_in_group
+        from treeattn.runtime.measure.calibrate import calibrate_in_group
 
         return calibrate_in_group(ctx, self.dims, self.max_bytes)
 
@@ -359,8 +359,8 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         from treeattn.commands import nccl_calibrate
 
         return nccl_calibrate.handle(args)
-    from treeattn.runtime.calibrate import EXCHANGE_CAP, write_profile
-    from treeattn.runtime.check import RunRequest, validate
+    from treeattn.runtime.measure.calibrate import EXCHANGE_CAP, write_profile
+    from treeattn.runtime.measure.check import RunRequest, validate
 
     world = _world(args)
     if world < 2:
@@ -387,8 +387,8 @@ def handle_calibrate(args: argparse.Namespace) -> int:
 
 def demo_section(console: Console) -> int:
     """Tree vs ring on 2 local ranks: calibrate, predict, measure, compare."""
-    from treeattn.runtime.check import RunRequest, mark_bands, validate
     from treeattn.runtime.launch import LaunchOptions, launch
+    from treeattn.runtime.measure.check import RunRequest, mark_bands, validate
 
     console.rule("real runs: tree vs ring on 2 local ranks (gloo, CPU)")
     req = RunRequest(seq_lens=DEMO_SEQ_LENS, algorithms=("tree", "ring"), check=True,

@@ -20,7 +20,7 @@ from treeattn.atomic import atomic_folder, check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.errors import UserError
 from treeattn.sim import ALGORITHM_NAMES
-from treeattn.sim.export import tagged
+from treeattn.sim.files.export import tagged
 from treeattn.sweep import plots
 from treeattn.sweep.grid import check_points, expand_grid, memory_rows, run_sweep
 
@@ -105,8 +105,8 @@ def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
 
 
 def _measure(args, seq_lens: list[int], console: Console) -> list[dict]:
-    from treeattn.runtime.check import RunRequest, validate
     from treeattn.runtime.launch import LaunchOptions, launch
+    from treeattn.runtime.measure.check import RunRequest, validate
 
     if args.nproc < 2:
         raise UserError(f"--measure needs --nproc of at least 2, got {args.nproc}")

@@ -2,11 +2,11 @@
 
 ``predict --token`` prices one whole decode step per output token of the deployment given
 by ``--tp`` (and ``--dcp``) on all of the topology's GPUs (``cp = GPUs / tp``), for each
-``--seq-len`` (:func:`treeattn.sim.token.predict_token`). ``plan --gpus N`` searches every
+``--seq-len`` (:func:`treeattn.sim.deploy.token.predict_token`). ``plan --gpus N`` searches every
 TP × DCP × CP split of ``N`` GPUs and the merge algorithm for each
-(:func:`treeattn.sim.deployments.search`), and shows the best by TPOT with those it beat.
+(:func:`treeattn.sim.deploy.deployments.search`), and shows the best by TPOT with those it beat.
 
-Both carry the whole-model memory check (:mod:`treeattn.sim.capacity`); the plain
+Both carry the whole-model memory check (:mod:`treeattn.sim.deploy.capacity`); the plain
 ``predict`` and ``plan`` commands use :func:`memory_rows_check` for theirs.
 """
 
@@ -18,7 +18,7 @@ import json
 from rich.console import Console
 
 from treeattn.commands.tables import Column, print_table
-from treeattn.sim.capacity import Split, dtype_name, memory_check
+from treeattn.sim.deploy.capacity import Split, dtype_name, memory_check
 from treeattn.sim.payloads import SimError
 from treeattn.sim.workload import ModelConfig
 
@@ -73,9 +73,9 @@ def _gib(n: float) -> str:
 
 
 def handle_predict_token(args: argparse.Namespace) -> int:
-    from treeattn.sim.export import tagged
+    from treeattn.sim.deploy.token import predict_token
+    from treeattn.sim.files.export import tagged
     from treeattn.sim.host.profiles import plan_overrides
-    from treeattn.sim.token import predict_token
 
     topo = _topology(args.topology)
     model = ModelConfig.from_name(args.model)
@@ -120,8 +120,8 @@ def handle_predict_token(args: argparse.Namespace) -> int:
 
 
 def handle_plan_gpus(args: argparse.Namespace) -> int:
-    from treeattn.sim.deployments import search
-    from treeattn.sim.export import tagged
+    from treeattn.sim.deploy.deployments import search
+    from treeattn.sim.files.export import tagged
     from treeattn.sim.host.profiles import plan_overrides
 
     topo = _topology(args.topology)

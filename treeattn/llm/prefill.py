@@ -1,7 +1,7 @@
 """Sharded prefill: the prompt's K/V computed across ranks straight into the decode cache.
 
 No rank ever holds the whole context. Rank ``r`` runs the model on its zig-zag pair of
-prompt chunks only (:class:`treeattn.sim.prefill_layout.PrefillLayout`: balanced causal
+prompt chunks only (:class:`treeattn.sim.prefill.layout.PrefillLayout`: balanced causal
 work), and each layer's attention over everything before its queries is a pass-KV ring
 (:func:`treeattn.runtime.prefill_ring.ring_attention`). While the blocks go round, every rank
 keeps the pieces that fall in its contiguous storage run, so at the end it holds exactly its
@@ -41,7 +41,7 @@ from treeattn.runtime.prefill_ring import (
     ring_attention,
     run_positions,
 )
-from treeattn.sim.prefill_layout import PrefillLayout
+from treeattn.sim.prefill.layout import PrefillLayout
 
 DOCUMENT_PIECE = 4096  # positions of the document rotated at once
 RING_BLOCKS = 3  # a rank's own block, the one attended and forwarded, the one arriving

@@ -1,7 +1,7 @@
 """Context-parallel prefill attention: a ring that passes KV blocks (pass-KV).
 
 Where each position is stored and which queries each rank runs is
-:class:`treeattn.sim.prefill_layout.PrefillLayout`: contiguous storage (the decode cache's
+:class:`treeattn.sim.prefill.layout.PrefillLayout`: contiguous storage (the decode cache's
 layout), zig-zag compute (balanced causal work). The two are reconciled for free: in a
 pass-KV ring every rank's block visits every other rank, so each rank *keeps* the parts of
 the blocks passing by that fall in its storage run, and no all-to-all is needed at the end.
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.local.shm import MAX_TAGS
 from treeattn.runtime.transport import transport_for
-from treeattn.sim.prefill_layout import PrefillLayout, Run
+from treeattn.sim.prefill.layout import PrefillLayout, Run
 
 PREFILL_TAG = MAX_TAGS + 16  # above the mailboxes' tags: blocks always take the process group
 TILE_Q, TILE_K = 256, 1024  # score tiles: bound the (queries x keys) fp32 scratch

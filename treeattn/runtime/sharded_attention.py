@@ -45,7 +45,7 @@ from treeattn.runtime.group import RankContext, all_gather_objects
 from treeattn.runtime.plans import ALGORITHMS, build, dtype_name, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims, pack_partial, unpack_partial
 from treeattn.sim.algorithms import ALIASES
-from treeattn.sim.export import schedule_to_json
+from treeattn.sim.files.export import schedule_to_json
 from treeattn.sim.schedule import Compute, Schedule, Send
 
 DEFAULT_TIMEOUT_S = 60.0

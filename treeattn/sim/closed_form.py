@@ -2,7 +2,7 @@
 
 Every message from ``a`` to ``b`` of ``n`` bytes costs the sender's post, then the
 cut-through wire time (``Σ latency + n/β_bottleneck``), then the receiver's completion:
-``α_ab(n) + n/β_ab(n)``, all from :mod:`treeattn.sim.p2p`, the engine's own per-message
+``α_ab(n) + n/β_ab(n)``, all from :mod:`treeattn.sim.nccl.p2p`, the engine's own per-message
 model (on NCCL/RCCL the protocol the library picks for ``n``; on gloo the cheaper of the
 Python steps' and the C program's costs, where a calibration has both, so that these stay
 lower bounds). Compute

@@ -7,7 +7,7 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
 * ``Compute``/``Merge`` take ``HardwareModel.compute_time``. ``Send`` occupies the sender
   for its software cost; the message is injected by a simpy event at that moment. ``Recv``
   waits for the arrival, then pays the receiver's. Both, and the route's latency and
-  bandwidth, come from :mod:`treeattn.sim.p2p`: on NCCL/RCCL the protocol the library picks
+  bandwidth, come from :mod:`treeattn.sim.nccl.p2p`: on NCCL/RCCL the protocol the library picks
   for the size, priced as ``treeattn comm`` and the closed forms price it; on gloo the
   calibrated ``send_s``/``recv_s`` and the links. A collective starts when its last
   member arrives and takes the library's modelled time (:mod:`treeattn.sim.nccl`).

@@ -38,7 +38,7 @@ from treeattn.sim.devices import (
     default_backend,
     hardware_for,
 )
-from treeattn.sim.p2p import P2PModel
+from treeattn.sim.nccl.p2p import P2PModel
 from treeattn.sim.payloads import CollectiveOp, SimError
 from treeattn.sim.workload import DecodeWorkload
 
@@ -243,7 +243,7 @@ class CostModel:
         self.program = self.backend.program
         self.least_send_s = min(self.send_s, self.program.send_s if self.program else math.inf)
         self.least_recv_s = min(self.recv_s, self.program.recv_s if self.program else math.inf)
-        # THE per-message price of the engine and the closed forms (treeattn.sim.p2p)
+        # THE per-message price of the engine and the closed forms (treeattn.sim.nccl.p2p)
         self.p2p = P2PModel(topology, self.backend, self.net, self.hardware)
         self.bw = np.array([h.memory_bandwidth_Bps for h in self.hardware])
         self.shaped = any(h.bandwidth_shape for h in self.hardware)

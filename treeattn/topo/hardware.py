@@ -176,7 +176,7 @@ IB_XDR_BANDWIDTH = 800e9 / 8
 # Network: NCCL's 2.7 us (hwLat NET, ring LL) for a NIC-leaf-NIC hop, split over NIC->leaf
 # and leaf->NIC (1.35 us each); each extra switch level (leaf -> spine -> leaf) adds 0.5 us
 # per edge (switch port-to-port). NCCL/RCCL messages take their per-protocol hop latency
-# from the library's table instead (treeattn.sim.p2p); these link figures price gloo.
+# from the library's table instead (treeattn.sim.nccl.p2p); these link figures price gloo.
 IB_EDGE_LATENCY = 1.35 * US
 IB_SPINE_LATENCY = 0.5 * US
 # NDR switch (Quantum-2 QM9700): 64 ports of 400 Gb/s.

@@ -283,11 +283,11 @@ def cost_matrix(topology, message_bytes: float, backend: BackendModel) -> np.nda
 def message_prices(topology, message_bytes: float,
                    backend: BackendModel) -> tuple[np.ndarray, float]:
     """``(C, send + recv)``: :func:`cost_matrix` and the two ends' software cost, priced as
-    the engine prices a message (:mod:`treeattn.sim.p2p`: on NCCL/RCCL the protocol's
+    the engine prices a message (:mod:`treeattn.sim.nccl.p2p`: on NCCL/RCCL the protocol's
     per-class hop latency and the pair's bandwidth capped at the library's figure)."""
     from treeattn.sim.nccl.collectives import p2p_parts
+    from treeattn.sim.nccl.p2p import P2PModel
     from treeattn.sim.network import Network
-    from treeattn.sim.p2p import P2PModel
 
     lat = np.asarray(topology.latency_matrix(), dtype=float)
     bw = np.asarray(topology.bandwidth_matrix(), dtype=float)

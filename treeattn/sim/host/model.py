@@ -97,7 +97,7 @@ class HostModel:
             self.cold[r].update(KINDS)
 
     def send_s(self, r: int, nbytes: int) -> float:
-        """The sender's host cost of an ``nbytes`` message (its protocol's: sim/p2p.py)."""
+        """The sender's host cost of an ``nbytes`` message (its protocol's: sim/nccl/p2p.py)."""
         c = self.c
         if self.programmed[r]:
             return c.program.send_s

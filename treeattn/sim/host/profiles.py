@@ -51,10 +51,10 @@ from pathlib import Path
 
 from treeattn.inputs import InputError, read_json
 from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
+from treeattn.sim.files.profile_schema import NCCL_TESTS_KIND, check_profile, refuse_if_foreign
 from treeattn.sim.host.cold import cold_from_profile
 from treeattn.sim.host.partial_reduction import ProgramCosts
 from treeattn.sim.payloads import SimError
-from treeattn.sim.profile_schema import NCCL_TESTS_KIND, check_profile, refuse_if_foreign
 
 VERSION = 1
 # Decode attention on a CPU is memory-bound; when the profile has no FLOP rate we take one
@@ -77,7 +77,7 @@ MAX_PROFILE_BYTES = 16 << 20  # a profile is a few KB; an nccl-tests one a few h
 
 def load_profile(source: str | Path | dict) -> dict:
     """Read and check a calibration profile (a path or an already-parsed dict) against the
-    schema of :mod:`treeattn.sim.profile_schema`: a regular file of bounded size, bounded
+    schema of :mod:`treeattn.sim.files.profile_schema`: a regular file of bounded size, bounded
     nesting, numbers only where numbers belong, finite and in range, required keys present.
 
     >>> p = load_profile({"version": 1, "backend": "gloo", "world": 2, "cores": 4,
@@ -239,7 +239,7 @@ def executor_step_overhead(profile: dict) -> float:
 
 def _collective_fits(profile: dict) -> tuple[tuple[str, int, float, float], ...]:
     """The profile's ``collectives`` section: per op, a fit ``t = alpha + bytes * per_byte``
-    measured at ``collectives.world`` ranks (see :mod:`treeattn.runtime.calibrate`)."""
+    measured at ``collectives.world`` ranks (see :mod:`treeattn.runtime.measure.calibrate`)."""
     section = profile.get("collectives")
     if section is None:
         return ()

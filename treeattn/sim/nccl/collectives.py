@@ -307,7 +307,7 @@ def p2p_protocol(nbytes: float, s: GroupShape) -> int:
 def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, float, float,
                                                                          float]:
     """``(protocol, base µs, hop µs, GB/s)`` of one send/recv: THE p2p price, which the engine
-    (:mod:`treeattn.sim.p2p`), the closed forms and :func:`p2p_cost` all use.
+    (:mod:`treeattn.sim.nccl.p2p`), the closed forms and :func:`p2p_cost` all use.
 
     NCCL has no p2p table; our analogy is one hop of the chosen protocol:
     ``baseLat[ring][p]`` plus the library's per-hop latency for the link class, at the

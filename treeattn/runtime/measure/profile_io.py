@@ -1,7 +1,7 @@
 """Calibration profiles on disk, and where one was measured (host, CPU, versions).
 
-Split from :mod:`treeattn.runtime.calibrate` (which re-exports these names) so that reading a
-profile does not need the microbenchmarks.
+Split from :mod:`~treeattn.runtime.measure.calibrate` (which re-exports these names) so
+that reading a profile does not need the microbenchmarks.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ p10, then at its p90: :func:`treeattn.sim.host.profiles.profile_bound`). A point
 ``--max-error`` on both sides.
 
 Several algorithms at one ``seq_len`` are timed interleaved (A B, B A, ...:
-:func:`treeattn.runtime.timing.time_interleaved`), so their ratios survive a drifting machine.
+:func:`~treeattn.runtime.measure.timing.time_interleaved`), so their ratios survive a
+drifting machine.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ import torch
 from treeattn.kernels import partial_attention
 from treeattn.kernels.reference import naive_attention
 from treeattn.runtime.agreement import agree_at_setup
-from treeattn.runtime.calibrate import calibrate_in_group
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, all_gather_objects, broadcast_object
+from treeattn.runtime.measure.calibrate import calibrate_in_group
+from treeattn.runtime.measure.timing import time_interleaved
 from treeattn.runtime.plans import (
     ALGORITHMS,
     DTYPES,
@@ -48,7 +50,6 @@ from treeattn.runtime.plans import (
     uses_cuda,
     workload_for,
 )
-from treeattn.runtime.timing import time_interleaved
 from treeattn.runtime.wire import AttnDims
 from treeattn.sim.schedule import Send
 
@@ -296,7 +297,7 @@ PLAN = "plan"  # the algorithm name of a plan file's schedule
 
 def planned_schedule(req: RunRequest):
     """The schedule of ``req.plan``, validated."""
-    from treeattn.sim.export import schedule_from_json
+    from treeattn.sim.files.export import schedule_from_json
 
     return schedule_from_json(req.plan, "the plan file")
 

@@ -72,22 +72,22 @@ import torch.distributed as dist
 
 from treeattn.kernels import partial_attention
 from treeattn.runtime.errors import RuntimeFailure
-from treeattn.runtime.fitting import (  # noqa: F401  (fit_latency_bandwidth: re-export)
-    fit_latency_bandwidth,
-    latency_bandwidth,
-    message_section,
-)
 from treeattn.runtime.group import RankContext, barrier, wait_work
 from treeattn.runtime.local.binding import group_cores, is_pinned
 from treeattn.runtime.local.cold import busy_ranks, collective_call, measure_cold_steps
 from treeattn.runtime.local.overhead import measure_step_overhead
-from treeattn.runtime.profile_io import (  # noqa: F401  (re-exported)
+from treeattn.runtime.measure.fitting import (  # noqa: F401  (fit_latency_bandwidth: re-export)
+    fit_latency_bandwidth,
+    latency_bandwidth,
+    message_section,
+)
+from treeattn.runtime.measure.profile_io import (  # noqa: F401  (re-exported)
     PROFILE_VERSION,
     machine_info,
     read_profile,
     write_profile,
 )
-from treeattn.runtime.timing import combine_rounds, sample_stats, spread, start_together
+from treeattn.runtime.measure.timing import combine_rounds, sample_stats, spread, start_together
 from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import AttnDims
 

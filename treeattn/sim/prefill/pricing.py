@@ -1,6 +1,6 @@
 """Time to first token of a context-parallel prefill, per algorithm, on a topology.
 
-Every algorithm runs the zig-zag compute layout of :class:`~treeattn.sim.prefill_layout.
+Every algorithm runs the zig-zag compute layout of :class:`~treeattn.sim.prefill.layout.
 PrefillLayout` (balanced causal work) and must leave each rank with its contiguous shard of
 the decode cache. Per layer, on rank ``r`` holding ``T_r`` query tokens:
 
@@ -8,7 +8,7 @@ the decode cache. Per layer, on rank ``r`` holding ``T_r`` query tokens:
   ``2 · T_r · weights`` FLOPs and one read of the layer's weights, the same for every
   algorithm;
 * the attention of ``r``'s queries over a block of keys costs ``4 · Hq · D`` FLOPs per causal
-  (query, key) pair (:func:`~treeattn.sim.prefill_layout.causal_pairs`: masked tiles are
+  (query, key) pair (:func:`~treeattn.sim.prefill.layout.causal_pairs`: masked tiles are
   skipped, as flash attention does) and one read of the block.
 
 The algorithms differ in what travels and what overlaps:
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from treeattn.sim.network import CostModel
 from treeattn.sim.payloads import CollectiveOp, SimError
-from treeattn.sim.prefill_layout import PrefillLayout, causal_pairs
+from treeattn.sim.prefill.layout import PrefillLayout, causal_pairs
 from treeattn.sim.workload import FP32, DecodeWorkload
 
 PREFILL_ALGORITHMS = ("pass-kv", "pass-q", "all-gather-kv")

@@ -2,9 +2,9 @@
 
 Every split of ``N`` GPUs into ``tp`` tensor-parallel ranks and ``cp = N / tp``
 context-parallel replicas, with each ``dcp`` the model's heads allow inside the TP group
-(:func:`treeattn.sim.capacity.check_split`), is checked for memory first
-(:func:`treeattn.sim.capacity.memory_check`). Only the splits that fit are priced
-(:func:`treeattn.sim.token.predict_token`, whose attention merge is the planner's pick for
+(:func:`treeattn.sim.deploy.capacity.check_split`), is checked for memory first
+(:func:`treeattn.sim.deploy.capacity.memory_check`). Only the splits that fit are priced
+(:func:`treeattn.sim.deploy.token.predict_token`, whose attention merge is the planner's pick for
 that split, so the merge algorithm is searched with the split). A split that does not fit is
 reported with the bytes it needs against those available and no time: it cannot run.
 
@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from treeattn.sim.capacity import MemoryCheck, Split, check_split, memory_check
-from treeattn.sim.network import resolve_hardware
-from treeattn.sim.payloads import SimError
-from treeattn.sim.token import (
+from treeattn.sim.deploy.capacity import MemoryCheck, Split, check_split, memory_check
+from treeattn.sim.deploy.token import (
     TokenPrediction,
     check_token_model,
     deployment_topology,
     predict_token,
 )
+from treeattn.sim.network import resolve_hardware
+from treeattn.sim.payloads import SimError
 from treeattn.sim.workload import ModelConfig
 
 MAX_SIMULATED = 2  # simulations per split's attention plan (see the module docstring)

@@ -18,7 +18,7 @@ import statistics
 import numpy as np
 
 from treeattn.runtime.errors import RuntimeFailure
-from treeattn.runtime.timing import spread
+from treeattn.runtime.measure.timing import spread
 
 # Messages up to this size are latency-bound: at the slowest loopback rate calibrated here
 # (~1 GB/s) their bytes add at most 4 µs to a 10-50 µs latency. α is the median of their

@@ -1,10 +1,10 @@
 """The whole decode step: time per output token (TPOT) of one deployment.
 
 A user picks a deployment by its TPOT, not by one attention layer. One decode step of a
-deployment (:class:`treeattn.sim.capacity.Split`: ``tp`` × ``cp`` GPUs, ``dcp`` of each TP
+deployment (:class:`treeattn.sim.deploy.capacity.Split`: ``tp`` × ``cp`` GPUs, ``dcp`` of each TP
 group sharding the KV cache) is priced on one GPU's critical path as the sum of:
 
-* **weight reads**: each GEMM kind of every layer (:func:`treeattn.sim.capacity.
+* **weight reads**: each GEMM kind of every layer (:func:`treeattn.sim.deploy.capacity.
   step_weight_reads`) at the GPU's hardware model (:class:`treeattn.sim.devices.
   HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak)``), in the weight dtype (``bf16`` or
   ``fp8``);
@@ -62,7 +62,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from treeattn.sim.capacity import MemoryCheck, Split, check_split, memory_check, step_weight_reads
+from treeattn.sim.deploy.capacity import (
+    MemoryCheck,
+    Split,
+    check_split,
+    memory_check,
+    step_weight_reads,
+)
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import resolve_hardware
 from treeattn.sim.parallel import cp_group, group_workload, sub_topology

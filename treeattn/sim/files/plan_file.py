@@ -9,7 +9,7 @@ is checked here, in one place, before anything is allocated or started:
   ``shard_lengths`` that are one non-negative integer per rank of the schedule and sum to
   ``seq_len``, an ``algorithm`` that is the schedule's, and a ``layout`` its output serves
   (a replicated output serves a head-sharded request too);
-* the schedule, strictly (:func:`treeattn.sim.export.schedule_from_json`): every field's type
+* the schedule, strictly (:func:`treeattn.sim.files.export.schedule_from_json`): every field's type
   and range, ranks, tags, payload names, chunk bounds, collective groups and their order,
   merges, and a static deadlock check (a symbolic run in which every Recv must meet its Send
   and every collective all its members; a schedule that would wait forever is refused with
@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass
 
 from treeattn.inputs import Fields, InputError, read_json
-from treeattn.sim.export import MAX_WORLD, check_tag, schedule_from_json
+from treeattn.sim.files.export import MAX_WORLD, check_tag, schedule_from_json
 from treeattn.sim.payloads import PAYLOAD_LAYOUTS, SimError, shard_sizes
 from treeattn.sim.schedule import OUTPUT_LAYOUTS, Collective, Compute, Merge, Recv, Schedule, Send
 from treeattn.sim.workload import MODELS, DecodeWorkload, ModelConfig

@@ -11,7 +11,7 @@ one's work, while pairing an early chunk with its mirror gives every rank the sa
 (query, key) pairs to within one chunk's worth (:meth:`PrefillLayout.pairs`).
 
 Shared by the runtime's ring (:mod:`treeattn.runtime.prefill_ring`) and the simulator's
-pricing (:mod:`treeattn.sim.prefill`), so both see the very same blocks; pure Python.
+pricing (:mod:`treeattn.sim.prefill.pricing`), so both see the very same blocks; pure Python.
 """
 
 from __future__ import annotations
