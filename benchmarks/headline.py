@@ -4,7 +4,7 @@ For a fixed grid of clusters, models, contexts and batches, plan each point (eve
 scored, the best of each simulated) and report the pick, treeattn's best own schedule, the
 strongest baseline (the fastest of what serving systems run today) and their ratio. Nothing
 here is measured: it is the simulator's prediction, so it moves when the cost model does
-(run it before and after a model change and keep both).
+(the commit that changes the model says how the headline moved).
 
 Writes ``benchmarks/results/headline.{json,md}`` (``--out NAME`` for another stem).
 

@@ -168,6 +168,8 @@ def check_sizes(schedule: Schedule, workload: DecodeWorkload, source: str) -> No
             elif isinstance(step, Collective):
                 whole = workload.buffer_bytes(str(step.payload), world)
                 sizes = {whole, len(step.group) * whole}
+                if str(step.payload) == "num":  # DCP moves it in the attention dtype, as vLLM
+                    sizes.add(whole // 4 * workload.model.dtype_bytes)
                 if step.nbytes not in sizes:
                     refuse(r, i, step, f"{whole} or {len(step.group) * whole} bytes (the "
                                        f"real {step.payload} buffer, or the group's)")
