@@ -3,9 +3,9 @@
 Run with ``make gallery``. Writes PNGs plus the rows behind them (JSON and a Markdown table)
 into ``docs/gallery/``; commit them when the numbers change so the README stays true.
 
-1. ``speedup_vs_gpus.png``: the planner's pick over the strongest baseline (the fastest of
-   what serving systems run today) vs the number of GPUs, 1 to 16 DGX H100 nodes, contexts
-   from 80k to 5M tokens. At 1× a baseline is the pick.
+1. ``speedup_vs_gpus.png``: treeattn's best own schedule against the strongest baseline
+   (the fastest of what serving systems run today) vs the number of GPUs, 1 to 16 DGX H100
+   nodes, contexts from 80k to 5M tokens. Below 1× a baseline is the pick.
 2. ``latency_vs_seq_len.png``: per-layer latency vs context length on DGX H100, MI300X and
    an 8×RTX 4090 PCIe box: every algorithm's time over the fastest at that point, and the
    fastest's absolute time beside ring pass-KV's in a panel of their own.

@@ -37,7 +37,7 @@ from treeattn.kernels import (  # noqa: E402
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
-KEEP_RATIO = 1.2  # issue 32: a path stays where it is at least 1.2x faster than the next
+KEEP_RATIO = 1.2  # a path stays only where it is at least 1.2x faster than the next
 REPEATS, MIN_BATCH_S = 9, 0.02
 
 

@@ -143,3 +143,21 @@ def test_key_columns_wider_than_the_terminal_overflow_instead_of_cutting():
     out = io.StringIO()
     print_table(Console(file=out, width=40), columns, rows)
     assert rows[0][0] in out.getvalue() and "12,345.6 µs" in out.getvalue()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_prefill_and_token_tables_keep_their_key_cells(capsys, monkeypatch, width):
+    prefill = ("predict", "--prefill", "--topology", "dgx-h100:nodes=2", "--model",
+               "llama-3.1-8b", "--seq-len", "256k")
+    rows = json.loads(run_cli(capsys, monkeypatch, width, *prefill, "--json"))["rows"]
+    text = run_cli(capsys, monkeypatch, width, *prefill)
+    assert_fits(text, width)
+    for r in rows:
+        assert lines_with(text, f" {r['algorithm']} "), r["algorithm"]
+    token = ("predict", "--token", "--topology", "dgx-h100:nodes=2", "--model",
+             "llama-3.1-70b", "--seq-len", "128k", "--tp", "8")
+    rows = json.loads(run_cli(capsys, monkeypatch, width, *token, "--json"))["rows"]
+    text = run_cli(capsys, monkeypatch, width, *token)
+    assert_fits(text, width)
+    for r in rows:
+        assert f"{r['seq_len']:,}" in text

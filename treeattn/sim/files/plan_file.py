@@ -183,7 +183,9 @@ def check_sizes(schedule: Schedule, workload: DecodeWorkload, source: str) -> No
                     if step.nbytes not in {a.nbytes for a in attention.values()}:
                         refuse(r, i, step, "the bytes of an attention over one shard")
                 elif step.label == "attention_qblock":
-                    real = {workload.qblock_attention_step(t, world).nbytes for t in lengths}
+                    # every origin's block: one with no real query slot costs 0 bytes
+                    real = {workload.qblock_attention_step(t, world, origin).nbytes
+                            for t in set(lengths) for origin in range(world)}
                     if step.nbytes not in real:
                         refuse(r, i, step, "the bytes of a pass-Q attention over one shard")
                 elif step.nbytes > 8 * big:
