@@ -43,7 +43,8 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     scaling = run_sweep(expand_grid(["dgx-h100"], [MODEL], [80 * K, 512 * K, 2 * M, 5 * M],
-                                    [1, 2, 4, 8, 16]), ("ring",))  # plus the pick row
+                                    [1, 2, 4, 8, 16]),
+                        ("tree", "butterfly", "allgather", "ring"))  # plus the pick row
     plots.speedup_vs_gpus(scaling, OUT / "speedup_vs_gpus.png")
     lengths = [16 * K, 64 * K, 256 * K, 1 * M, 4 * M]
     latency = run_sweep(expand_grid(["dgx-h100", "mi300x", "pcie-4090:gpus=8"], [MODEL],

@@ -171,8 +171,8 @@ def speedup_vs_gpus(rows: list[dict], path: Path, topology: str | None = None) -
     ax.axhline(1.0, color="grey", lw=1, ls=":")
     title = topology or ", ".join(sorted({r["topology"] for r in own}))
     return _finish(fig, ax, path, "number of GPUs",
-                   "strongest baseline / treeattn's best (×; < 1: a baseline wins)",
-                   f"treeattn's best schedule vs the strongest baseline: {title}, {model}",
+                   "speedup over the strongest baseline (×; < 1: it wins)",
+                   f"treeattn's best vs the strongest baseline: {title}, {model}",
                    xbase=2, legend_title="context", ylog=False)
 
 
