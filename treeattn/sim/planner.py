@@ -46,8 +46,14 @@ from treeattn.sim.algorithms import BASELINES, SOURCES, build_schedule
 from treeattn.sim.algorithms.serving import LayoutRefused, check_head_split
 from treeattn.sim.algorithms.tree import make_trees
 from treeattn.sim.algorithms.trees import Tree
+from treeattn.sim.candidates import (
+    Candidate,
+    enumerate_candidates,
+    is_collective,
+)
 from treeattn.sim.closed_form import closed_form, collective_schedule, ring_passq
 from treeattn.sim.engine import simulate
+from treeattn.sim.explain import explain_plan, size_text
 from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import CostModel
 from treeattn.sim.parallel import cp_view
@@ -62,104 +68,6 @@ MAX_CHUNK_MESSAGES = 100_000
 MAX_FIRST_CHUNK_MESSAGES = 400_000
 
 
-# -- candidates --------------------------------------------------------------------------
-HUGE = 4096  # beyond this many ranks only a short list of shapes is scored
-
-
-@dataclass
-class Candidate:
-    """One plan the planner scored: closed-form bound, and a simulation when it ran."""
-
-    name: str
-    algorithm: str
-    params: dict
-    trees: list[Tree] = field(default_factory=list)
-    bound_s: float = float("inf")
-    result: SimResult | None = None
-    built: Schedule | None = field(default=None, repr=False)  # kept when scoring built it
-
-    @property
-    def latency_s(self) -> float:
-        return self.result.makespan_s if self.result is not None else self.bound_s
-
-    @property
-    def method(self) -> str:
-        return self.result.method if self.result is not None else "closed_form"
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "algorithm": self.algorithm, "latency_s": self.latency_s,
-                "closed_form_s": self.bound_s, "method": self.method}
-
-
-def roots_for(world: int) -> list[int]:
-    if world <= 16:
-        return list(range(world))
-    return sorted({0, world // 2}) if world <= 256 else [0]
-
-
-def tree_shapes(world: int, hosts: int) -> list[dict]:
-    if world > HUGE:
-        return [dict(shape="binomial"), dict(shape="kary", k=8),
-                dict(shape="hierarchical", inner="flat", outer="binomial"),
-                dict(shape="hierarchical", inner="binomial", outer="binomial")]
-    shapes = [dict(shape="binomial"), dict(shape="kary", k=4), dict(shape="kary", k=8),
-              dict(shape="double_binary")]
-    if world <= 256:
-        shapes.append(dict(shape="binary"))
-    if world <= 64:
-        shapes.append(dict(shape="flat"))
-    if world <= 16:
-        shapes.append(dict(shape="chain"))
-    if 1 < hosts < world:
-        for inner in ("flat", "binomial"):
-            shapes.append(dict(shape="hierarchical", inner=inner, outer="binomial"))
-            if inner == "binomial" or world <= 256:
-                shapes.append(dict(shape="hierarchical", inner=inner, outer="kary", k=4))
-    if world <= 256:
-        shapes.append(dict(shape="searched"))
-    return shapes
-
-
-def tree_name(params: dict) -> str:
-    shape = params["shape"]
-    if shape == "kary":
-        shape = f"{params['k']}-ary"
-    if shape == "hierarchical":
-        outer = params["outer"] if params["outer"] != "kary" else f"{params['k']}-ary"
-        shape = f"hierarchical({params['inner']}/{outer})"
-    return f"tree/{shape}@{params['root']}"
-
-
-def enumerate_candidates(world: int, hosts: int) -> list[Candidate]:
-    out = []
-    for shape in tree_shapes(world, hosts):
-        for root in roots_for(world):
-            params = dict(shape, root=root)
-            out.append(Candidate(tree_name(params), "tree", params))
-    out.append(Candidate("butterfly", "butterfly", {}))
-    if world <= 256:
-        out.append(Candidate("allgather", "allgather", {}))
-    out.append(Candidate("allreduce3", "allreduce3", {"inner": "collective"}))
-    out.append(Candidate("allreduce3/tree", "allreduce3", {"inner": "tree"}))
-    if world <= 256:
-        out.append(Candidate("allreduce3/ring", "allreduce3", {"inner": "ring"}))
-    for name in COLLECTIVE_ALGORITHMS:
-        out.append(Candidate(name, name, {}))
-    out.append(Candidate("ring", "ring", {}))
-    if world <= 256:
-        out.append(Candidate("ring-passq", "ring-passq", {}))
-    return out
-
-
-# Algorithms built only of collectives and local steps: their closed form is exact.
-COLLECTIVE_ALGORITHMS = ("allreduce2", "oneshot", "helix", "dcp")
-
-
-def _is_collective(c: Candidate) -> bool:
-    return c.algorithm in COLLECTIVE_ALGORITHMS or c.params.get("inner") == "collective"
-
-
-# -- the plan ----------------------------------------------------------------------------
 @dataclass
 class Plan:
     """The chosen schedule, its prediction, and every candidate considered (ranked)."""
@@ -261,7 +169,7 @@ def _chunk_messages(c: Candidate, cm: CostModel) -> float:
         return p * (p - 1) * cm.net.chunking(qblock)[0] + 6 * p
     if c.algorithm == "butterfly":
         return p * (p.bit_length() - 1) + 2 * p
-    if _is_collective(c):
+    if is_collective(c):
         return 6 * p
     if c.algorithm == "allreduce3":
         return 6 * p * (p - 1) if c.params.get("inner") == "ring" else 6 * p * len(c.trees)
@@ -273,7 +181,7 @@ def score(cands: list[Candidate], topology, cm: CostModel) -> dict[str, str]:
     return, by algorithm, those that cannot run this layout."""
     refused: dict[str, str] = {}
     for c in list(cands):
-        if _is_collective(c):
+        if is_collective(c):
             try:
                 check_head_split(c.algorithm, cm.workload, cm.world)
                 c.built = schedule_for(c, topology, cm.workload)
@@ -399,8 +307,8 @@ def check_capacity(cm: CostModel) -> None:
     w = cm.workload
     need = w.kv_bytes(max(cm.shards)) + 2 * w.partial_bytes
     if need > capacity:
-        raise SimError(f"{w.describe()} does not fit: each GPU needs {_bytes(need)} for its KV "
-                       f"shard, and a {cm.hardware[0].name} has {_bytes(capacity)}")
+        raise SimError(f"{w.describe()} does not fit: each GPU needs {size_text(need)} for its KV "
+                       f"shard, and a {cm.hardware[0].name} has {size_text(capacity)}")
 
 
 def _first_that_fits(ranked: list[Candidate], topology, cm: CostModel) -> Candidate:
@@ -415,7 +323,7 @@ def _first_that_fits(ranked: list[Candidate], topology, cm: CostModel) -> Candid
                 raise SimError(f"the prediction for {c.name} is {c.latency_s}: a link or device "
                                "figure must be out of range")
             return c
-    raise SimError(f"no plan fits in {_bytes(capacity)} of GPU memory")
+    raise SimError(f"no plan fits in {size_text(capacity)} of GPU memory")
 
 
 def closed_form_result(c: Candidate, topology, cm: CostModel) -> SimResult:
@@ -434,73 +342,3 @@ def closed_form_result(c: Candidate, topology, cm: CostModel) -> SimResult:
         memory = peak_memory(schedule, w)
     return SimResult(c.algorithm, dict(c.params), c.bound_s, sum(sent), sent, memory,
                      method="closed_form")
-
-
-# -- the explanation ---------------------------------------------------------------------
-
-
-
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:,.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:,.2f} ms"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def explain_plan(plan) -> str:
-    """Why ``plan.winner`` beats the rest, in one paragraph of plain sentences."""
-    w, win, pred = plan.workload, plan.winner, plan.prediction
-    topo = plan.topology
-    cp = pred.critical_path or {}
-    parts = [
-        f"On {topo.num_gpus} GPUs over {len(topo.hosts)} host(s), {win.name} is predicted to "
-        f"take {_us(win.latency_s)} per attention layer for {w.describe()} "
-        f"({_us(plan.token_latency_s())} per token over {w.model.n_layers} layers, "
-        f"{pred.method})."
-    ]
-    if cp:
-        parts.append(
-            f"Its critical path is {_us(cp['compute_s'])} of local compute and merges, "
-            f"{_us(cp['overhead_s'])} of per-message software overhead and "
-            f"{_us(cp['wire_s'])} on the wire."
-        )
-    tree = plan.tree
-    if tree is not None:
-        parts.append(f"The tree has depth {tree.depth} and root {tree.root}; each rank sends "
-                     f"a {_bytes(w.partial_bytes)} partial, never its KV shard.")
-    others = [c for c in plan.candidates if c is not win]
-    if others:
-        runner = others[0]
-        gap = runner.latency_s / win.latency_s - 1
-        parts.append(f"The runner-up, {runner.name}, is {gap:.1%} slower ({_us(runner.latency_s)}, "
-                     f"{runner.method}).")
-    baseline = plan.best_baseline()
-    if baseline is win:
-        parts.append(f"A baseline wins here: {win.name} is what {SOURCES[win.algorithm]} runs, "
-                     "and nothing of treeattn's own beats it on this cluster and size.")
-    elif baseline is not None:
-        parts.append(f"The strongest baseline, {baseline.name} ({SOURCES[baseline.algorithm]}), "
-                     f"takes {_us(baseline.latency_s)}: "
-                     f"{baseline.latency_s / win.latency_s:.2f}× the winner.")
-    parts.append(f"Outputs are compared {w.layout}: head-sharded algorithms pay for gathering "
-                 "their heads back." if w.layout == "replicated" else
-                 f"Outputs are compared {w.layout} (a tensor-parallel projection follows).")
-    ring = plan.best("ring")
-    if ring is not None and ring is not win:
-        ring_bytes = (topo.num_gpus - 1) * w.kv_bytes(w.seq_len)
-        parts.append(f"Ring Attention's pass-KV would take {_us(ring.latency_s)} "
-                     f"({ring.latency_s / win.latency_s:.1f}× longer) because it moves "
-                     f"{_bytes(ring_bytes)} of KV blocks per layer against "
-                     f"{_bytes(pred.comm_bytes)} here.")
-    for reason in plan.refused.values():
-        parts.append(f"Not priced: {reason}.")
-    simulated = sum(c.result is not None for c in plan.candidates)
-    parts.append(f"{len(plan.candidates)} candidates were scored in closed form and "
-                 f"{simulated} simulated; the rest cannot beat the winner because their "
-                 f"closed form, a lower bound, is already slower.")
-    return " ".join(parts)

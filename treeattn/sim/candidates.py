@@ -1,0 +1,113 @@
+"""The planner's candidates: every tree shape, the butterfly, the all-gather of partials and
+the collective baselines, each a named algorithm with its parameters, to be scored.
+
+Beyond ``HUGE`` ranks only a short list of tree shapes is scored (see
+:mod:`treeattn.sim.planner`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from treeattn.sim.algorithms.trees import Tree
+from treeattn.sim.result import SimResult
+from treeattn.sim.schedule import Schedule
+
+# -- candidates --------------------------------------------------------------------------
+HUGE = 4096  # beyond this many ranks only a short list of shapes is scored
+
+
+@dataclass
+class Candidate:
+    """One plan the planner scored: closed-form bound, and a simulation when it ran."""
+
+    name: str
+    algorithm: str
+    params: dict
+    trees: list[Tree] = field(default_factory=list)
+    bound_s: float = float("inf")
+    result: SimResult | None = None
+    built: Schedule | None = field(default=None, repr=False)  # kept when scoring built it
+
+    @property
+    def latency_s(self) -> float:
+        return self.result.makespan_s if self.result is not None else self.bound_s
+
+    @property
+    def method(self) -> str:
+        return self.result.method if self.result is not None else "closed_form"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "algorithm": self.algorithm, "latency_s": self.latency_s,
+                "closed_form_s": self.bound_s, "method": self.method}
+
+
+def roots_for(world: int) -> list[int]:
+    if world <= 16:
+        return list(range(world))
+    return sorted({0, world // 2}) if world <= 256 else [0]
+
+
+def tree_shapes(world: int, hosts: int) -> list[dict]:
+    if world > HUGE:
+        return [dict(shape="binomial"), dict(shape="kary", k=8),
+                dict(shape="hierarchical", inner="flat", outer="binomial"),
+                dict(shape="hierarchical", inner="binomial", outer="binomial")]
+    shapes = [dict(shape="binomial"), dict(shape="kary", k=4), dict(shape="kary", k=8),
+              dict(shape="double_binary")]
+    if world <= 256:
+        shapes.append(dict(shape="binary"))
+    if world <= 64:
+        shapes.append(dict(shape="flat"))
+    if world <= 16:
+        shapes.append(dict(shape="chain"))
+    if 1 < hosts < world:
+        for inner in ("flat", "binomial"):
+            shapes.append(dict(shape="hierarchical", inner=inner, outer="binomial"))
+            if inner == "binomial" or world <= 256:
+                shapes.append(dict(shape="hierarchical", inner=inner, outer="kary", k=4))
+    if world <= 256:
+        shapes.append(dict(shape="searched"))
+    return shapes
+
+
+def tree_name(params: dict) -> str:
+    shape = params["shape"]
+    if shape == "kary":
+        shape = f"{params['k']}-ary"
+    if shape == "hierarchical":
+        outer = params["outer"] if params["outer"] != "kary" else f"{params['k']}-ary"
+        shape = f"hierarchical({params['inner']}/{outer})"
+    return f"tree/{shape}@{params['root']}"
+
+
+def enumerate_candidates(world: int, hosts: int) -> list[Candidate]:
+    out = []
+    for shape in tree_shapes(world, hosts):
+        for root in roots_for(world):
+            params = dict(shape, root=root)
+            out.append(Candidate(tree_name(params), "tree", params))
+    out.append(Candidate("butterfly", "butterfly", {}))
+    if world <= 256:
+        out.append(Candidate("allgather", "allgather", {}))
+    out.append(Candidate("allreduce3", "allreduce3", {"inner": "collective"}))
+    out.append(Candidate("allreduce3/tree", "allreduce3", {"inner": "tree"}))
+    if world <= 256:
+        out.append(Candidate("allreduce3/ring", "allreduce3", {"inner": "ring"}))
+    for name in COLLECTIVE_ALGORITHMS:
+        out.append(Candidate(name, name, {}))
+    out.append(Candidate("ring", "ring", {}))
+    if world <= 256:
+        out.append(Candidate("ring-passq", "ring-passq", {}))
+    return out
+
+
+# Algorithms built only of collectives and local steps: their closed form is exact.
+COLLECTIVE_ALGORITHMS = ("allreduce2", "oneshot", "helix", "dcp")
+
+
+def is_collective(c: Candidate) -> bool:
+    return c.algorithm in COLLECTIVE_ALGORITHMS or c.params.get("inner") == "collective"
+
+
+# -- the plan ----------------------------------------------------------------------------
