@@ -38,7 +38,7 @@ take half of each line); an all-to-all as the group of p2p transfers to every pe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from treeattn.sim.nccl import tables as T
 from treeattn.sim.nccl.group_shape import GroupShape
@@ -61,6 +61,12 @@ class CollectiveCost:
     latency_s: float
     bandwidth_Bps: float  # algorithm bandwidth
     time_s: float
+    tuner_s: float | None = None  # the library's own estimate, where it differs from time_s
+
+    @property
+    def choice_s(self) -> float:
+        """What the library ranks this variant by: its tuner's estimate."""
+        return self.time_s if self.tuner_s is None else self.tuner_s
 
     @property
     def algbw_GBps(self) -> float:
@@ -258,11 +264,15 @@ def _amd_costs(op: str, nbytes: int, s: GroupShape) -> list[CollectiveCost]:
                 latency = base + 2 * ((s.ppn - 1) * intra + int(math.log2(s.nnodes)) * inter)
             bus = s.channels * per_channel * T.RCCL_BW_RATIO[algo][row][p]
             proto = T.PROTOCOLS[p]
+            correction = 1.0
             if algo == "tree":
-                bus *= T.RCCL_TREE_CORRECTION[proto][log_size]
+                correction = T.RCCL_TREE_CORRECTION[proto][log_size]
             elif s.nnodes > 1:
-                bus *= T.RCCL_RING_CORRECTION[proto][log_size]
-            costs.append(_priced(op, nbytes, algo, p, latency, bus * _bus_to_alg(op, algo, s)))
+                correction = T.RCCL_RING_CORRECTION[proto][log_size]
+            alg_bw = bus * _bus_to_alg(op, algo, s)
+            cost = _priced(op, nbytes, algo, p, latency, alg_bw)
+            tuner = _priced(op, nbytes, algo, p, latency, alg_bw * correction)
+            costs.append(replace(cost, tuner_s=tuner.time_s))
     forced = _rccl_forced_protocol(op, nbytes, s)
     if forced is not None:
         costs = [c for c in costs if c.protocol == forced] or costs
@@ -390,7 +400,7 @@ def collective_cost(op: str, nbytes: int, shape: GroupShape, *, algorithm: str |
                and (protocol is None or c.protocol == protocol)]
     if not options:
         raise SimError(f"{op}: no {algorithm or ''} {protocol or ''} variant on this group")
-    return min(options, key=lambda c: c.time_s)
+    return min(options, key=lambda c: c.choice_s)
 
 
 def check_op(op: str, nbytes: int) -> None:

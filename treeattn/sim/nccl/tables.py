@@ -33,7 +33,10 @@ NCCL-net  ``src/graph/tuning.cc`` ``getNetOverhead``: the network post overhead 
           network hop latency (the tree's, ``ppn == 1``).
 RCCL      ROCm/rocm-systems ``projects/rccl/src/graph/tuning.cc`` (commit 03a89144):
           RCCL's own ``baseLat`` and ``tuning_model_5`` (gfx942, MI300X) hardware
-          latencies, bandwidth ratios and correction factors; ``rccl_wrap.cc``: the
+          latencies, bandwidth ratios and correction factors (``ncclTopoGetAlgoTime``
+          multiplies them into the time the tuner ranks by; we rank by it too, but price
+          the pick without them: RCCL's entries are selection weights, 0.1 to 5.5, not
+          measured bandwidth fractions like NCCL's); ``rccl_wrap.cc``: the
           per-rank LL size limits applied after the model; ``topo.h``:
           ``GFX94X_XGMI_WIDTH`` 48 GB/s, MI200 36 GB/s.
 MSCCL     ROCm/rccl ``src/misc/msccl/msccl_lifecycle.cc`` (``mscclEnqueueCheck``: an
