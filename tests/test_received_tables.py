@@ -124,3 +124,28 @@ def test_a_cluster_too_big_to_plan_is_refused_with_the_estimate():
         check_planning_size(65520, "topology 'gb200-nvl72:racks=910'")
     assert "note: planning" in check_planning_size(MAX_PLAN_GPUS, "t")
     assert check_planning_size(64, "t") is None
+
+
+def test_the_planner_refuses_a_huge_cluster_before_building_it(capsys, monkeypatch):
+    """``predict``/``plan`` on 65,520 GPUs: refused with the count before any graph is made
+    (building that cluster alone takes about half a minute); ``topo show`` of a large one
+    says it will take a while."""
+    import treeattn.topo.fabric as fabric
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the cluster was built before the size check")
+
+    monkeypatch.setattr(fabric, "build_cluster", no_build)
+    monkeypatch.setattr("treeattn.topo.builders_nvidia.build_cluster", no_build)
+    for command in ("predict", "plan"):
+        rc = main([command, "--topology", "gb200-nvl72:racks=910", "--model", "llama-3.1-8b",
+                   "--seq-len", "1M"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1, err
+        assert "65,520 GPUs, more than the 16,384 the planner takes" in err
+    monkeypatch.undo()
+    notes = []
+    with fabric.build_limits(note=notes.append):
+        fabric.check_gpus("t", "nodes", 2048, 8)
+        fabric.check_gpus("t", "nodes", 1024, 8)
+    assert notes == ["note: building 16,384 GPUs; this takes about 8 s"]

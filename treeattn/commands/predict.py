@@ -28,7 +28,7 @@ from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
 from treeattn.sim.host.profiles import plan_overrides
-from treeattn.sim.plan_size import check_planning_size
+from treeattn.sim.plan_size import check_planning_size, planning_limits
 from treeattn.sim.prefill.pricing import SOURCES as SOURCES_PREFILL
 from treeattn.sweep.rows import PICK, algorithm_rows
 
@@ -89,7 +89,8 @@ def _load(args: argparse.Namespace, seq_len: int):
     """Topology, workload and (hardware, backend) overrides for one sequence length."""
     from treeattn.topo import Topology
 
-    topo = Topology.load(args.topology)
+    with planning_limits():
+        topo = Topology.load(args.topology)
     if topo.num_gpus < 2:
         raise SimError(f"topology {args.topology!r} has one GPU: there is no reduction to plan")
     note = check_planning_size(topo.num_gpus, f"topology {args.topology!r}")
@@ -108,7 +109,8 @@ def _prefill(args: argparse.Namespace, seq_len: int) -> list:
     if args.batch != 1 or args.tp != 1:
         raise SimError("--prefill prices one sequence without tensor parallelism: use "
                        "--batch 1 --tp 1")
-    topo = Topology.load(args.topology)
+    with planning_limits():
+        topo = Topology.load(args.topology)
     overrides = plan_overrides(args.profile, topo)
     return predict_prefill(topo, args.model, seq_len, overrides.get("hardware"),
                            overrides.get("backend"))

@@ -23,6 +23,7 @@ from treeattn import atomic
 from treeattn.atomic import check_output_path
 from treeattn.commands.tables import Column, print_table
 from treeattn.topo import Topology, TopologyError
+from treeattn.topo.fabric import build_limits
 from treeattn.topo.importers.detect import FORMATS, expected_gpus
 from treeattn.topo.summary import span, summary_rows
 
@@ -65,7 +66,8 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace, source: str) -> Topology:
-    return Topology.load(source, fmt=args.format, gpu=args.gpu)
+    with build_limits(note=lambda line: print(line, file=sys.stderr, flush=True)):
+        return Topology.load(source, fmt=args.format, gpu=args.gpu)
 
 
 def show_json(t: Topology) -> dict:

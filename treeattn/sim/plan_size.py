@@ -13,9 +13,13 @@ work: plan a slice of the cluster (fewer nodes) instead.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
+from collections.abc import Iterator
 
 from treeattn.sim.payloads import SimError
+from treeattn.topo.fabric import build_limits
 
 NOTE_GPUS = 2048
 MAX_PLAN_GPUS = 16384
@@ -42,3 +46,13 @@ def check_planning_size(gpus: int, what: str) -> str | None:
         return (f"note: planning {gpus:,} GPUs (about {steps:,} simulated steps per "
                 "schedule); this takes a while")
     return None
+
+
+@contextlib.contextmanager
+def planning_limits() -> Iterator[None]:
+    """Build topologies for the planner: past :data:`MAX_PLAN_GPUS` refused before they are
+    built (a 65,536-GPU cluster takes about half a minute to build), a note on stderr before
+    a long build."""
+    with build_limits(MAX_PLAN_GPUS, "the planner",
+                      note=lambda line: print(line, file=sys.stderr, flush=True)):
+        yield

@@ -33,8 +33,10 @@ the fabric, so the DGX/MI300X/GB200 builders and ``FILE:nodes=N`` share the same
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from treeattn.topo import hardware as hw
 from treeattn.topo.errors import TopologyError
@@ -47,14 +49,58 @@ MAX_FABRIC_LINKS = 200_000  # leaf-spine links over all rails; beyond, refuse (m
 
 
 
+NOTE_BUILD_GPUS = 8192  # past this, building takes seconds (65,536 GPUs: about 35 s)
+
+# (the most GPUs the caller will use, who says so) and a hook for the note on a long build,
+# set by a caller with :func:`build_limits`; builders read them before building anything.
+_LIMIT: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar(
+    "treeattn_gpu_limit", default=None)
+_NOTE: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "treeattn_build_note", default=None)
+
+
+@contextlib.contextmanager
+def build_limits(max_gpus: int | None = None, who: str = "",
+                 note: Callable[[str], None] | None = None) -> Iterator[None]:
+    """While active, a topology of more than ``max_gpus`` GPUs is refused before it is built
+    (``who`` names the bound, e.g. the planner), and ``note`` hears of a long build.
+
+    >>> from treeattn.topo import Topology, TopologyError
+    >>> try:
+    ...     with build_limits(16, "this caller"):
+    ...         Topology.from_spec("dgx-h100:nodes=4")
+    ... except TopologyError as e:
+    ...     print(e)
+    dgx-h100: nodes=4 x 8 GPUs is 32 GPUs, more than the 16 this caller takes
+    """
+    tokens = (_LIMIT.set((max_gpus, who) if max_gpus else None), _NOTE.set(note))
+    try:
+        yield
+    finally:
+        _NOTE.reset(tokens[1])
+        _LIMIT.reset(tokens[0])
+
+
+def check_gpus(name: str, key: str, nodes: int, per_host: int) -> None:
+    """Refuse ``nodes`` x ``per_host`` GPUs past the bound in force, before anything is built;
+    tell the caller's note hook when the build will take a while."""
+    gpus = nodes * per_host
+    if gpus > MAX_GPUS:
+        raise TopologyError(f"{name}: {key}={nodes} x {per_host} GPUs is more than {MAX_GPUS}")
+    limit = _LIMIT.get()
+    if limit is not None and gpus > limit[0]:
+        raise TopologyError(f"{name}: {key}={nodes} x {per_host} GPUs is {gpus:,} GPUs, more "
+                            f"than the {limit[0]:,} {limit[1]} takes")
+    hook = _NOTE.get()
+    if hook is not None and gpus > NOTE_BUILD_GPUS:
+        hook(f"note: building {gpus:,} GPUs; this takes about {max(1, gpus // 2000)} s")
+
+
 def check_nodes(name: str, nodes: int, key: str = "nodes", per_host: int = 8) -> None:
     """Refuse a host count out of range, before anything is built."""
     if not 1 <= nodes <= MAX_NODES:
         raise TopologyError(f"{name}: {key}={nodes} must be between 1 and {MAX_NODES}")
-    if nodes * per_host > MAX_GPUS:
-        raise TopologyError(
-            f"{name}: {key}={nodes} x {per_host} GPUs is more than {MAX_GPUS} GPUs"
-        )
+    check_gpus(name, key, nodes, per_host)
 
 
 def add_gpu(b: GraphBuilder, host: str, i: int, rank: int, model: str, nic: str | None) -> str:

@@ -35,7 +35,7 @@ import networkx as nx
 
 from treeattn.topo import hardware as hw
 from treeattn.topo.errors import TopologyError
-from treeattn.topo.fabric import MAX_GPUS, MAX_NODES, build_cluster, check_fabric
+from treeattn.topo.fabric import MAX_NODES, build_cluster, check_fabric, check_gpus
 from treeattn.topo.graphbuild import GraphBuilder
 from treeattn.topo.hostsearch import host_adjacency, search
 from treeattn.topo.routing import REF_BYTES
@@ -90,8 +90,7 @@ def replicate(g: nx.DiGraph, opts: dict, where: str) -> nx.DiGraph:
     gpus = sorted((n for n, d in g.nodes(data=True) if d["kind"] == "gpu"),
                   key=lambda n: g.nodes[n]["rank"])
     nodes = opts["nodes"]
-    if nodes * len(gpus) > MAX_GPUS:
-        raise TopologyError(f"{where}: nodes={nodes} x {len(gpus)} GPUs is more than {MAX_GPUS}")
+    check_gpus(where, "nodes", nodes, len(gpus))
     template = g.copy()
     rail_nics = _attach_rails(template, host, gpus, opts["rails"], where)
     check_fabric(nodes, len(rail_nics), opts["leaf"])
