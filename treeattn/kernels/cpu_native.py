@@ -42,7 +42,7 @@ import torch
 SOURCES = tuple(Path(__file__).with_name("native") / name
                 for name in ("decode_partial.c", "merge.c"))
 ENV_CACHE_DIR = "TREEATTN_CACHE_DIR"
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_QUERY_ROWS = 8  # the kernel's MAX_ROWS: query rows served by one pass over K and V
 KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's KV_F32, KV_BF16
 COMPILE_TIMEOUT_S = 120
@@ -64,11 +64,11 @@ class NativeKernel:
         fn = lib.treeattn_decode_partial
         fn.restype = ctypes.c_int
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_float] + [ctypes.c_void_p] * 2 + [ctypes.c_int]
-                       + [ctypes.c_int64] * 11 + [ctypes.c_void_p] * 2)
+                       + [ctypes.c_int64] * 14 + [ctypes.c_void_p] * 2)
         self.decode_partial = fn
         merge = lib.treeattn_merge
-        merge.restype = None
-        merge.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2
+        merge.restype = ctypes.c_int
+        merge.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 4
         self.merge = merge
 
 
@@ -209,23 +209,31 @@ def partial_attention_native_packed(kern: NativeKernel, q: torch.Tensor, k: torc
     return out
 
 
+def elements_after(t: torch.Tensor) -> int:
+    """Elements of ``t``'s storage from its first element to the storage's end: what a C
+    kernel handed ``t.data_ptr()`` may read, whatever shape and strides it is told."""
+    return t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+
+
 def decode_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                      ) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """``treeattn_decode_partial``'s integer arguments after the scale, up to the outputs:
-    (k, v addresses, dtype code, B, Hkv, G, T, D, k's and v's first three strides), and the
-    fp32 contiguous query whose address comes first (keep it alive until the call)."""
+    """``treeattn_decode_partial``'s integer arguments after the scale, up to the row
+    capacity: (k, v addresses, dtype code, B, Hkv, G, T, D, k's and v's first three strides,
+    the elements k's and v's buffers hold), and the fp32 contiguous query whose address comes
+    first (keep it alive until the call)."""
     b, hq, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     if q.dtype != torch.float32 or not q.is_contiguous():
         q = q.to(torch.float32).contiguous()  # (B, Hq, D); the kernel applies the scale
     return q, (k.data_ptr(), v.data_ptr(), KV_DTYPE_CODES[k.dtype], b, hkv, hq // hkv, t, d,
-               *k.stride()[:3], *v.stride()[:3])
+               *k.stride()[:3], *v.stride()[:3], elements_after(k), elements_after(v))
 
 
 def _decode_partial(kern: NativeKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     scale: float, o_ptr: int, lse_ptr: int) -> None:
     q32, args = decode_arguments(q, k, v)
-    status = kern.decode_partial(q32.data_ptr(), scale, *args, o_ptr, lse_ptr)
+    rows = q.shape[0] * q.shape[1]  # the outputs are allocated for exactly q's rows
+    status = kern.decode_partial(q32.data_ptr(), scale, *args, rows, o_ptr, lse_ptr)
     if status != 0:  # applies() and fits() admit only shapes the kernel takes
         raise RuntimeError(f"native kernel refused shape q {tuple(q.shape)} k {tuple(k.shape)}")
 
@@ -249,8 +257,12 @@ def merge_native(kern: NativeKernel, a: tuple[torch.Tensor, torch.Tensor],
     lse = torch.empty_like(a[1])  # (B, Hq)
     rows = lse.numel()
     if rows:
-        kern.merge(a[0].data_ptr(), a[1].data_ptr(), b[0].data_ptr(), b[1].data_ptr(),
-                   o.data_ptr(), lse.data_ptr(), rows, o.numel() // rows)
+        o_cap = min(a[0].numel(), b[0].numel())
+        lse_cap = min(a[1].numel(), b[1].numel())
+        if kern.merge(a[0].data_ptr(), a[1].data_ptr(), b[0].data_ptr(), b[1].data_ptr(),
+                      o.data_ptr(), lse.data_ptr(), rows, o.numel() // rows, o_cap, lse_cap):
+            raise RuntimeError(f"native merge refused partials of {tuple(a[0].shape)} and "
+                               f"{tuple(b[0].shape)}")
     return o, lse
 
 
@@ -261,6 +273,9 @@ def merge_packed_native(kern: NativeKernel, a: torch.Tensor, b: torch.Tensor,
     out = torch.empty_like(a)  # (rows·(D + 1),)
     n = a.numel() - rows  # elements of o
     lse_offset = n * out.element_size()
-    kern.merge(a.data_ptr(), a.data_ptr() + lse_offset, b.data_ptr(), b.data_ptr() + lse_offset,
-               out.data_ptr(), out.data_ptr() + lse_offset, rows, n // rows)
+    o_cap = min(a.numel(), b.numel()) - rows  # each packed buffer: o, then rows of lse
+    if kern.merge(a.data_ptr(), a.data_ptr() + lse_offset, b.data_ptr(), b.data_ptr() + lse_offset,
+                  out.data_ptr(), out.data_ptr() + lse_offset, rows, n // rows, o_cap, rows):
+        raise RuntimeError(f"native merge refused packed partials of {a.numel()} and "
+                           f"{b.numel()} floats for {rows} rows")
     return out

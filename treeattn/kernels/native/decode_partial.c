@@ -175,25 +175,50 @@ static void attend(const float *q, float scale, const char *k, const char *v, in
 }
 
 /* The ABI version; cpu_native.py refuses a library that reports another one. */
-int treeattn_native_abi(void) { return 3; }
+int treeattn_native_abi(void) { return 4; }
 
 /* The head dimension must be a multiple of this (and at most MAX_D). */
 int treeattn_native_lanes(void) { return LANES; }
 
 int treeattn_native_max_d(void) { return MAX_D; }
 
+/* The last element index + 1 that (B, Hkv, T, D) with strides (sb, sh, st, 1) reaches, or
+ * -1 when a stride is negative or the sum overflows. */
+static int64_t reach(int64_t B, int64_t Hkv, int64_t T, int64_t D, int64_t sb, int64_t sh,
+                     int64_t st) {
+    int64_t a, b, c, end;
+    if (sb < 0 || sh < 0 || st < 0) return -1;
+    if (__builtin_mul_overflow(B - 1, sb, &a) || __builtin_mul_overflow(Hkv - 1, sh, &b)
+        || __builtin_mul_overflow(T - 1, st, &c) || __builtin_add_overflow(a, b, &end)
+        || __builtin_add_overflow(end, c, &end) || __builtin_add_overflow(end, D, &end))
+        return -1;
+    return end;
+}
+
 /* q (B, Hkv·G, D) fp32 contiguous, scale the softmax scale; k and v
  * (B, Hkv, T, D) fp32 or bf16 with unit stride along D and the given element strides;
- * o (B, Hkv·G, D) and lse (B, Hkv·G) fp32 contiguous. Returns 0, or -1 for a shape this
- * kernel does not take (the caller checks first, so -1 is a bug, not an input error). */
+ * o (B, Hkv·G, D) and lse (B, Hkv·G) fp32 contiguous. The buffers hold k_elems and v_elems
+ * elements from k and v, and rows_cap rows of q, o and lse: the kernel checks its shape
+ * and strides against them and touches nothing when they do not fit. Returns 0, or -1 for
+ * a shape this kernel does not take or that does not fit (the caller checks first, so -1
+ * is a bug, not an input error). */
 int treeattn_decode_partial(const float *q, float scale, const void *k, const void *v, int dtype,
                             int64_t B, int64_t Hkv, int64_t G, int64_t T, int64_t D,
                             int64_t k_sb, int64_t k_sh, int64_t k_st,
                             int64_t v_sb, int64_t v_sh, int64_t v_st,
+                            int64_t k_elems, int64_t v_elems, int64_t rows_cap,
                             float *o, float *lse) {
     if (D <= 0 || D > MAX_D || D % LANES != 0 || T <= 0 || G <= 0 || B < 0 || Hkv < 0)
         return -1;
     if (dtype != KV_F32 && dtype != KV_BF16) return -1;
+    if (B == 0 || Hkv == 0) return 0;
+    int64_t rows;
+    if (__builtin_mul_overflow(B, Hkv, &rows) || __builtin_mul_overflow(rows, G, &rows)
+        || rows > rows_cap)
+        return -1;
+    const int64_t k_end = reach(B, Hkv, T, D, k_sb, k_sh, k_st);
+    const int64_t v_end = reach(B, Hkv, T, D, v_sb, v_sh, v_st);
+    if (k_end < 0 || k_end > k_elems || v_end < 0 || v_end > v_elems) return -1;
     const size_t elem = dtype == KV_F32 ? sizeof(float) : sizeof(uint16_t);
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < Hkv; h++) {

@@ -20,9 +20,15 @@ static float log_add_exp(float x, float y) {
     return hi + log1pf(expf(lo - hi));
 }
 
-/* oa, ob, o: rows x d contiguous fp32; la, lb, lse: rows fp32. o may not alias the inputs. */
-void treeattn_merge(const float *oa, const float *la, const float *ob, const float *lb,
-                    float *o, float *lse, int64_t rows, int64_t d) {
+/* oa, ob, o: rows x d contiguous fp32; la, lb, lse: rows fp32. o may not alias the inputs.
+ * Each of oa, ob and o holds at least o_cap floats and each of la, lb and lse lse_cap: a
+ * shape that does not fit is refused (-1) before anything is read or written; 0 on success. */
+int treeattn_merge(const float *oa, const float *la, const float *ob, const float *lb,
+                   float *o, float *lse, int64_t rows, int64_t d, int64_t o_cap,
+                   int64_t lse_cap) {
+    int64_t n;
+    if (rows < 0 || d < 0 || __builtin_mul_overflow(rows, d, &n) || n > o_cap || rows > lse_cap)
+        return -1;
     for (int64_t r = 0; r < rows; r++) {
         const float l = log_add_exp(la[r], lb[r]);
         lse[r] = l;
@@ -33,4 +39,5 @@ void treeattn_merge(const float *oa, const float *la, const float *ob, const flo
         float *y = o + r * d;
         for (int64_t j = 0; j < d; j++) y[j] = xa[j] * wa + xb[j] * wb;
     }
+    return 0;
 }

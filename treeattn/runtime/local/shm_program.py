@@ -54,7 +54,7 @@ from treeattn.runtime.wire import message_numel
 from treeattn.sim.host.partial_reduction import RECV_MERGE, SEND, reduction_ops
 
 SOURCES = (Path(__file__).with_name("native") / "shm_program.c", *cpu_native.SOURCES)
-ABI_VERSION = 4
+ABI_VERSION = 5
 OP_SEND, OP_RECV_MERGE, OP_RECV_REPLACE = 0, 1, 2  # the C file's op kinds
 OK, TIMED_OUT, WRONG_SIZE = 0, 1, 2  # its return codes (anything else: a bad program)
 SPIN_S = 0.3e-3  # busy-wait before sleeping, as the Python channel's 2000 checks do
@@ -145,6 +145,9 @@ class ShmProgram:
             scale, fp32_query, v_offset, args = plan
             q32 = q if fp32_query else q.to(torch.float32).contiguous()  # alive past the call
             args[0], args[1], args[2] = q32.data_ptr(), kv.data_ptr(), kv.data_ptr() + v_offset
+            # what this call's buffer holds from k and from v, for the kernel's own check
+            args[15] = cpu_native.elements_after(kv)
+            args[16] = args[15] - v_offset // kv.element_size()
             attention = args.ctypes.data
         else:
             begin = time.perf_counter()

@@ -39,12 +39,14 @@
 #include <time.h>
 #include <unistd.h>
 
-void treeattn_merge(const float *oa, const float *la, const float *ob, const float *lb,
-                    float *o, float *lse, int64_t rows, int64_t d);
+int treeattn_merge(const float *oa, const float *la, const float *ob, const float *lb,
+                   float *o, float *lse, int64_t rows, int64_t d, int64_t o_cap,
+                   int64_t lse_cap);
 int treeattn_decode_partial(const float *q, float scale, const void *k, const void *v, int dtype,
                             int64_t B, int64_t Hkv, int64_t G, int64_t T, int64_t D,
                             int64_t k_sb, int64_t k_sh, int64_t k_st,
                             int64_t v_sb, int64_t v_sh, int64_t v_st,
+                            int64_t k_elems, int64_t v_elems, int64_t rows_cap,
                             float *o, float *lse);
 
 enum { OP_SEND = 0, OP_RECV_MERGE = 1, OP_RECV_REPLACE = 2 };
@@ -159,7 +161,8 @@ static int check_program(const op_t *prog, int64_t n_ops, int64_t bytes, const i
 /* Run `n_ops` ops on the packed partial `running` (rows x d of o, then rows of lse, fp32).
  * With `attention` non-NULL, first compute `running` with the decode kernel
  * (treeattn/kernels/native/decode_partial.c), whose arguments after the scale, up to its
- * outputs, are `attention[1..14]` (q's address at [0]): the step that follows a kernel then
+ * outputs, are `attention[1..16]` (q's address at [0]; the kernel's row capacity is `rows`,
+ * and its head dimension must be `d`): the step that follows a kernel then
  * starts without a trip through Python, whose state the kernel has just evicted.
  * `scratch` holds one partial per receive: no buffer is written twice in a run, so a
  * deferred send's source stays intact however long it waits. The result is copied into
@@ -180,10 +183,12 @@ int treeattn_shm_program(const int64_t *ops, int64_t n_ops, float *scratch, int6
     *failed = -1;
     if (attention) {
         const int64_t *a = attention;
-        if (treeattn_decode_partial((const float *)(intptr_t)a[0], scale,
-                                    (const void *)(intptr_t)a[1], (const void *)(intptr_t)a[2],
-                                    (int)a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
-                                    a[12], a[13], a[14], running, running + rows * d) != 0)
+        if (a[8] != d
+            || treeattn_decode_partial((const float *)(intptr_t)a[0], scale,
+                                       (const void *)(intptr_t)a[1], (const void *)(intptr_t)a[2],
+                                       (int)a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10],
+                                       a[11], a[12], a[13], a[14], a[15], a[16], rows, running,
+                                       running + rows * d) != 0)
             return BAD_SHAPE;
     }
     stamps[1] = now_s();
@@ -209,10 +214,11 @@ int treeattn_shm_program(const int64_t *ops, int64_t n_ops, float *scratch, int6
             if (*word(op->header, NBYTES) != bytes) return WRONG_SIZE;
             float *dst = scratch + received++ * floats;
             const float *msg = (const float *)(intptr_t)op->payload;
-            if (op->kind == OP_RECV_MERGE)
-                treeattn_merge(cur, cur + rows * d, msg, msg + rows * d, dst, dst + rows * d,
-                               rows, d);
-            else
+            if (op->kind == OP_RECV_MERGE) {
+                if (treeattn_merge(cur, cur + rows * d, msg, msg + rows * d, dst, dst + rows * d,
+                                   rows, d, rows * d, rows) != 0)
+                    return BAD_SHAPE;
+            } else
                 memcpy(dst, msg, (size_t)bytes);
             BARRIER();
             *word(op->header, READ) = *word(op->header, READ) + 1;  /* free the slot */
@@ -228,4 +234,4 @@ int treeattn_shm_program(const int64_t *ops, int64_t n_ops, float *scratch, int6
     return OK;
 }
 
-int treeattn_shm_program_abi(void) { return 4; }
+int treeattn_shm_program_abi(void) { return 5; }
