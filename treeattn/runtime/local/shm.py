@@ -43,6 +43,7 @@ import contextlib
 import ctypes
 import os
 import platform
+import re
 import socket
 import time
 import uuid
@@ -69,6 +70,12 @@ MAX_SEGMENT_BYTES = 37 << 20
 _SPIN = 2000  # checks before sleeping (about 0.3 ms of polling on this repository's CPU box)
 _NAP_S = 50e-6  # between checks where a futex cannot be used
 _SLEEP_S = 0.01  # longest futex sleep before the deadline is checked again
+# Segment names carry their creator's pid. A segment is unlinked once every rank has mapped
+# it, so one is left only by a run killed in that window (SIGKILL); the next run removes
+# those of dead creators that are older than STALE_AFTER_S (a run in another pid namespace
+# that reuses the pid would lose only its shared memory: its ranks then fall back to gloo).
+_NAME = re.compile(r"treeattn-(\d+)-[0-9a-f]{32}")
+STALE_AFTER_S = 60.0
 
 
 def _box_bytes() -> int:
@@ -274,6 +281,34 @@ def _host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def remove_stale_segments(directory: str = SHM_DIR) -> list[str]:
+    """Remove this user's segments whose creating process is gone and that are older than
+    :data:`STALE_AFTER_S`; return their names. Anything unlike our names is left alone."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            match = _NAME.fullmatch(entry.name)
+            if match is None or _alive(int(match.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if (info.st_uid == os.getuid() and entry.is_file(follow_symlinks=False)
+                        and time.time() - info.st_mtime > STALE_AFTER_S):
+                    os.unlink(entry.path)
+                    removed.append(entry.name)
+    return removed
+
+
 def _create(path: str, nbytes: int) -> None:
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
@@ -297,7 +332,8 @@ def open_channel(ctx: RankContext) -> ShmChannel | None:
         return None
     path, nbytes = None, segment_bytes(ctx.world)
     if ctx.rank == 0:
-        path = os.path.join(SHM_DIR, f"treeattn-{uuid.uuid4().hex}")
+        remove_stale_segments()
+        path = os.path.join(SHM_DIR, f"treeattn-{os.getpid()}-{uuid.uuid4().hex}")
         try:
             _create(path, nbytes)
         except OSError:
