@@ -159,6 +159,55 @@ def test_qwen2_bias_world3_like_one_process():
     assert len(out) == len(runs)
 
 
+def _sharded_prefill_job(ctx, kind: str, lengths: tuple[int, ...],
+                         runs: list[tuple[str, str, int]]):
+    """:func:`treeattn.hf.sharded_prefill` then ``generate``: each rank's shard of every
+    layer equals the single-process cache's K/V at the positions it owns, and the tokens and
+    logits equal transformers' single-process generate; a batch of two, prompts of
+    ``lengths`` (those shorter than twice the world leave ranks without queries)."""
+    import treeattn.hf
+
+    model = tiny_model(kind)
+    report = []
+    for length in lengths:
+        model.set_attn_implementation("sdpa")
+        ids = torch.randint(0, model.config.vocab_size, (2, length),
+                            generator=torch.Generator().manual_seed(length))
+        want_ids, want_logits = _generate(model, ids)
+        with torch.no_grad():
+            ref = model(ids[:, :-1], use_cache=True).past_key_values  # DynamicCache
+        model.set_attn_implementation("treeattn")
+        for algorithm, layout, interleave in runs:
+            cache = treeattn.hf.ShardedCache(model.config, algorithm, layout=layout,
+                                             interleave_size=interleave, reserve=NEW_TOKENS)
+            assert treeattn.hf.sharded_prefill(model, ids, cache) == length - 1
+            owned = [p for p in range(length - 1) if cache.owner(p, length - 1) == ctx.rank]
+            for i, layer in enumerate(cache.layers):
+                k, v = layer.shard()  # (B, Hkv, local, D) each
+                assert torch.allclose(k, ref.layers[i].keys[:, :, owned], atol=1e-5)
+                assert torch.allclose(v, ref.layers[i].values[:, :, owned], atol=1e-5)
+            got_ids, got_logits = _generate(model, ids, cache=cache)
+            assert torch.equal(got_ids, want_ids), (algorithm, layout, length)
+            err = float((got_logits - want_logits).abs().max())
+            assert err < LOGIT_ATOL, (algorithm, layout, length, err)
+            report.append((length, algorithm, layout, len(owned), err))
+    return report
+
+
+def test_sharded_prefill_world2_like_one_process():
+    runs = [("tree", "contiguous", 1), ("butterfly", "interleaved", 2)]
+    out = launch(functools.partial(_sharded_prefill_job, kind="llama", lengths=(13, 2),
+                                   runs=runs), 2, LaunchOptions(timeout_s=120, threads=1))
+    assert [(r[0], r[3]) for r in out] == [(13, 6), (13, 6), (2, 1), (2, 1)]  # rank 0's
+
+
+def test_sharded_prefill_world3_short_prompts_like_one_process():
+    runs = [("dcp", "contiguous", 1), ("tree", "interleaved", 1)]
+    out = launch(functools.partial(_sharded_prefill_job, kind="qwen2", lengths=(11, 4),
+                                   runs=runs), 3, LaunchOptions(timeout_s=120, threads=1))
+    assert len(out) == 4
+
+
 @pytest.mark.parametrize("config,feature", [
     (lambda: transformers.MistralConfig(sliding_window=16), "sliding-window"),
     (lambda: transformers.Qwen2Config(use_sliding_window=True, sliding_window=16,
@@ -240,3 +289,18 @@ def test_generate_engine_hf_refuses_with_one_line(args, message, capsys):
     assert main(["generate", "--engine", "hf", "--prompt", "hi", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+def test_the_torchrun_example_decodes_like_one_process():
+    """``docs/examples/hf_torchrun.py`` under torchrun itself (``--standalone``: its own free
+    port), world 2: sharded prefill, then transformers' generate, tokens checked on rank 0."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "docs" / "examples" / "hf_torchrun.py"
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node", "2", str(script), "--tiny", "--check",
+                             "--max-new-tokens", "8", "--algorithm", "butterfly"],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "identical to transformers in one process: True" in result.stderr

@@ -5,10 +5,12 @@ GGUF such as the default SmolLM2), loaded once here; the ranks get its config an
 temporary folder (a GGUF-quantised model cannot ``save_pretrained``). Each rank decodes with
 transformers' ``generate``, ``attn_implementation="treeattn"`` and a
 :class:`treeattn.hf.ShardedCache` running ``--algorithm`` or ``--plan``
-(:mod:`treeattn.hf`). ``--verify`` runs transformers' own single-process ``generate`` here and
-compares tokens and logits. Sampling (``--temperature``, ``--top-k``, ``--top-p``,
-``--seed``) seeds every rank alike and gives them rank 0's scores
-(:class:`treeattn.hf.RankZeroScores`). Local ranks only (``--nproc``).
+(:mod:`treeattn.hf`). The prompt is prefilled sharded (:func:`treeattn.hf.sharded_prefill`:
+each rank runs the model on its own chunks, attention is a pass-KV ring), so it is never
+whole on one rank; ``generate`` then starts from the last prompt token. ``--verify`` runs
+transformers' own single-process ``generate`` here and compares tokens and logits. Sampling
+(``--temperature``, ``--top-k``, ``--top-p``, ``--seed``) seeds every rank alike and gives
+them rank 0's scores (:class:`treeattn.hf.RankZeroScores`). Local ranks only (``--nproc``).
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def _rank(ctx, folder: str, algorithm, max_new_tokens: int, sampling):
     model.eval()
     ids = torch.load(Path(folder, "ids.pt"))
     cache = treeattn.hf.ShardedCache(model.config, algorithm, reserve=max_new_tokens)
+    t0 = time.perf_counter()
+    prefilled = treeattn.hf.sharded_prefill(model, ids, cache)
+    prefill_s = time.perf_counter() - t0
     if not sampling.greedy:
         torch.manual_seed(sampling.seed)  # every rank alike; RankZeroScores: the same scores
     t0 = time.perf_counter()
@@ -102,7 +107,8 @@ def _rank(ctx, folder: str, algorithm, max_new_tokens: int, sampling):
     attention = cache.attention
     return {"tokens": tokens, "logits": torch.stack(out.logits), "decode_s": decode_s,
             "attention_s": attention.elapsed_s, "attention_calls": attention.calls,
-            "ranks_agree": agree}
+            "ranks_agree": agree, "prefill_s": prefill_s, "prefilled": prefilled,
+            "local_tokens": cache.layers[0].local}
 
 
 def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
@@ -123,8 +129,6 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
         ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
     else:
         ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
-    if ids.shape[1] < world:
-        raise UserError(f"the prompt has {ids.shape[1]} tokens, fewer than the {world} ranks")
     algorithm = args.algorithm
     if args.plan:
         algorithm = read_plan(args.plan, world)
@@ -137,7 +141,8 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
                                           sampling=sampling), world,
                         LaunchOptions(timeout_s=args.timeout, threads=1))
     tokens = result["tokens"]
-    steps = max(1, len(tokens) - 1)  # the first token comes from the prefill
+    # every token comes from a decode step: the first from the last prompt token's
+    steps = max(1, len(tokens))
     layers = model.config.get_text_config().num_hidden_layers
     record = {"engine": "hf", "text": tokenizer.decode(tokens, skip_special_tokens=True),
               "tokens": tokens, "world": world, "model": source,
@@ -145,7 +150,9 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
               "prompt_tokens": int(ids.shape[1]), "decode_s": result["decode_s"],
               "attention_s_per_token": result["attention_s"] / steps,
               "attention_calls": result["attention_calls"], "layers": layers,
-              "ranks_agree": result["ranks_agree"]}
+              "ranks_agree": result["ranks_agree"], "prefill": "sharded (pass-KV ring)",
+              "prefill_s": result["prefill_s"], "prefilled_tokens": result["prefilled"],
+              "decode_s_per_token": result["decode_s"] / steps}
     if not sampling.greedy:
         record.update(temperature=sampling.temperature, top_k=sampling.top_k,
                       top_p=sampling.top_p, seed=sampling.seed)
@@ -175,7 +182,9 @@ def handle_hf(args: argparse.Namespace, read_plan) -> int:
         print(record["text"])
         line = (f"{len(record['tokens'])} tokens on {record['world']} ranks through "
                 f"transformers, {record['algorithm']}: attention "
-                f"{record['attention_s_per_token'] * 1e3:.2f} ms per token (all layers)")
+                f"{record['attention_s_per_token'] * 1e3:.2f} ms per token (all layers), "
+                f"sharded prefill {record['prefill_s']:.2f} s "
+                f"({record['prefilled_tokens']} prompt tokens)")
         sys.stderr.write(line + "\n")
         if "identical_to_single_process" in record:
             verdict = ("identical to" if record["identical_to_single_process"]

@@ -5,15 +5,17 @@ function with transformers; then, on every rank of a ``torch.distributed`` group
 
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="treeattn")
     cache = treeattn.hf.ShardedCache(model.config, "auto")
-    model.generate(ids, past_key_values=cache, max_new_tokens=32)
+    treeattn.hf.sharded_prefill(model, ids, cache)  # optional: else a replicated prefill
+    model.generate(ids, cache=cache, max_new_tokens=32)
 
 See ``docs/hf.md``: what is sharded, how prefill runs, and what is refused by name.
 """
 
 from treeattn.hf.attention import ATTENTION_NAME, RankZeroScores, register, treeattn_attention
 from treeattn.hf.cache import LAYOUTS, HFIntegrationError, ShardedCache, ShardedLayer, owner_of
+from treeattn.hf.prefill import sharded_prefill
 
 register()
 
 __all__ = ["ATTENTION_NAME", "LAYOUTS", "HFIntegrationError", "RankZeroScores", "ShardedCache",
-           "ShardedLayer", "owner_of", "register", "treeattn_attention"]
+           "ShardedLayer", "owner_of", "register", "sharded_prefill", "treeattn_attention"]

@@ -6,6 +6,10 @@ value, attention_mask, scaling=..., dropout=..., **kwargs)`` right after the lay
 :class:`~treeattn.hf.cache.ShardedCache`, the layer that was just updated says which step this
 is (``ShardedLayer.mode``):
 
+- **ring** (:func:`treeattn.hf.sharded_prefill`): ``query``/``key``/``value`` are this
+  rank's prompt chunks; their causal attention over every earlier position is the pass-KV
+  ring (:func:`treeattn.runtime.prefill_ring.ring_attention`), by global positions (the
+  mask transformers built for the chunk alone is not used);
 - **prefill**: ``key``/``value`` are the whole prompt's (replicated prefill): ordinary SDPA
   with the causal (and padding) mask, exact;
 - **decode**: ``key``/``value`` are this rank's shard; the query's attention over every
@@ -28,6 +32,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from treeattn.hf.cache import HFIntegrationError, active_layer
+from treeattn.runtime.prefill_ring import ring_attention
 
 ATTENTION_NAME = "treeattn"
 
@@ -43,6 +48,12 @@ def treeattn_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     if kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
         raise HFIntegrationError("sliding-window attention layers are not served by treeattn")
     layer = active_layer(getattr(module, "layer_idx", -1))
+    if layer is not None and layer.mode == "ring":
+        cache = layer.cache
+        own = torch.stack([key, value])  # (2, B, Hkv, T, D)
+        out = ring_attention(cache.attention.ctx, cache.ring[0], query, own,
+                             layer.keep_ring_block, scale=scaling)  # (B, Hq, T, D) fp32
+        return out.transpose(1, 2).to(query.dtype).contiguous(), None  # (B, T, Hq, D)
     if layer is None or layer.mode == "prefill":
         real = _real_keys(attention_mask, key.shape[0])
         if layer is not None and real is not None:

@@ -14,12 +14,15 @@ The cache reports the *global* sequence length (``get_seq_length``, ``get_mask_s
 transformers computes positions, RoPE and masks as for one process. Attention does not depend
 on the order of the keys, so the shards need not be contiguous.
 
-Prefill is replicated: every rank runs the whole prompt, the layer's ``update`` keeps its own
-positions and returns the whole prompt's K/V, and the attention is exact ordinary SDPA. (The
-sharded prefill of the prefill issue will replace this; until then the prompt is briefly
-whole on every rank.) Each decode step's ``update`` stores the new token on its owner and
-returns this rank's shard, which :func:`treeattn.hf.attention.treeattn_attention` reduces
-across the ranks by the plan's schedule (:class:`treeattn.ShardedAttention`).
+Prefill, two ways. Sharded (:func:`treeattn.hf.sharded_prefill`, then ``generate``): each
+rank runs the model on its own prompt chunks, the layer's ``update`` returns those chunks'
+K/V, the attention is a pass-KV ring, and the layer keeps the ring's pieces its layout names
+(``keep_ring_block``); the prompt is never whole on one rank. Replicated (``generate`` on an
+empty cache, and the only way for a left-padded batch): every rank runs the whole prompt,
+the layer's ``update`` keeps its own positions and returns the whole prompt's K/V, and the
+attention is exact ordinary SDPA. Each decode step's ``update`` stores the new token on its
+owner and returns this rank's shard, which :func:`treeattn.hf.attention.treeattn_attention`
+reduces across the ranks by the plan's schedule (:class:`treeattn.ShardedAttention`).
 
 Storage per layer: one (2, B, Hkv, capacity, D) tensor, K at 0 and V at 1, growing by
 doubling; the shard handed to attention is two views of it (no copy).
@@ -111,6 +114,8 @@ class ShardedLayer(CacheLayerMixin):
         self.total = 0  # positions of the (padded) sequence, as transformers counts them
         self.mode = "prefill"
         self.prompt = None  # the prefill's (K, V) until its attention has seen the mask
+        self.pieces: list[tuple[torch.Tensor, torch.Tensor]] = []  # ring: (positions, kv)
+        self.ring_like: torch.Tensor | None = None  # the last ring block seen
 
     @property
     def local(self) -> int:
@@ -152,6 +157,9 @@ class ShardedLayer(CacheLayerMixin):
         c, (b, _, s, _) = self.cache, key_states.shape
         c.check_group()
         _RECENT[:] = [self]
+        if c.ring is not None:  # sharded prefill: this rank's chunks, for the ring
+            self.mode = "ring"
+            return key_states, value_states
         if self.total == 0:  # prefill, replicated: keep our positions, attend to them all
             self._keep(key_states, value_states, [list(range(s))] * b)
             self.total, self.mode = s, "prefill"
@@ -182,6 +190,39 @@ class ShardedLayer(CacheLayerMixin):
         self._keep(k, v, [torch.nonzero(row).flatten().tolist() for row in real.cpu()])
         self.prompt = None
 
+    def keep_ring_block(self, src: int, block: torch.Tensor) -> None:
+        """Sharded prefill: keep the positions of rank ``src``'s ring block (2, B, Hkv, n, D)
+        that this rank's layout owns (a copy: the block itself moves on)."""
+        c = self.cache
+        layout, prompt = c.ring
+        self.ring_like = block  # its shape, dtype and device, for a rank that owns nothing
+        positions = layout.positions(src)
+        owned = [i for i, p in enumerate(positions) if c.owner(p, prompt) == c.rank]
+        if owned:
+            index = torch.tensor(owned, dtype=torch.long, device=block.device)
+            at = torch.tensor([positions[i] for i in owned], dtype=torch.long)
+            self.pieces.append((at, block.index_select(3, index)))
+
+    def finish_ring(self, prompt: int) -> None:
+        """After the sharded prefill: the kept pieces, in position order, become the shard."""
+        like = self.ring_like
+        if like is None:
+            raise HFIntegrationError(f"layer {self.index} saw no ring block")
+        if self.pieces:
+            order = torch.argsort(torch.cat([at for at, _ in self.pieces]))
+            kv = torch.cat([piece for _, piece in self.pieces], dim=3)  # (2, B, Hkv, n, D)
+        else:  # a prompt shorter than the world: nothing of it is stored here
+            order, kv = torch.zeros(0, dtype=torch.long), like[:, :, :, :0]
+        self.pieces, self.ring_like = [], None
+        self.device, self.dtype, self.is_initialized = kv.device, kv.dtype, True
+        n = kv.shape[3]
+        self.store = None
+        self._room(kv.shape[1:], n + self.cache.reserve)
+        self.store[:, :, :, :n] = kv.index_select(3, order.to(kv.device))
+        batch = kv.shape[1]
+        self.counts, self.real, self.prompt_real = [n] * batch, [prompt] * batch, [prompt] * batch
+        self.total, self.mode, self.prompt = prompt, "decode", None
+
     def kv_len(self) -> torch.Tensor | None:
         """Each sequence's tokens here when they differ (B,), else None."""
         if len(set(self.counts)) <= 1:
@@ -206,7 +247,7 @@ class ShardedLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.store, self.counts, self.real, self.total = None, [], [], 0
-        self.mode, self.prompt = "prefill", None
+        self.mode, self.prompt, self.pieces, self.ring_like = "prefill", None, [], None
         self.is_initialized = False
 
     def reorder_cache(self, beam_idx) -> None:
@@ -241,7 +282,24 @@ class ShardedCache(Cache):
         self.attention = ShardedAttention(plan_or_algorithm, group, timeout_s=timeout_s)
         self.rank, self.world = self.attention.rank, self.attention.world
         self.layout, self.interleave, self.reserve = layout, interleave_size, max(0, reserve)
+        self.ring = None  # (PrefillLayout, prompt positions) during a sharded prefill
         super().__init__(layers=[ShardedLayer(self, i) for i in range(n_layers)])
+
+    def begin_ring(self, layout, prompt: int) -> None:
+        """Enter sharded prefill (:func:`treeattn.hf.sharded_prefill`): updates return the
+        chunks' K/V and attention runs the ring of ``layout``."""
+        self.ring = (layout, prompt)
+
+    def end_ring(self) -> None:
+        """Leave sharded prefill: every layer's kept pieces become its shard."""
+        layout, prompt = self.ring
+        self.ring = None
+        for layer in self.layers:
+            layer.finish_ring(prompt)
+
+    def reset(self) -> None:
+        self.ring = None
+        super().reset()
 
     def owner(self, position: int, prompt: int) -> int:
         """The rank that keeps a sequence's ``position``-th real token (``prompt`` real
