@@ -304,3 +304,29 @@ def test_the_torchrun_example_decodes_like_one_process():
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "identical to transformers in one process: True" in result.stderr
+
+
+def test_generate_engine_hf_on_a_model_folder(tmp_path, capsys):
+    """The CLI path end to end on a saved tiny model and word tokenizer: sharded prefill,
+    transformers' generate on 2 ranks, ``--verify`` against transformers in one process."""
+    import json
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    from treeattn.cli import main
+
+    vocab = {f"w{i}": i for i in range(tiny_config("llama").vocab_size)}
+    words = Tokenizer(WordLevel(vocab, unk_token="w0"))
+    words.pre_tokenizer = Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0").save_pretrained(
+        tmp_path)
+    tiny_model("llama").save_pretrained(tmp_path)
+    prompt = " ".join(f"w{i}" for i in (5, 17, 3, 99, 42, 8, 61, 23, 7))
+    assert main(["generate", "--engine", "hf", "--model", str(tmp_path), "--nproc", "2",
+                 "--prompt", prompt, "--max-new-tokens", "6", "--algorithm", "butterfly",
+                 "--verify", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["identical_to_single_process"] is True and len(record["tokens"]) == 6
+    assert record["prefilled_tokens"] == 8 and record["prefill"].startswith("sharded")

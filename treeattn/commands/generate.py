@@ -445,7 +445,21 @@ def demo_section(console: Console) -> int:
     out = run_generation(args, stream=True)
     for line in summary_lines(out):
         console.print(line)
-    return 0 if out.identical else 1
+    if not out.identical:
+        return 1
+    return _demo_hf(console)
+
+
+def _demo_hf(console: Console) -> int:
+    """The same prompt through Hugging Face transformers (``--engine hf``), when installed."""
+    from treeattn.commands.generate_hf import demo_hf
+
+    parser = argparse.ArgumentParser(prog="treeattn")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["generate", "--engine", "hf", "--nproc", "2", "--prompt",
+                              DEMO_PROMPT, "--chat", "--max-new-tokens", "24", "--algorithm",
+                              "tree", "--verify"])
+    return demo_hf(console, args, planned_schedule)
 
 
 demo_section.is_real_run = True

@@ -194,3 +194,26 @@ def handle_hf(args: argparse.Namespace, read_plan) -> int:
                              f"(max |logit diff| {record['max_abs_logit_diff']})\n")
     ok = record.get("identical_to_single_process", True) and record["ranks_agree"]
     return 0 if ok else 1
+
+
+def demo_hf(console, args: argparse.Namespace, read_plan) -> int:
+    """``make demo``'s transformers part: ``args`` (a parsed ``generate --engine hf
+    --verify``) run once and summed up; skipped when transformers is not installed."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        console.print("transformers is not installed: the --engine hf part is skipped "
+                      "(pip install 'treeattn[hf]')")
+        return 0
+    console.rule("[bold]The same through Hugging Face transformers (--engine hf), 2 ranks")
+    record = run_hf(args, read_plan)
+    console.print(record["text"])
+    console.print(f"{len(record['tokens'])} tokens through transformers' generate with "
+                  f"attn_implementation=\"treeattn\": sharded prefill of "
+                  f"{record['prefilled_tokens']} prompt tokens in {record['prefill_s']:.2f} s, "
+                  f"attention {record['attention_s_per_token'] * 1e3:.2f} ms per token")
+    same = record["identical_to_single_process"] and record["ranks_agree"]
+    console.print(("greedy tokens identical to" if same else "tokens DIFFERENT from")
+                  + " transformers' own single-process generate (max |logit diff| "
+                  f"{record['max_abs_logit_diff']:.2g})")
+    return 0 if same else 1
