@@ -10,7 +10,11 @@ SDPA on CPU would take far longer than the decode being measured), then ``genera
 - **transformers, one process**: a ``DynamicCache`` and SDPA, registered under another name
   only to time each call (the function is transformers' ``sdpa_attention_forward``);
 - **treeattn.hf, N ranks** (local launcher, gloo): ``attn_implementation="treeattn"`` and a
-  ``ShardedCache`` (contiguous layout); time from ``ShardedAttention.elapsed_s`` on rank 0.
+  ``ShardedCache`` (contiguous layout); time from ``ShardedAttention.elapsed_s`` on rank 0;
+- **treeattn generate, N ranks**: treeattn's own engine (``treeattn generate --json``) on
+  SmolLM2-135M itself (the default GGUF: the same shape) with ``--context-tokens`` of
+  document, the same algorithm: what the HF path's overhead is measured against (its own
+  attention and decode time per token). Skipped when the GGUF is not downloaded.
 
 Both with one torch thread per process; the ranks make their executor (a collective set-up)
 before the timed decode. Attention time per token is the sum over layers of
@@ -114,13 +118,33 @@ def rank_job(ctx, context: int, tokens: int, algorithm: str) -> dict:
     attn.scale = model.model.layers[0].self_attn.scaling
     attn(torch.zeros(1, 9, 64), *cache.layers[0].shard())
     attn.calls, attn.elapsed_s = 0, 0.0
+    t0 = time.perf_counter()
     with torch.no_grad():
         out = model.generate(prompt_ids(context), cache=cache, max_new_tokens=tokens,
                              do_sample=False, min_new_tokens=tokens)
+    wall = time.perf_counter() - t0
     steps = attn.calls / SHAPE["num_hidden_layers"]
     return {"tokens": out[0, context + 1:].tolist(),
             "attention_s_per_token": attn.elapsed_s / steps,
-            "local_tokens": cache.layers[0].local}
+            "decode_s_per_token": wall / steps, "local_tokens": cache.layers[0].local}
+
+
+def treeattn_generate(context: int, tokens: int, nproc: int, algorithm: str) -> dict | None:
+    """treeattn's own engine at the same shape and context (None without the GGUF)."""
+    import json
+    import subprocess
+
+    from treeattn.llm.formats.fetch import SMOLLM2_FILE, cache_dir
+
+    if not (cache_dir() / SMOLLM2_FILE).exists():
+        return None
+    out = subprocess.run([sys.executable, "-m", "treeattn.cli", "generate", "--nproc",
+                          str(nproc), "--context-tokens", str(context), "--prompt", "Hello",
+                          "--max-new-tokens", str(tokens + 1), "--algorithm", algorithm,
+                          "--json"], capture_output=True, text=True, timeout=1800, check=True)
+    record = json.loads(out.stdout)
+    return {"attention_s_per_token": record["attention_s_per_token"],
+            "decode_s_per_token": 1.0 / record["tokens_per_s"]}
 
 
 def main() -> int:
@@ -133,20 +157,29 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--algorithm", default="tree")
     args = parser.parse_args()
-    ref, ours = [], []
+    ref, ours, own = [], [], []
     for _ in range(args.reps):
         ref.append(one_process(args.context, args.tokens))
         ours.append(launch(functools.partial(rank_job, context=args.context,
                                              tokens=args.tokens, algorithm=args.algorithm),
                            args.nproc, LaunchOptions(timeout_s=300, threads=1)))
+        native = treeattn_generate(args.context, args.tokens, args.nproc, args.algorithm)
+        if native is not None:
+            own.append(native)
     ref_ms = statistics.median(r["attention_s_per_token"] for r in ref) * 1e3
     our_ms = statistics.median(r["attention_s_per_token"] for r in ours) * 1e3
+    our_step = statistics.median(r["decode_s_per_token"] for r in ours) * 1e3
+    own_ms = statistics.median(r["attention_s_per_token"] for r in own) * 1e3 if own else None
+    own_step = statistics.median(r["decode_s_per_token"] for r in own) * 1e3 if own else None
     same = all(r["tokens"] == ref[0]["tokens"] for r in ref + ours)
     payload = {"context": args.context, "tokens": args.tokens, "reps": args.reps,
                "nproc": args.nproc, "algorithm": args.algorithm, "threads_per_process": 1,
                "model_shape": SHAPE, "transformers_ms_per_token": ref_ms,
                "treeattn_hf_ms_per_token": our_ms, "speedup": ref_ms / our_ms,
-               "identical_tokens": same, "runs": {"transformers": ref, "treeattn_hf": ours},
+               "identical_tokens": same, "treeattn_hf_decode_ms_per_token": our_step,
+               "treeattn_generate_ms_per_token": own_ms,
+               "treeattn_generate_decode_ms_per_token": own_step,
+               "runs": {"transformers": ref, "treeattn_hf": ours, "treeattn_generate": own},
                "host": "shared 2-core CPU host (other jobs running)"}
     import transformers
 
@@ -154,10 +187,16 @@ def main() -> int:
     md = (f"# Attention per token through transformers, {args.context:,} cached tokens\n\n"
           f"SmolLM2-135M shape (random weights, fp32), {args.tokens} greedy tokens, median of "
           f"{args.reps}; one torch thread per process; shared 2-core host.\n\n"
-          "| run | attention ms/token (30 layers) |\n|---|---|\n"
-          f"| transformers SDPA, one process | {ref_ms:.2f} |\n"
-          f"| treeattn.hf, {args.nproc} ranks, {args.algorithm} | {our_ms:.2f} |\n\n"
-          f"Speed-up {ref_ms / our_ms:.2f}x; tokens identical: {same}.\n\n" + NOTE + "\n"
+          "| run | attention ms/token (30 layers) | whole decode step, ms |\n|---|---|---|\n"
+          f"| transformers SDPA, one process | {ref_ms:.2f} | - |\n"
+          f"| treeattn.hf, {args.nproc} ranks, {args.algorithm} | {our_ms:.2f} | "
+          f"{our_step:.2f} |\n"
+          + (f"| treeattn generate, {args.nproc} ranks, {args.algorithm} (SmolLM2 GGUF) | "
+             f"{own_ms:.2f} | {own_step:.2f} |\n" if own else "")
+          + f"\nSpeed-up over transformers {ref_ms / our_ms:.2f}x; tokens identical: {same}. "
+          + (f"The HF path against treeattn's own engine: attention {our_ms / own_ms:.2f}x, "
+             f"whole decode step {our_step / own_step:.2f}x.\n\n" if own else "\n\n")
+          + NOTE + "\n"
           "Command: `.venv/bin/python benchmarks/hf_attention.py "
           f"--context {args.context} --tokens {args.tokens} --reps {args.reps}`\n")
     write_results("hf_attention", payload, md)

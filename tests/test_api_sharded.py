@@ -214,3 +214,31 @@ def test_plan_needs_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() in ALGORITHM_NAMES
+
+
+def _subgroup_job(ctx):
+    """Two context-parallel groups side by side, as beside tensor parallelism: ranks {0, 2}
+    and {1, 3}, each decoding its own data over its own subgroup, every algorithm."""
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # every rank makes both
+    mine, member = groups[ctx.rank % 2], ctx.rank // 2
+    g = torch.Generator().manual_seed(50 + ctx.rank % 2)  # the same data within a group
+    q = torch.randn(2, 6, 16, generator=g)
+    kv = torch.randn(2, 2, 3, 37, 16, generator=g)  # (2, B, Hkv, T, D)
+    cut = 21  # uneven shards: 21 and 16 tokens
+    ks, vs = [kv[0, :, :, :cut], kv[0, :, :, cut:]], [kv[1, :, :, :cut], kv[1, :, :, cut:]]
+    want_o, want_lse = _attention(q, ks, vs)
+    worst = {}
+    for algorithm in ALGORITHMS:
+        attn = treeattn.ShardedAttention(algorithm, group=mine)
+        assert (attn.rank, attn.world) == (member, 2)
+        o, lse = attn(q, ks[member], vs[member], return_lse=True)
+        worst[algorithm] = max(float((o.double() - want_o).abs().max()),
+                               float((lse.double() - want_lse).abs().max()))
+    return worst
+
+
+@pytest.mark.timeout(300)
+def test_every_algorithm_runs_on_a_process_subgroup():
+    worst = launch(_subgroup_job, 4, LaunchOptions(timeout_s=60.0, threads=1))
+    assert set(worst) == set(ALGORITHMS)
+    assert max(worst.values()) < ATOL, worst

@@ -208,6 +208,31 @@ def test_sharded_prefill_world3_short_prompts_like_one_process():
     assert len(out) == 4
 
 
+def _subgroup_job(ctx):
+    """World 4 as two context-parallel groups, {0, 2} and {1, 3} (tensor parallelism would
+    span the other axis): each group prefills and decodes its own prompt over its subgroup."""
+    import torch.distributed as dist
+
+    import treeattn.hf
+
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # every rank makes both
+    mine = groups[ctx.rank % 2]
+    model = tiny_model("llama")
+    ids = torch.randint(0, 160, (1, 12), generator=torch.Generator().manual_seed(ctx.rank % 2))
+    want_ids, want_logits = _generate(model, ids)
+    model.set_attn_implementation("treeattn")
+    cache = treeattn.hf.ShardedCache(model.config, "tree", group=mine, reserve=NEW_TOKENS)
+    treeattn.hf.sharded_prefill(model, ids, cache)
+    got_ids, got_logits = _generate(model, ids, cache=cache)
+    assert torch.equal(got_ids, want_ids)
+    assert float((got_logits - want_logits).abs().max()) < LOGIT_ATOL
+    return cache.rank, cache.world, cache.layers[0].local
+
+
+def test_the_cache_runs_on_a_process_subgroup():
+    assert launch(_subgroup_job, 4, LaunchOptions(timeout_s=120, threads=1)) == (0, 2, 6)
+
+
 @pytest.mark.parametrize("config,feature", [
     (lambda: transformers.MistralConfig(sliding_window=16), "sliding-window"),
     (lambda: transformers.Qwen2Config(use_sliding_window=True, sliding_window=16,

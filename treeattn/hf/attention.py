@@ -93,12 +93,17 @@ class RankZeroScores:
     from its own generator; seeded alike (``torch.manual_seed`` on every rank), ranks draw the
     same token only from bit-identical scores, which this makes sure of (one broadcast of
     (B, vocab) floats per step). Pass it as ``model.generate(..., logits_processor=
-    [treeattn.hf.RankZeroScores()])``.
+    [treeattn.hf.RankZeroScores()])``; with the cache on a process subgroup, pass that group
+    (its first member's scores are used).
     """
+
+    def __init__(self, group=None) -> None:
+        self.group = group
 
     def __call__(self, input_ids, scores):
         import torch.distributed as dist
 
         scores = scores.contiguous()
-        dist.broadcast(scores, src=0)
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.broadcast(scores, src=src, group=self.group)
         return scores

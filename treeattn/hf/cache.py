@@ -308,10 +308,11 @@ class ShardedCache(Cache):
 
     def check_group(self) -> None:
         """Refuse a cache used in a process group other than the one it was made for."""
-        if not dist.is_initialized() or dist.get_world_size() != self.world \
-                or dist.get_rank() != self.rank:
-            now = (f"rank {dist.get_rank()} of {dist.get_world_size()}" if dist.is_initialized()
-                   else "no process group")
+        group = self.attention.ctx.group
+        if not dist.is_initialized() or dist.get_world_size(group) != self.world \
+                or dist.get_rank(group) != self.rank:
+            now = (f"rank {dist.get_rank(group)} of {dist.get_world_size(group)}"
+                   if dist.is_initialized() else "no process group")
             raise HFIntegrationError(f"this ShardedCache was made for rank {self.rank} of "
                                      f"{self.world}, and is used by {now}")
 

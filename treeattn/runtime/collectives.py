@@ -46,6 +46,14 @@ class Groups:
         for steps in schedule.steps:
             for step in steps:
                 if isinstance(step, Collective) and step.group not in self.ops:
+                    if step.group != everyone and ctx.group is not None:
+                        # new_group is collective over the whole world, which the other
+                        # context-parallel groups are not running in step with
+                        raise RuntimeFailure(
+                            f"{schedule.algorithm}: its collective over ranks "
+                            f"{list(step.group)} needs a subgroup of the process subgroup "
+                            "it runs on; run it on the default group, or pick another "
+                            "algorithm")
                     handle = (None if step.group == everyone else
                               dist.new_group(list(step.group), timeout=ctx.timeout))
                     self.ops[step.group] = (CollectiveOps(ctx, step.group, handle, channel)

@@ -39,10 +39,19 @@ class RankContext:
     device: torch.device
     backend: str
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # A process subgroup (one context-parallel group of several): ``rank`` and ``world`` are
+    # then within it, and ``ranks`` gives each member's global rank, which torch.distributed
+    # addresses peers by. None: the default group, where the two coincide.
+    group: object = None
+    ranks: tuple[int, ...] | None = None
 
     @property
     def timeout(self) -> timedelta:
         return timedelta(seconds=self.timeout_s)
+
+    def global_rank(self, rank: int) -> int:
+        """The global rank of member ``rank`` of this context's group."""
+        return rank if self.ranks is None else self.ranks[rank]
 
 
 def in_torchrun_env() -> bool:
@@ -229,9 +238,9 @@ def barrier(ctx: RankContext) -> None:
     """A barrier with the context's timeout; on gloo it names the ranks that did not arrive."""
     try:
         if ctx.backend == "gloo":
-            dist.monitored_barrier(timeout=ctx.timeout, wait_all_ranks=True)
+            dist.monitored_barrier(group=ctx.group, timeout=ctx.timeout, wait_all_ranks=True)
         else:
-            wait_work(dist.barrier(async_op=True), ctx, None, "barrier")
+            wait_work(dist.barrier(group=ctx.group, async_op=True), ctx, None, "barrier")
     except RuntimeFailure:
         raise
     except Exception as exc:
@@ -244,7 +253,7 @@ def all_gather_objects(ctx: RankContext, obj) -> list:
     """Gather one picklable object per rank onto every rank (small metadata only)."""
     out: list = [None] * ctx.world
     try:
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=ctx.group)
     except Exception as exc:
         raise RankLost(
             f"rank {ctx.rank}: all_gather_object failed{silent_ranks_text()} ({_short(exc)})"
@@ -256,7 +265,7 @@ def broadcast_object(ctx: RankContext, obj, src: int = 0):
     """Broadcast one picklable object from ``src`` to every rank and return it."""
     box = [obj if ctx.rank == src else None]
     try:
-        dist.broadcast_object_list(box, src=src)
+        dist.broadcast_object_list(box, src=ctx.global_rank(src), group=ctx.group)
     except Exception as exc:
         raise RankLost(
             f"rank {ctx.rank}: broadcast from rank {src} failed{silent_ranks_text()} "

@@ -104,12 +104,14 @@ def _exchange(ctx: RankContext, transport, send: torch.Tensor | None,
     ``[(work, peer)]``. On NCCL both go in one ``batch_isend_irecv`` group: posted one after
     the other, every rank's send would wait on its successor's, queued behind that rank's own
     send, round the whole ring (a deadlock)."""
-    world = ctx.world
+    world, group = ctx.world, ctx.group
     nxt, prv = (ctx.rank + 1) % world, (ctx.rank - 1) % world
     if transport.batch_p2p:
-        ops = ([dist.P2POp(dist.isend, send.contiguous(), nxt, tag=tag)] if send is not None
-               else []) + ([dist.P2POp(dist.irecv, recv, prv, tag=tag)] if recv is not None
-                           else [])
+        to, of = ctx.global_rank(nxt), ctx.global_rank(prv)
+        ops = ([dist.P2POp(dist.isend, send.contiguous(), to, group=group, tag=tag)]
+               if send is not None else []) + (
+            [dist.P2POp(dist.irecv, recv, of, group=group, tag=tag)] if recv is not None
+            else [])
         works = dist.batch_isend_irecv(ops) if ops else []
         return [(w, nxt if i == 0 and send is not None else prv) for i, w in enumerate(works)]
     out = []

@@ -57,23 +57,28 @@ class ShardedAttentionError(RuntimeFailure):
 
 
 def group_context(group=None, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankContext:
-    """This rank's :class:`RankContext` in ``group`` (None: the default group), which must
-    be the whole world: the executor addresses peers by their global rank."""
+    """This rank's :class:`RankContext` in ``group`` (None: the default group). A subgroup
+    (``dist.new_group``, e.g. one context-parallel group beside tensor-parallel ones) gives
+    ranks within it, and the global rank of each member for addressing peers."""
     if not dist.is_available() or not dist.is_initialized():
         raise ShardedAttentionError("torch.distributed is not initialised: call "
                                     "dist.init_process_group first (gloo on CPU, nccl on CUDA)")
-    world = dist.get_world_size()
-    if group is not None and group is not dist.group.WORLD:
-        size = dist.get_world_size(group)
-        if size != world:
-            raise ShardedAttentionError(f"the group has {size} of the {world} ranks; only the "
-                                        "whole world is supported (run one process group per "
-                                        "context-parallel group)")
-    backend = str(dist.get_backend())
+    backend = str(dist.get_backend(group))
     cuda = "nccl" in backend
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    rank = dist.get_rank()
-    return RankContext(rank, world, rank, device, backend, float(timeout_s))
+    if group is None or group is dist.group.WORLD or \
+            dist.get_world_size(group) == dist.get_world_size():
+        rank = dist.get_rank()
+        return RankContext(rank, dist.get_world_size(), rank, device, backend,
+                           float(timeout_s))
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ShardedAttentionError(f"rank {dist.get_rank()} is not a member of the group it "
+                                    "was given")
+    size = dist.get_world_size(group)
+    members = tuple(dist.get_global_rank(group, r) for r in range(size))
+    return RankContext(rank, size, rank, device, backend, float(timeout_s), group=group,
+                       ranks=members)
 
 
 def agree(ctx: RankContext, what: str, value: str) -> list:

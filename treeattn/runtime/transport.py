@@ -55,9 +55,11 @@ class Transport:
 
     def _through_group(self, op, tensor: torch.Tensor, peer: int, tag: int):
         """``op`` (``dist.isend`` or ``dist.irecv``) on the process group."""
+        peer, group = self.ctx.global_rank(peer), self.ctx.group
         if self.batch_p2p:
-            return dist.batch_isend_irecv([dist.P2POp(op, tensor, peer, tag=tag)])[0]
-        work = op(tensor, peer, tag=tag)
+            return dist.batch_isend_irecv([dist.P2POp(op, tensor, peer, group=group,
+                                                      tag=tag)])[0]
+        work = op(tensor, peer, group=group, tag=tag)
         return work if self.channel is None else _Pushing(work, self.channel)
 
     def progress(self) -> None:
@@ -97,7 +99,7 @@ _TRANSPORTS: dict[tuple[int, int, int], tuple[object, Transport]] = {}
 def transport_for(ctx: RankContext) -> Transport:
     """This process group's transport, made on first use: call it on every rank at the same
     point the first time (it is collective then), as executor construction and calibration do."""
-    group = dist.group.WORLD
+    group = ctx.group if ctx.group is not None else dist.group.WORLD
     key = (id(group), ctx.rank, ctx.world)
     if key not in _TRANSPORTS:
         _TRANSPORTS[key] = (group, Transport(ctx, open_channel(ctx)))
