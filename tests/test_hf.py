@@ -6,13 +6,12 @@ each rank's process. fp32 throughout; the only difference is the order in which 
 partials are merged, so greedy tokens must be identical and the logits of every step within
 ``LOGIT_ATOL`` (1e-4 absolute on O(1) logits; a wrong shard, position or merge moves them by
 far more). Small random configs: Llama with grouped-query attention, Qwen2 with attention
-bias; SmolLM2 from the suite's GGUF when it is on disk.
+bias; SmolLM2 from the default GGUF.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,6 @@ from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 pytestmark = pytest.mark.timeout(600)
 LOGIT_ATOL = 1e-4
 NEW_TOKENS = 32
-SMOLLM_ENV = "TREEATTN_TEST_SMOLLM2"  # the SmolLM2 runs: ~2 CPU-minutes
 
 
 def tiny_config(kind: str):
@@ -194,6 +192,45 @@ def _sharded_prefill_job(ctx, kind: str, lengths: tuple[int, ...],
     return report
 
 
+def _padded_prefill_job(ctx, pads: tuple[int, ...], layout: str):
+    """A left-padded batch through :func:`treeattn.hf.sharded_prefill`: each sequence's shard
+    equals the single-process cache at its real positions this rank owns; tokens and logits
+    as transformers' single-process generate with the same mask."""
+    import treeattn.hf
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, 160, (len(pads), 13), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    for b, pad in enumerate(pads):
+        mask[b, :pad], ids[b, :pad] = 0, 0
+    want_ids, want_logits = _generate(model, ids, attention_mask=mask)
+    with torch.no_grad():
+        ref = model(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True).past_key_values
+    model.set_attn_implementation("treeattn")
+    cache = treeattn.hf.ShardedCache(model.config, "tree", layout=layout, reserve=NEW_TOKENS)
+    assert treeattn.hf.sharded_prefill(model, ids, cache, attention_mask=mask) == 12
+    held = []
+    for b, pad in enumerate(pads):
+        real = 12 - pad  # real tokens prefilled
+        owned = [pad + i for i in range(real) if cache.owner(i, real) == ctx.rank]
+        k, v = cache.layers[1].shard()
+        n = cache.layers[1].counts[b]
+        assert n == len(owned)
+        assert torch.allclose(k[b, :, :n], ref.layers[1].keys[b, :, owned], atol=1e-5)
+        assert torch.allclose(v[b, :, :n], ref.layers[1].values[b, :, owned], atol=1e-5)
+        held.append(n)
+    got_ids, got_logits = _generate(model, ids, cache=cache, attention_mask=mask)
+    assert torch.equal(got_ids, want_ids)
+    assert float((got_logits - want_logits).abs().max()) < LOGIT_ATOL
+    return held
+
+
+def test_sharded_prefill_of_a_left_padded_batch():
+    held = launch(functools.partial(_padded_prefill_job, pads=(0, 5, 2, 11), layout="contiguous"),
+                  2, LaunchOptions(timeout_s=120, threads=1))
+    assert held == [6, 4, 5, 1]  # rank 0: the first half of 12, 7, 10 and 1 real tokens
+
+
 def test_sharded_prefill_world2_like_one_process():
     runs = [("tree", "contiguous", 1), ("butterfly", "interleaved", 2)]
     out = launch(functools.partial(_sharded_prefill_job, kind="llama", lengths=(13, 2),
@@ -254,31 +291,38 @@ def test_the_layout_owner_rule():
     assert [owner_of(p, 7, 3, "interleaved", 2) for p in range(9)] == [0, 0, 1, 1, 2, 2, 0, 0, 1]
 
 
-def _smollm_job(ctx, directory: str, algorithm: str):
-    """Sharded generate of the GGUF's weights (saved once by the fixture); rank 0's result."""
+SMOLLM_ALGORITHMS = ("tree", "butterfly", "oneshot", "helix", "dcp")
+
+
+def _smollm_job(ctx, directory: str):
+    """Sharded prefill and generate of the GGUF's weights (saved once by the fixture) with
+    every partial-merging algorithm; rank 0's (algorithm, ids, logits)."""
     import treeattn.hf
 
     config = transformers.AutoConfig.from_pretrained(directory)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="treeattn")
     model.load_state_dict(torch.load(Path(directory, "weights.pt")), strict=False)
     model.tie_weights()
+    model.eval()
     ids = torch.load(Path(directory, "ids.pt"))
-    cache = treeattn.hf.ShardedCache(model.eval().config, algorithm, reserve=NEW_TOKENS)
-    return _generate(model, ids, cache=cache)
+    out = []
+    for algorithm in SMOLLM_ALGORITHMS:
+        cache = treeattn.hf.ShardedCache(model.config, algorithm, reserve=NEW_TOKENS)
+        treeattn.hf.sharded_prefill(model, ids, cache)
+        out.append((algorithm, *_generate(model, ids, cache=cache)))
+    return out
 
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    """SmolLM2 read by transformers from the suite's GGUF (``gguf_file=``), its weights saved
-    for the ranks (a GGUF-quantised model cannot ``save_pretrained``), and transformers'
-    single-process greedy generation of one prompt."""
+    """SmolLM2 read by transformers from the default GGUF (``gguf_file=``; fetched into the
+    cache when absent), its weights saved for the ranks (a GGUF-quantised model cannot
+    ``save_pretrained``), and transformers' single-process greedy generation of one prompt."""
     pytest.importorskip("gguf")
     pytest.importorskip("accelerate")
-    from treeattn.llm.formats.fetch import SMOLLM2_FILE, cache_dir
+    from treeattn.llm.formats.fetch import fetch_default_model
 
-    path = cache_dir() / SMOLLM2_FILE
-    if not path.exists():
-        pytest.skip("the SmolLM2 GGUF is not downloaded (the suite fetches it: treeattn fetch)")
+    path = fetch_default_model(quiet=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32,
         attn_implementation="sdpa").eval()
@@ -290,16 +334,17 @@ def smollm2(tmp_path_factory):
     return str(directory), _generate(model, ids)
 
 
-@pytest.mark.skipif(os.environ.get(SMOLLM_ENV) != "1",
-                    reason=f"SmolLM2 through transformers takes minutes on 2 cores: {SMOLLM_ENV}=1")
-@pytest.mark.parametrize("world,algorithm", [(2, "tree"), (3, "dcp")])
-def test_smollm2_gguf_like_one_process(smollm2, world, algorithm):
+@pytest.mark.parametrize("world", [2, 3])
+def test_smollm2_gguf_like_one_process(smollm2, world):
+    """SmolLM2-135M-Instruct, 32 greedy tokens: identical to transformers in one process,
+    logits within LOGIT_ATOL, for tree, butterfly, oneshot, helix and dcp."""
     directory, (want_ids, want_logits) = smollm2
-    got_ids, got_logits = launch(
-        functools.partial(_smollm_job, directory=directory, algorithm=algorithm), world,
-        LaunchOptions(timeout_s=300, threads=1))
-    assert torch.equal(got_ids, want_ids)
-    assert float((got_logits - want_logits).abs().max()) < LOGIT_ATOL
+    runs = launch(functools.partial(_smollm_job, directory=directory), world,
+                  LaunchOptions(timeout_s=300, threads=1))
+    assert [r[0] for r in runs] == list(SMOLLM_ALGORITHMS)
+    for algorithm, got_ids, got_logits in runs:
+        assert torch.equal(got_ids, want_ids), algorithm
+        assert float((got_logits - want_logits).abs().max()) < LOGIT_ATOL, algorithm
 
 
 @pytest.mark.parametrize("args,message", [

@@ -114,7 +114,8 @@ class ShardedLayer(CacheLayerMixin):
         self.total = 0  # positions of the (padded) sequence, as transformers counts them
         self.mode = "prefill"
         self.prompt = None  # the prefill's (K, V) until its attention has seen the mask
-        self.pieces: list[tuple[torch.Tensor, torch.Tensor]] = []  # ring: (positions, kv)
+        # ring pieces kept: (sequence or None for the whole batch, positions, kv)
+        self.pieces: list[tuple[int | None, torch.Tensor, torch.Tensor]] = []
         self.ring_like: torch.Tensor | None = None  # the last ring block seen
 
     @property
@@ -194,34 +195,46 @@ class ShardedLayer(CacheLayerMixin):
         """Sharded prefill: keep the positions of rank ``src``'s ring block (2, B, Hkv, n, D)
         that this rank's layout owns (a copy: the block itself moves on)."""
         c = self.cache
-        layout, prompt = c.ring
+        layout, prompt, seq = c.ring
         self.ring_like = block  # its shape, dtype and device, for a rank that owns nothing
         positions = layout.positions(src)
         owned = [i for i, p in enumerate(positions) if c.owner(p, prompt) == c.rank]
         if owned:
             index = torch.tensor(owned, dtype=torch.long, device=block.device)
             at = torch.tensor([positions[i] for i in owned], dtype=torch.long)
-            self.pieces.append((at, block.index_select(3, index)))
+            self.pieces.append((seq, at, block.index_select(3, index)))
 
-    def finish_ring(self, prompt: int) -> None:
-        """After the sharded prefill: the kept pieces, in position order, become the shard."""
+    def _ordered(self, pieces) -> torch.Tensor | None:
+        """The kept pieces of one ring, in position order: (2, B', Hkv, n, D)."""
+        if not pieces:
+            return None
+        order = torch.argsort(torch.cat([at for _, at, _ in pieces]))
+        kv = torch.cat([piece for _, _, piece in pieces], dim=3)
+        return kv.index_select(3, order.to(kv.device))
+
+    def finish_ring(self, prompts: list[int], total: int, batch: int) -> None:
+        """After the sharded prefill: the kept pieces, in position order, become the shard.
+        ``prompts[b]``: the real positions of sequence ``b`` prefilled; ``total``: the
+        (padded) positions, as transformers counts them."""
         like = self.ring_like
-        if like is None:
+        if like is None and any(prompts):
             raise HFIntegrationError(f"layer {self.index} saw no ring block")
-        if self.pieces:
-            order = torch.argsort(torch.cat([at for at, _ in self.pieces]))
-            kv = torch.cat([piece for _, piece in self.pieces], dim=3)  # (2, B, Hkv, n, D)
-        else:  # a prompt shorter than the world: nothing of it is stored here
-            order, kv = torch.zeros(0, dtype=torch.long), like[:, :, :, :0]
+        whole = self._ordered([p for p in self.pieces if p[0] is None])
+        per_seq = [whole[:, b:b + 1] if whole is not None else
+                   self._ordered([p for p in self.pieces if p[0] == b]) for b in range(batch)]
         self.pieces, self.ring_like = [], None
-        self.device, self.dtype, self.is_initialized = kv.device, kv.dtype, True
-        n = kv.shape[3]
+        counts = [0 if kv is None else kv.shape[3] for kv in per_seq]
+        if like is not None:
+            self.device, self.dtype = like.device, like.dtype
+        self.is_initialized = True
+        _, _, hkv, _, d = like.shape if like is not None else (0, 0, 0, 0, 0)
         self.store = None
-        self._room(kv.shape[1:], n + self.cache.reserve)
-        self.store[:, :, :, :n] = kv.index_select(3, order.to(kv.device))
-        batch = kv.shape[1]
-        self.counts, self.real, self.prompt_real = [n] * batch, [prompt] * batch, [prompt] * batch
-        self.total, self.mode, self.prompt = prompt, "decode", None
+        self._room((batch, hkv, 0, d), max(counts) + self.cache.reserve)
+        for b, kv in enumerate(per_seq):
+            if kv is not None:
+                self.store[:, b:b + 1, :, : counts[b]] = kv
+        self.counts, self.real, self.prompt_real = counts, list(prompts), list(prompts)
+        self.total, self.mode, self.prompt = total, "decode", None
 
     def kv_len(self) -> torch.Tensor | None:
         """Each sequence's tokens here when they differ (B,), else None."""
@@ -282,20 +295,22 @@ class ShardedCache(Cache):
         self.attention = ShardedAttention(plan_or_algorithm, group, timeout_s=timeout_s)
         self.rank, self.world = self.attention.rank, self.attention.world
         self.layout, self.interleave, self.reserve = layout, interleave_size, max(0, reserve)
-        self.ring = None  # (PrefillLayout, prompt positions) during a sharded prefill
+        # during a sharded prefill: (PrefillLayout, prompt positions, the sequence the ring is
+        # of, or None for the whole batch)
+        self.ring = None
         super().__init__(layers=[ShardedLayer(self, i) for i in range(n_layers)])
 
-    def begin_ring(self, layout, prompt: int) -> None:
-        """Enter sharded prefill (:func:`treeattn.hf.sharded_prefill`): updates return the
-        chunks' K/V and attention runs the ring of ``layout``."""
-        self.ring = (layout, prompt)
+    def begin_ring(self, layout, prompt: int, seq: int | None = None) -> None:
+        """Enter one ring of a sharded prefill (:func:`treeattn.hf.sharded_prefill`): updates
+        return the chunks' K/V and attention runs the ring of ``layout``, for sequence
+        ``seq`` of the batch (None: all of it)."""
+        self.ring = (layout, prompt, seq)
 
-    def end_ring(self) -> None:
+    def end_ring(self, prompts: list[int], total: int) -> None:
         """Leave sharded prefill: every layer's kept pieces become its shard."""
-        layout, prompt = self.ring
         self.ring = None
         for layer in self.layers:
-            layer.finish_ring(prompt)
+            layer.finish_ring(prompts, total, len(prompts))
 
     def reset(self) -> None:
         self.ring = None

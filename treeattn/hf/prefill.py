@@ -16,8 +16,9 @@ token's. Exact: the ring's partials are merged by log-sum-exp, as one process's 
 A rank whose compute chunks are empty (a prompt shorter than twice the world) runs no model
 forward; it still passes every layer's ring blocks on and keeps its positions.
 
-Refused by name: a padded batch (its real tokens differ per sequence: let ``generate`` run
-its replicated prefill, which drops the padding), and a cache that already holds tokens.
+A left-padded batch is prefilled one sequence at a time over its real tokens (their
+positions differ per sequence), into the per-sequence lengths the decode steps then use.
+Refused by name: padding that is not on the left, and a cache that already holds tokens.
 """
 
 from __future__ import annotations
@@ -38,22 +39,44 @@ def _heads(config) -> tuple[int, int, int]:
     return hq, hkv, d
 
 
+def _ring(model, ids: torch.Tensor, cache: ShardedCache, seq: int | None) -> None:
+    """One sharded prefill of ``ids`` (B', n) into ``cache``: sequence ``seq``, or the whole
+    batch (None). Each rank runs the model on its own chunks; a rank without any only passes
+    the ring's blocks on."""
+    ctx = cache.attention.ctx
+    batch, prompt = ids.shape
+    layout = PrefillLayout(ctx.world, 0, prompt)
+    mine = layout.positions(ctx.rank, queries=True)
+    cache.begin_ring(layout, prompt, seq)
+    if mine:
+        positions = torch.tensor(mine, dtype=torch.long, device=ids.device)  # (T,)
+        model(input_ids=ids[:, positions],  # (B', T): this rank's chunks only
+              position_ids=positions[None].expand(batch, -1), cache=cache,
+              use_cache=True, logits_to_keep=1)
+        return
+    hq, hkv, d = _heads(model.config)
+    dtype = next(model.parameters()).dtype
+    q = torch.empty(batch, hq, 0, d, dtype=dtype, device=ids.device)
+    own = torch.empty(2, batch, hkv, 0, d, dtype=dtype, device=ids.device)
+    for layer in cache.layers:
+        ring_attention(ctx, layout, q, own, layer.keep_ring_block)
+
+
 @torch.no_grad()
 def sharded_prefill(model, input_ids: torch.Tensor, cache: ShardedCache,
                     attention_mask: torch.Tensor | None = None) -> int:
-    """Prefill ``input_ids`` (B, L) but its last token into ``cache`` across the group.
+    """Prefill ``input_ids`` (B, L) but its last column into ``cache`` across the group.
 
     Every rank calls it with the same arguments (collective); then
-    ``model.generate(input_ids, cache=cache, ...)`` continues from the cache.
-    Returns the positions prefilled (L - 1). The model must use
-    ``attn_implementation="treeattn"``.
+    ``model.generate(input_ids, cache=cache, attention_mask=attention_mask, ...)`` continues
+    from the cache. A left-padded batch (``attention_mask`` with zeros before each
+    sequence's real tokens) is prefilled one sequence at a time, each over its real tokens
+    at positions 0, 1, ... as transformers numbers them from the mask. Returns the positions
+    prefilled (L - 1). The model must use ``attn_implementation="treeattn"``.
     """
     if input_ids.dim() != 2:
         raise HFIntegrationError(f"input_ids must be (batch, length), got "
                                  f"{tuple(input_ids.shape)}")
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise HFIntegrationError("sharded prefill takes prompts without padding; for a padded "
-                                 "batch let model.generate run its replicated prefill")
     if cache.get_seq_length():
         raise HFIntegrationError(f"the cache already holds {cache.get_seq_length()} positions")
     implementation = getattr(model.config, "_attn_implementation", None)
@@ -61,29 +84,30 @@ def sharded_prefill(model, input_ids: torch.Tensor, cache: ShardedCache,
         raise HFIntegrationError(f"the model attends with {implementation!r}: load it with "
                                  "attn_implementation=\"treeattn\"")
     batch, length = input_ids.shape
-    prompt = length - 1
-    if prompt < 1:
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    if padded:
+        if tuple(attention_mask.shape) != (batch, length):
+            raise HFIntegrationError(f"attention_mask {tuple(attention_mask.shape)} does not "
+                                     f"match input_ids {(batch, length)}")
+        real = attention_mask.bool()
+        if not bool(real[:, -1].all()) or bool((real[:, 1:] < real[:, :-1]).any()):
+            raise HFIntegrationError("sharded prefill takes left padding only: each "
+                                     "sequence's real tokens must end the row")
+        prompts = [int(r.sum()) - 1 for r in real]  # the last real token is generate's
+    else:
+        prompts = [length - 1] * batch
+    if length < 2 or not any(prompts):
         return 0
-    ctx = cache.attention.ctx
-    layout = PrefillLayout(ctx.world, 0, prompt)
-    mine = layout.positions(ctx.rank, queries=True)
-    dtype = next(model.parameters()).dtype
-    cache.begin_ring(layout, prompt)
     try:
-        if mine:
-            device = input_ids.device
-            positions = torch.tensor(mine, dtype=torch.long, device=device)  # (T,)
-            model(input_ids=input_ids[:, positions],  # (B, T): this rank's chunks only
-                  position_ids=positions[None].expand(batch, -1), cache=cache,
-                  use_cache=True, logits_to_keep=1)
-        else:  # no queries here: pass every layer's blocks on, keep this rank's positions
-            hq, hkv, d = _heads(model.config)
-            q = torch.empty(batch, hq, 0, d, dtype=dtype, device=input_ids.device)
-            own = torch.empty(2, batch, hkv, 0, d, dtype=dtype, device=input_ids.device)
-            for layer in cache.layers:
-                ring_attention(ctx, layout, q, own, layer.keep_ring_block)
-        cache.end_ring()
+        if padded:
+            for b in range(batch):
+                if prompts[b]:
+                    row = input_ids[b, real[b]][None, :-1]  # (1, n_b): its real tokens
+                    _ring(model, row, cache, b)
+        else:
+            _ring(model, input_ids[:, :-1], cache, None)
+        cache.end_ring(prompts, length - 1)
     except BaseException:
         cache.reset()  # half a prefill is no cache
         raise
-    return prompt
+    return length - 1

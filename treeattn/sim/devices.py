@@ -94,12 +94,18 @@ class HardwareModel:
     # The host's cores copy every byte of a message (gloo's sockets), so a rank's attention
     # and the copies of its own messages take turns (treeattn.sim.engine)
     copies_messages: bool = False
+    # FLOP/s a prefill's causal attention reaches (scores, softmax, weighted sum), where it is
+    # not the matmul peak: CPUs, where the softmax's exponentials cost as much as the products
+    # (benchmarks/prefill_check.py measures it); 0: peak_flops
+    attention_flops: float = 0.0
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth_Bps <= 0 or self.peak_flops <= 0 or self.launch_s < 0:
             raise SimError(f"hardware {self.name}: bandwidth and FLOPs must be positive")
         if self.cores is not None and self.cores < 1:
             raise SimError(f"hardware {self.name}: cores must be at least 1")
+        if self.attention_flops < 0:
+            raise SimError(f"hardware {self.name}: attention FLOPs must not be negative")
 
     def bandwidth_at(self, nbytes: float) -> float:
         """Bytes/s for a step touching ``nbytes`` (see ``bandwidth_shape``).
@@ -123,6 +129,11 @@ class HardwareModel:
     def compute_time(self, nbytes: float, flops: float = 0.0) -> float:
         """Seconds for a step touching ``nbytes`` and doing ``flops``."""
         return max(nbytes / self.bandwidth_at(nbytes), flops / self.peak_flops) + self.launch_s
+
+    def attention_time(self, nbytes: float, flops: float) -> float:
+        """Seconds for a prefill attention step (:attr:`attention_flops` where it is set)."""
+        rate = self.attention_flops or self.peak_flops
+        return max(nbytes / self.bandwidth_at(nbytes), flops / rate) + self.launch_s
 
 
 

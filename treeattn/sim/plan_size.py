@@ -3,12 +3,12 @@ long one, so that no accepted size runs for minutes without a word.
 
 The planner builds and prices candidate schedules whose steps grow with the GPUs (a binomial
 tree: an attention and about ``2·log2(p)`` messages per rank), and simulates the best. Its
-time grows a little faster than linearly in the GPUs: measured here (``treeattn plan
---topology dgx-h100:nodes=N --model llama-3.1-8b --seq-len 1M``, a 2-core host shared with
-other jobs, load about 12) 6.9 s at 512 GPUs, 28 s at 2,048 and 49 s at 4,096. So past
-:data:`NOTE_GPUS` a note says it will take a while, and past :data:`MAX_PLAN_GPUS` (minutes
-even on an idle host) the request is refused with its size and the estimate, before any
-work: plan a slice of the cluster (fewer nodes) instead.
+time grows about linearly in the GPUs: measured here (``treeattn predict --topology
+dgx-h100:nodes=N --model llama-3.1-8b --seq-len 1M``, the 2-core CPU host) 14 s at 4,096
+GPUs and 54 s at 16,384, about :data:`SECONDS_PER_GPU` each. So past :data:`NOTE_GPUS` a
+note states that estimate before the work starts, and past :data:`MAX_PLAN_GPUS` the request
+is refused with its size and the estimate, before any work: plan a slice of the cluster
+(fewer nodes) instead.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from treeattn.topo.fabric import build_limits
 
 NOTE_GPUS = 2048
 MAX_PLAN_GPUS = 16384
+SECONDS_PER_GPU = 3.5e-3  # measured, see the module docstring; a faster host takes less
 
 
 def simulated_steps(gpus: int) -> int:
@@ -44,7 +45,7 @@ def check_planning_size(gpus: int, what: str) -> str | None:
                        "steps, and planning prices dozens); plan fewer nodes")
     if gpus > NOTE_GPUS:
         return (f"note: planning {gpus:,} GPUs (about {steps:,} simulated steps per "
-                "schedule); this takes a while")
+                f"schedule); this takes about {gpus * SECONDS_PER_GPU:.0f} s on one core")
     return None
 
 

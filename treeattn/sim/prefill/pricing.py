@@ -101,7 +101,7 @@ class _Prefill:
         m = self.m
         nbytes = (self.block_tokens[k_of] * self.per_token
                   + self.queries[q_of] * m.n_heads * m.head_dim * (self.item + FP32))
-        return self.cm.compute(rank, nbytes, 4.0 * m.n_heads * m.head_dim * pairs)
+        return self.cm.hardware[rank].attention_time(nbytes, 4.0 * m.n_heads * m.head_dim * pairs)
 
     def message(self, src: int, dst: int, nbytes: float) -> float:
         if not nbytes:
