@@ -242,3 +242,19 @@ def test_every_algorithm_runs_on_a_process_subgroup():
     worst = launch(_subgroup_job, 4, LaunchOptions(timeout_s=60.0, threads=1))
     assert set(worst) == set(ALGORITHMS)
     assert max(worst.values()) < ATOL, worst
+
+
+def test_a_schedule_needing_a_strict_subgroup_of_a_subgroup_is_refused():
+    """new_group is collective over the whole world, which other context-parallel groups are
+    not running in step with: such a schedule is refused by name before any group is made."""
+    from treeattn.runtime.collectives import Groups
+    from treeattn.runtime.group import RankContext
+    from treeattn.sim.payloads import CollectiveOp
+    from treeattn.sim.schedule import Collective, Schedule
+
+    ctx = RankContext(0, 4, 0, torch.device("cpu"), "gloo", group=object(), ranks=(0, 2, 4, 6))
+    pair = Collective(CollectiveOp.ALL_REDUCE_SUM, (0, 1), 64)
+    schedule = Schedule("two-level", [[pair], [pair], [], []])
+    with pytest.raises(RuntimeFailure, match=r"two-level: its collective over ranks \[0, 1\] "
+                                             "needs a subgroup"):
+        Groups(ctx, schedule)

@@ -162,7 +162,7 @@ def _sharded_prefill_job(ctx, kind: str, lengths: tuple[int, ...],
     """:func:`treeattn.hf.sharded_prefill` then ``generate``: each rank's shard of every
     layer equals the single-process cache's K/V at the positions it owns, and the tokens and
     logits equal transformers' single-process generate; a batch of two, prompts of
-    ``lengths`` (those shorter than twice the world leave ranks without queries)."""
+    ``lengths`` (fewer prefilled positions than ranks leave ranks without queries)."""
     import treeattn.hf
 
     model = tiny_model(kind)
@@ -204,8 +204,10 @@ def _padded_prefill_job(ctx, pads: tuple[int, ...], layout: str):
     for b, pad in enumerate(pads):
         mask[b, :pad], ids[b, :pad] = 0, 0
     want_ids, want_logits = _generate(model, ids, attention_mask=mask)
-    with torch.no_grad():
-        ref = model(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True).past_key_values
+    with torch.no_grad():  # positions from the mask, as generate numbers them
+        positions = (mask[:, :-1].cumsum(-1) - 1).clamp(min=0)
+        ref = model(ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions,
+                    use_cache=True).past_key_values
     model.set_attn_implementation("treeattn")
     cache = treeattn.hf.ShardedCache(model.config, "tree", layout=layout, reserve=NEW_TOKENS)
     assert treeattn.hf.sharded_prefill(model, ids, cache, attention_mask=mask) == 12
@@ -240,7 +242,7 @@ def test_sharded_prefill_world2_like_one_process():
 
 def test_sharded_prefill_world3_short_prompts_like_one_process():
     runs = [("dcp", "contiguous", 1), ("tree", "interleaved", 1)]
-    out = launch(functools.partial(_sharded_prefill_job, kind="qwen2", lengths=(11, 4),
+    out = launch(functools.partial(_sharded_prefill_job, kind="qwen2", lengths=(11, 3),
                                    runs=runs), 3, LaunchOptions(timeout_s=120, threads=1))
     assert len(out) == 4
 

@@ -109,8 +109,12 @@ def test_rccl_correction_factors_choose_but_do_not_price():
     assert ring.latency_s == pytest.approx(latency_us * 1e-6)
     assert ring.time_s == pytest.approx((latency_us + nbytes / (1000 * alg_bw)) * 1e-6)
     assert ring.choice_s == pytest.approx((latency_us + nbytes / (100 * alg_bw)) * 1e-6)
-    best = collective_cost("all_reduce", nbytes, shape)
-    assert best.choice_s == min(c.choice_s for c in candidates("all_reduce", nbytes, shape))
+    # 32 MiB: ring Simple's factor is 0.1 and tree Simple's 1.0, so RCCL picks the tree, whose
+    # own time (2-node tree Simple bwRatio 0.11) is the slower of the two
+    pick = collective_cost("all_reduce", 32 << 20, shape)
+    ring = collective_cost("all_reduce", 32 << 20, shape, algorithm="ring")
+    assert (pick.algorithm, pick.protocol) == ("tree", "Simple")
+    assert ring.time_s < pick.time_s and pick.choice_s < ring.choice_s
 
 
 def test_p2p_is_not_priced_as_a_collective(dgx):

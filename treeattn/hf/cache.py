@@ -17,8 +17,8 @@ on the order of the keys, so the shards need not be contiguous.
 Prefill, two ways. Sharded (:func:`treeattn.hf.sharded_prefill`, then ``generate``): each
 rank runs the model on its own prompt chunks, the layer's ``update`` returns those chunks'
 K/V, the attention is a pass-KV ring, and the layer keeps the ring's pieces its layout names
-(``keep_ring_block``); the prompt is never whole on one rank. Replicated (``generate`` on an
-empty cache, and the only way for a left-padded batch): every rank runs the whole prompt,
+(``keep_ring_block``); the prompt is never whole on one rank (a left-padded batch: one ring
+per sequence). Replicated (``generate`` on an empty cache): every rank runs the whole prompt,
 the layer's ``update`` keeps its own positions and returns the whole prompt's K/V, and the
 attention is exact ordinary SDPA. Each decode step's ``update`` stores the new token on its
 owner and returns this rank's shard, which :func:`treeattn.hf.attention.treeattn_attention`
@@ -196,7 +196,8 @@ class ShardedLayer(CacheLayerMixin):
         that this rank's layout owns (a copy: the block itself moves on)."""
         c = self.cache
         layout, prompt, seq = c.ring
-        self.ring_like = block  # its shape, dtype and device, for a rank that owns nothing
+        if self.ring_like is None:  # shape, dtype and device only: the block itself moves on
+            self.ring_like = block.new_empty(*block.shape[:3], 0, block.shape[4])
         positions = layout.positions(src)
         owned = [i for i, p in enumerate(positions) if c.owner(p, prompt) == c.rank]
         if owned:
@@ -272,7 +273,8 @@ class ShardedLayer(CacheLayerMixin):
 
 
 class ShardedCache(Cache):
-    """A transformers ``Cache`` sharded along the sequence over the default process group.
+    """A transformers ``Cache`` sharded along the sequence over a process group (``group``:
+    the default group when None, or a subgroup from ``dist.new_group``).
 
     ``config``: the model's config (checked for features treeattn does not serve).
     ``plan_or_algorithm``: what :class:`treeattn.ShardedAttention` takes (a ``Plan``, or an

@@ -13,7 +13,7 @@ filled cache, transformers runs only the positions the cache does not hold yet, 
 forward is one decode step through the sharded attention, and its logits are the first
 token's. Exact: the ring's partials are merged by log-sum-exp, as one process's softmax.
 
-A rank whose compute chunks are empty (a prompt shorter than twice the world) runs no model
+A rank whose compute chunks are empty (fewer prefilled positions than ranks) runs no model
 forward; it still passes every layer's ring blocks on and keeps its positions.
 
 A left-padded batch is prefilled one sequence at a time over its real tokens (their
@@ -55,7 +55,7 @@ def _ring(model, ids: torch.Tensor, cache: ShardedCache, seq: int | None) -> Non
               use_cache=True, logits_to_keep=1)
         return
     hq, hkv, d = _heads(model.config)
-    dtype = next(model.parameters()).dtype
+    dtype = getattr(model, "dtype", None) or next(model.parameters()).dtype  # the K/V's
     q = torch.empty(batch, hq, 0, d, dtype=dtype, device=ids.device)
     own = torch.empty(2, batch, hkv, 0, d, dtype=dtype, device=ids.device)
     for layer in cache.layers:

@@ -63,18 +63,18 @@ def group_context(group=None, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankConte
     if not dist.is_available() or not dist.is_initialized():
         raise ShardedAttentionError("torch.distributed is not initialised: call "
                                     "dist.init_process_group first (gloo on CPU, nccl on CUDA)")
+    whole = group is None or group is dist.group.WORLD
+    if not whole and dist.get_rank(group) < 0:  # before anything else asks the group
+        raise ShardedAttentionError(f"rank {dist.get_rank()} is not a member of the group it "
+                                    "was given")
     backend = str(dist.get_backend(group))
     cuda = "nccl" in backend
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    if group is None or group is dist.group.WORLD or \
-            dist.get_world_size(group) == dist.get_world_size():
+    if whole or dist.get_world_size(group) == dist.get_world_size():
         rank = dist.get_rank()
         return RankContext(rank, dist.get_world_size(), rank, device, backend,
                            float(timeout_s))
     rank = dist.get_rank(group)
-    if rank < 0:
-        raise ShardedAttentionError(f"rank {dist.get_rank()} is not a member of the group it "
-                                    "was given")
     size = dist.get_world_size(group)
     members = tuple(dist.get_global_rank(group, r) for r in range(size))
     return RankContext(rank, size, rank, device, backend, float(timeout_s), group=group,
@@ -152,8 +152,9 @@ class ShardedAttention:
     ``plan_or_algorithm``: a :class:`~treeattn.sim.planner.Plan` (``treeattn.plan(...)``),
     whose schedule runs as planned; or an algorithm name (``"tree"``, ``"butterfly"``,
     ``"dcp"``, ... or ``"auto"``, the planner's pick on an uncalibrated local topology),
-    built for each new shape. ``group``: the default group (None) or one equal to it.
-    ``scale``: the score scale (default ``1/sqrt(D)``). Constructing it is collective.
+    built for each new shape. ``group``: the default group (None) or a subgroup
+    (``dist.new_group``). ``scale``: the score scale (default ``1/sqrt(D)``). Constructing it
+    is collective.
     """
 
     def __init__(self, plan_or_algorithm="auto", group=None, *, scale: float | None = None,
