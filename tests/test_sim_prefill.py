@@ -93,3 +93,27 @@ def test_predict_prefill_bad_input_is_one_line_and_exit_2(extra, message, capsys
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
+
+
+def test_a_slower_attention_rate_prices_only_the_attention():
+    """``HardwareModel.attention_flops`` slows the attention by its ratio to the matmul peak,
+    by a hand count: with memory and wires far faster than the arithmetic, a rank's attention
+    is ``4·Hq·D`` FLOPs per causal pair of its queries, at that rate; the projections and the
+    rest of the layer keep the peak."""
+    from treeattn.sim.devices import HardwareModel
+
+    topo = Topology.from_spec("local:ranks=2")
+    layout = PrefillLayout(2, 0, 1024)
+    pairs = max(sum(causal_pairs(q, k) for q in layout.compute(r) for j in range(2)
+                    for k in layout.block(j)) for r in range(2))
+    flops = 4 * 9 * 64 * pairs  # smollm2-135m: 9 query heads of 64
+    out = {}
+    for rate in (1e11, 1e10):
+        hardware = HardwareModel("cpu", memory_bandwidth_Bps=1e18, peak_flops=1e11,
+                                 launch_s=0.0, attention_flops=rate if rate != 1e11 else 0.0)
+        (out[rate],) = predict_prefill(topo, "smollm2-135m", 1024, hardware=hardware,
+                                       algorithms=("pass-kv",))
+    assert out[1e11].attention_s == pytest.approx(flops / 1e11, rel=1e-3)
+    assert out[1e10].attention_s == pytest.approx(flops / 1e10, rel=1e-3)
+    assert out[1e10].layer_s - out[1e11].layer_s == pytest.approx(
+        out[1e10].attention_s - out[1e11].attention_s, rel=1e-3)
