@@ -310,3 +310,50 @@ def test_comm_cli_prices_the_older_rccl_on_request(capsys):
     (older,) = json.loads(capsys.readouterr().out)["rows"]
     assert today["algorithm"] == "ring" and older["algorithm"] == "msccl_allpairs"
     assert older["time_us"] < today["time_us"]
+
+
+def test_nccl_symmetric_kernels_as_nccl_prices_them():
+    """NCCL 2.30.7 ``sym_kernels.cc`` by hand, on one DGX H100 (Hopper, NVLS multicast): a
+    256 MiB all-reduce on 8 ranks runs the multimem kernel, whose bus bytes are
+    ``n/8 + n``, its bandwidth the 480 GB/s ceiling (2 blocks x 65 GB/s x 8 ranks is far
+    above it, so softmin sits at the ceiling), plus the 7.8 us base: ``7.8 + busBytes/bw - 1``
+    (softplus of a large argument is the argument). A 4 KiB one runs an LL kernel: base
+    4.5 us plus at most a few us for ``8 x 4 KiB x 9`` LL bus bytes."""
+    from treeattn.sim.nccl.symmetric import symmetric_candidates, symmetric_cost, unavailable
+
+    shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+    gbps = (1 << 30) / 1e6
+    n = 256 << 20
+    big = symmetric_cost("all_reduce", n, shape)
+    assert big.algorithm == "symk_RSxLDMC_AGxSTMC"
+    assert big.time_s * 1e6 == pytest.approx(7.8 + (n / 8 + n) / (480 * gbps) - 1, rel=1e-3)
+    small = symmetric_cost("all_reduce", 4096, shape)
+    assert small.protocol == "LL" and 4.5e-6 < small.time_s < 8e-6
+    assert small.time_s < collective_cost("all_reduce", 4096, shape).time_s / 2
+    assert {c.algorithm for c in symmetric_candidates("all_gather", 1 << 20, shape)} == {
+        "symk_LL", "symk_LLMC", "symk_ST", "symk_STMC"}
+    assert "sum only" in unavailable("all_reduce", shape, "max")
+    two = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+    assert "directly on NVLink" in unavailable("all_gather", two)
+    assert symmetric_candidates("all_reduce", 4096, two) == []
+    pair = GroupShape.of(Topology.from_spec("dgx-h100"), range(2))  # no multicast at 2 ranks
+    assert not any("MC" in c.algorithm for c in symmetric_candidates("all_reduce", 1 << 20,
+                                                                      pair))
+
+
+def test_comm_cli_prices_the_symmetric_transport_or_refuses_it(capsys):
+    import json
+
+    from treeattn.cli import main
+
+    args = ["comm", "--topology", "dgx-h100", "--op", "all_gather", "--min-bytes", "1K",
+            "--max-bytes", "4K", "--transport", "nccl-symm", "--json"]
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["bytes"] for r in rows] == [1024, 2048, 4096]
+    assert all(r["transport"] == "nccl-symm" and r["algorithm"].startswith("symk_")
+               for r in rows)
+    assert main(["comm", "--topology", "dgx-h100:nodes=2", "--op", "all_reduce",
+                 "--transport", "nccl-symm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "directly on NVLink" in err[0]

@@ -6,6 +6,8 @@ prints, for each size from ``--min-bytes`` to ``--max-bytes`` (doubling, like nc
 ``-f 2``), the predicted time (µs), algorithm and bus bandwidth (GB/s, with nccl-tests'
 busbw factor), and the algorithm and protocol NCCL (or RCCL) would choose. The group is
 every GPU of the topology, in rank order, as ``mpirun -np N`` of an nccl-tests binary.
+``--transport nccl-symm`` prices NCCL's symmetric-memory kernels instead (registered windows,
+one NVLink domain: :mod:`treeattn.sim.nccl.symmetric`); each row names its transport.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
 from treeattn.sim.files.export import tagged
 from treeattn.sim.nccl.collectives import OPS, GroupShape, collective_cost
+from treeattn.sim.nccl.symmetric import symmetric_cost, unavailable
 from treeattn.sim.payloads import busbw_factor
+
+TRANSPORTS = ("nccl", "nccl-symm")
 
 SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_BYTES = 1 << 44  # 16 TiB: far past any real buffer, small enough to stay exact
@@ -51,6 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-bytes", type=parse_bytes, default=1 << 30, help="last size (1G)")
     parser.add_argument("--profile", default=None,
                         help="a GPU cluster's calibration (calibrate --nccl-tests)")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="nccl",
+                        help="nccl: NCCL's (RCCL's) regular algorithms; nccl-symm: NCCL's "
+                             "symmetric-memory kernels on registered windows (NCCL >= 2.27, "
+                             "one NVLink domain, sums only)")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead")
     add_wide_flag(parser)
     parser.add_argument("--rccl-msccl", action="store_true",
@@ -61,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def comm_rows(topology, op: str, min_bytes: int, max_bytes: int,
-              calibration=None, rccl_msccl: bool = False) -> list[dict]:
+              calibration=None, rccl_msccl: bool = False, transport: str = "nccl") -> list[dict]:
     """One row per doubling size, with the keys the issue's JSON contract names."""
     if min_bytes < 1:
         raise UserError(f"--min-bytes must be at least 1, got {min_bytes}")
@@ -71,15 +80,26 @@ def comm_rows(topology, op: str, min_bytes: int, max_bytes: int,
         raise UserError(f"topology {topology.name!r} has {topology.num_gpus} GPU(s); "
                         "a collective needs at least 2")
     shape = replace(GroupShape.of(topology, range(topology.num_gpus)), rccl_msccl=rccl_msccl)
+    if transport == "nccl-symm":
+        reason = unavailable(op, shape)
+        if reason is not None:
+            raise UserError(f"--transport nccl-symm on {topology.name}: {reason}")
+        if calibration is not None:
+            raise UserError("--profile calibrates NCCL's regular algorithms; it does not apply "
+                            "to --transport nccl-symm")
     factor = busbw_factor(op, shape.nranks)
     rows, size = [], min_bytes
     while size <= max_bytes:
-        cost = collective_cost(op, size, calibration.shape(shape) if calibration else shape)
+        if transport == "nccl-symm":
+            cost = symmetric_cost(op, size, shape)
+        else:
+            cost = collective_cost(op, size, calibration.shape(shape) if calibration else shape)
         time_s = calibration.time_s(op, size, shape) if calibration else cost.time_s
         algbw = size / time_s / 1e9
         rows.append({"op": op, "bytes": size, "time_us": round(time_s * 1e6, 3),
                      "algbw_gbps": round(algbw, 3), "busbw_gbps": round(algbw * factor, 3),
-                     "algorithm": cost.algorithm, "protocol": cost.protocol})
+                     "algorithm": cost.algorithm, "protocol": cost.protocol,
+                     "transport": transport})
         size *= 2
     return rows
 
@@ -98,7 +118,7 @@ def handle(args: argparse.Namespace) -> int:
             raise UserError(f"{args.profile} calibrates CPU ranks, not a GPU cluster's "
                             "collectives (use calibrate --nccl-tests)")
     rows = comm_rows(topology, args.op, args.min_bytes, args.max_bytes, calibration,
-                     args.rccl_msccl)
+                     args.rccl_msccl, args.transport)
     if args.json:
         sys.stdout.write(json.dumps(tagged("comm", rows), indent=2, allow_nan=False) + "\n")
         return 0
@@ -109,5 +129,6 @@ def handle(args: argparse.Namespace) -> int:
     cells = [[str(r["bytes"]), f"{r['time_us']:.2f}", r["algorithm"], r["protocol"],
               f"{r['busbw_gbps']:.2f}", f"{r['algbw_gbps']:.2f}"] for r in rows]
     print_table(Console(), columns, cells, wide=args.wide,
-                title=f"predicted {args.op} on {topology.name} ({topology.num_gpus} ranks)")
+                title=f"predicted {args.op} on {topology.name} ({topology.num_gpus} ranks, "
+                      f"{args.transport})")
     return 0
