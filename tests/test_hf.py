@@ -402,3 +402,20 @@ def test_generate_engine_hf_on_a_model_folder(tmp_path, capsys):
     record = json.loads(capsys.readouterr().out)
     assert record["identical_to_single_process"] is True and len(record["tokens"]) == 6
     assert record["prefilled_tokens"] == 8 and record["prefill"].startswith("sharded")
+    # the same through make demo's summary (treeattn.commands.generate_hf.demo_hf)
+    import argparse
+
+    from rich.console import Console
+
+    from treeattn.commands.generate import planned_schedule, register
+    from treeattn.commands.generate_hf import demo_hf
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["generate", "--engine", "hf", "--model", str(tmp_path),
+                              "--nproc", "2", "--prompt", prompt, "--max-new-tokens", "4",
+                              "--verify"])
+    console = Console(record=True, width=120)
+    assert demo_hf(console, args, planned_schedule) == 0
+    assert "greedy tokens identical to transformers' own single-process generate" in \
+        console.export_text()

@@ -190,12 +190,20 @@ def test_local_cache_grows_past_its_first_capacity():
 
 
 @pytest.mark.timeout(300)
-def test_demo_generation_section_runs(capsys):
-    """The generation part of `make demo`: SmolLM2 on 2 ranks, identical to one process."""
+def test_demo_generation_section_runs(capsys, monkeypatch):
+    """The generation part of `make demo`: SmolLM2 on 2 ranks, identical to one process, then
+    the transformers part (its own run is tested on a small model in tests/test_hf.py; here
+    only that the demo hands it `generate --engine hf --verify`)."""
     from rich.console import Console
 
+    import treeattn.commands.generate_hf as generate_hf
     from treeattn.commands.generate import demo_section
 
+    handed = []
+    monkeypatch.setattr(generate_hf, "demo_hf",
+                        lambda console, args, read_plan: handed.append(args) or 0)
     console = Console(record=True, width=120)
     assert demo_section(console) == 0
     assert "identical" in console.export_text()
+    (args,) = handed
+    assert args.engine == "hf" and args.verify and args.nproc == 2
