@@ -251,7 +251,8 @@ def test_comm_cli_prints_nccl_tests_rows(capsys):
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["bytes"] for r in rows] == [1 << 20, 2 << 20, 4 << 20]
     assert set(rows[0]) == {"op", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "algorithm",
-                            "protocol"}
+                            "protocol", "transport"}
+    assert rows[0]["transport"] == "nccl"
     assert rows[0]["busbw_gbps"] == pytest.approx(rows[0]["algbw_gbps"] * 14 / 8, rel=1e-2)
 
 
