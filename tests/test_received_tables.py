@@ -118,7 +118,7 @@ def test_a_gguf_claiming_a_billion_blocks_is_refused_at_once(tmp_path):
 
 
 def test_a_cluster_too_big_to_plan_is_refused_with_the_estimate():
-    from treeattn.sim.plan_size import MAX_PLAN_GPUS, check_planning_size
+    from treeattn.sim.planning.plan_size import MAX_PLAN_GPUS, check_planning_size
 
     with pytest.raises(SimError, match=r"65,520 GPUs, expected at most 16,384 .* simulated"):
         check_planning_size(65520, "topology 'gb200-nvl72:racks=910'")

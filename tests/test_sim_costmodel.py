@@ -18,7 +18,7 @@ from treeattn.sim.engine import simulate
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost, p2p_cost, p2p_protocol
 from treeattn.sim.network import CostModel
 from treeattn.sim.parallel import cp_view, group_workload
-from treeattn.sim.planner import plan
+from treeattn.sim.planning.planner import plan
 from treeattn.sim.schedule import Recv, Schedule, Send
 from treeattn.topo import Topology
 

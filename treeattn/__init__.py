@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "plan": "treeattn.sim.public",
     "attention_model": "treeattn.sim.public",
-    "Plan": "treeattn.sim.planner",
+    "Plan": "treeattn.sim.planning.planner",
     "ShardedAttention": "treeattn.runtime.sharded_attention",
     "ShardedAttentionError": "treeattn.runtime.sharded_attention",
     "merge_partials": "treeattn.kernels.lse",

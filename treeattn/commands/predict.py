@@ -28,7 +28,7 @@ from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
 from treeattn.sim.host.profiles import plan_overrides
-from treeattn.sim.plan_size import check_planning_size, planning_limits
+from treeattn.sim.planning.plan_size import check_planning_size, planning_limits
 from treeattn.sim.prefill.pricing import SOURCES as SOURCES_PREFILL
 from treeattn.sweep.rows import PICK, algorithm_rows
 

@@ -80,7 +80,7 @@ def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
         raise UserError("--batch and --tp must be at least 1")
     points = expand_grid(args.topology or ["dgx-h100"], models, seq_lens, args.nodes,
                          args.batch or [1], args.tp)
-    from treeattn.sim.plan_size import check_planning_size, planning_limits
+    from treeattn.sim.planning.plan_size import check_planning_size, planning_limits
 
     with planning_limits():  # fail on bad input before any work or progress output
         topologies = check_points(points)

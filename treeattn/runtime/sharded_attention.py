@@ -149,7 +149,7 @@ class _Reducer(Executor):
 class ShardedAttention:
     """Exact decode attention over the KV shards of every rank of ``group``.
 
-    ``plan_or_algorithm``: a :class:`~treeattn.sim.planner.Plan` (``treeattn.plan(...)``),
+    ``plan_or_algorithm``: a :class:`~treeattn.sim.planning.planner.Plan` (``treeattn.plan(...)``),
     whose schedule runs as planned; or an algorithm name (``"tree"``, ``"butterfly"``,
     ``"dcp"``, ... or ``"auto"``, the planner's pick on an uncalibrated local topology),
     built for each new shape. ``group``: the default group (None) or a subgroup

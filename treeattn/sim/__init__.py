@@ -11,7 +11,7 @@ from treeattn.sim.algorithms import ALGORITHM_NAMES, build_schedule
 from treeattn.sim.devices import BackendModel, HardwareModel
 from treeattn.sim.engine import simulate
 from treeattn.sim.payloads import ScheduleError, SimError
-from treeattn.sim.planner import Plan, plan
+from treeattn.sim.planning.planner import Plan, plan
 from treeattn.sim.result import SimResult
 from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send
 from treeattn.sim.workload import DecodeWorkload, ModelConfig

@@ -2,7 +2,7 @@
 
 The CLI's ``treeattn plan`` reads a topology spec, a model name and a few flags; this is the
 same thing for Python callers, who often have their own model and know only its attention
-shape. It returns the planner's :class:`~treeattn.sim.planner.Plan`, which
+shape. It returns the planner's :class:`~treeattn.sim.planning.planner.Plan`, which
 :class:`treeattn.ShardedAttention` runs (its ``schedule``) and whose prediction, candidates
 and explanation are the CLI's.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 from treeattn.sim.algorithms import ALGORITHM_NAMES
 from treeattn.sim.host.profiles import plan_overrides
 from treeattn.sim.payloads import SimError
-from treeattn.sim.planner import Plan
-from treeattn.sim.planner import plan as plan_workload
+from treeattn.sim.planning.planner import Plan
+from treeattn.sim.planning.planner import plan as plan_workload
 from treeattn.sim.workload import DTYPE_BYTES, DecodeWorkload, ModelConfig
 
 __all__ = ["ALGORITHM_NAMES", "attention_model", "plan"]

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 
 from treeattn.sim import Plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
-from treeattn.sim.candidates import Candidate
-from treeattn.sim.planner import closed_form_result
+from treeattn.sim.planning.candidates import Candidate
+from treeattn.sim.planning.planner import closed_form_result
 
 PICK = "pick"  # the row that carries the planner's choice
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from treeattn.sim.payloads import SimError
-from treeattn.sim.planner import plan
+from treeattn.sim.planning.planner import plan
 
 
 @dataclass(frozen=True)

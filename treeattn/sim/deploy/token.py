@@ -19,7 +19,7 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
   model (:func:`treeattn.sim.nccl.collectives.collective_cost`) on TP group 0's GPUs;
 * **attention and its merge**, per layer: with the sequence on one rank, the attention of
   the rank's heads over the whole cache (one compute step); otherwise the planner's pick
-  (:func:`treeattn.sim.planner.plan`) for the attention view of the split: the heads over
+  (:func:`treeattn.sim.planning.planner.plan`) for the attention view of the split: the heads over
   ``tp / dcp`` ranks, the sequence over ``dcp × cp``, the KV in its own dtype. With
   ``dcp > 1`` the TP ranks hold different heads, so the queries of the DCP group are first
   all-gathered (vLLM's and SGLang's DCP do so), priced by the same collective model.
@@ -180,7 +180,7 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     ('none', True)
     """
     from treeattn.sim.algorithms import SOURCES
-    from treeattn.sim.planner import plan
+    from treeattn.sim.planning.planner import plan
 
     model = ModelConfig.from_name(model) if isinstance(model, str) else model
     check_token_model(model)

@@ -46,18 +46,18 @@ from treeattn.sim.algorithms import BASELINES, SOURCES, build_schedule
 from treeattn.sim.algorithms.serving import LayoutRefused, check_head_split
 from treeattn.sim.algorithms.tree import make_trees
 from treeattn.sim.algorithms.trees import Tree
-from treeattn.sim.candidates import (
-    Candidate,
-    enumerate_candidates,
-    is_collective,
-)
 from treeattn.sim.closed_form import closed_form, collective_schedule, ring_passq
 from treeattn.sim.engine import simulate
-from treeattn.sim.explain import explain_plan, size_text
 from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import CostModel
 from treeattn.sim.parallel import cp_view
 from treeattn.sim.payloads import SimError
+from treeattn.sim.planning.candidates import (
+    Candidate,
+    enumerate_candidates,
+    is_collective,
+)
+from treeattn.sim.planning.explain import explain_plan, size_text
 from treeattn.sim.result import SimResult
 from treeattn.sim.schedule import Schedule, sent_bytes
 from treeattn.sim.workload import DecodeWorkload

@@ -2,7 +2,7 @@
 the collective baselines, each a named algorithm with its parameters, to be scored.
 
 Beyond ``HUGE`` ranks only a short list of tree shapes is scored (see
-:mod:`treeattn.sim.planner`).
+:mod:`treeattn.sim.planning.planner`).
 """
 
 from __future__ import annotations
