@@ -25,7 +25,9 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-from treeattn import atomic
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_io import write_results  # noqa: E402
+
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.nccl.nccltests import read_nccl_tests
 from treeattn.sim.payloads import busbw_factor
@@ -34,7 +36,6 @@ from treeattn.topo import Topology
 ROOT = Path(__file__).resolve().parent
 SOURCES = ROOT / "data" / "published_collectives.json"
 FIXTURES = ROOT.parent / "tests" / "fixtures" / "nccl-tests"
-OUT = ROOT / "results"
 SMALL = (8, 65536)  # the small-message range, bytes
 LARGE = 128 << 20  # "large" bus bandwidth from here up
 
@@ -163,11 +164,8 @@ def markdown(points: list[dict], summary: list[dict]) -> str:
 def main() -> int:
     points = score_points()
     summary = summarise(points)
-    OUT.mkdir(exist_ok=True)
-    atomic.write_text(OUT / "fidelity.json", json.dumps(
-        {"summary": summary, "points": points}, indent=2, allow_nan=False) + "\n")
     text = markdown(points, summary)
-    atomic.write_text(OUT / "fidelity.md", text)
+    write_results("fidelity", {"summary": summary, "points": points}, text)
     sys.stdout.write(text.split("## Every point")[0])
     return 0
 

@@ -26,7 +26,9 @@ import json
 import sys
 from pathlib import Path
 
-from treeattn import atomic
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_io import write_results  # noqa: E402
+
 from treeattn.sim.deploy.capacity import Split, dtype_name
 from treeattn.sim.deploy.token import predict_token
 from treeattn.sim.devices import GPU_LAUNCH_S, MEMORY_EFFICIENCY, HardwareModel
@@ -34,7 +36,6 @@ from treeattn.topo import Topology
 
 ROOT = Path(__file__).resolve().parent
 SOURCES = ROOT / "data" / "published_tpot.json"
-OUT = ROOT / "results"
 TARGET = 0.30  # the bound on the scored points (checked by tests/test_sim_token.py)
 
 # Where the model misses, and why, written from the per-point table.
@@ -153,11 +154,8 @@ def markdown(points: list[dict], ranked: list[dict]) -> str:
 def main() -> int:
     points = score_points()
     ranked = rankings(points)
-    OUT.mkdir(exist_ok=True)
-    atomic.write_text(OUT / "fidelity_tpot.json", json.dumps(
-        {"points": points, "rankings": ranked}, indent=2, allow_nan=False) + "\n")
     text = markdown(points, ranked)
-    atomic.write_text(OUT / "fidelity_tpot.md", text)
+    write_results("fidelity_tpot", {"points": points, "rankings": ranked}, text)
     sys.stdout.write(text.split("## Where")[0])
     return 0
 
