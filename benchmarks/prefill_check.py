@@ -1,4 +1,4 @@
-"""The sharded prefill's predicted time against its measured time, on CPU ranks.
+"""The sharded prefills' predicted times against their measured times, on CPU ranks.
 
 As decode is checked (``run --check``): calibrate with microbenchmarks first, then predict,
 then measure, and never fit the prediction to the measurement.
@@ -7,19 +7,24 @@ then measure, and never fit the prediction to the measurement.
    - the matmul rate, FLOP/s, of ``torch.matmul`` at the model's projection and
      feed-forward shapes for this many tokens per rank (best of 5);
    - the causal attention rate, FLOP/s (``4·Hq·D`` per causal query-key pair), of the
-     runtime's own tiled kernel (:func:`treeattn.runtime.prefill_ring.causal_partial`) on one
-     rank's zig-zag queries over a block of the same size (best of 3);
+     runtime's own tiled kernel (:func:`treeattn.runtime.prefill_ring.causal_partial`) on
+     rank 0's zig-zag queries over its own block of the point's layout (best of 3);
    - the read bandwidth of ``sum()`` over 256 MiB (best of 3).
    These make a :class:`~treeattn.sim.devices.HardwareModel`; messages keep the CPU
    backend's defaults (the ring hides them behind the attention here: a layer's block is a
    few MB against a second of compute).
-2. **Predict** ``predict_prefill`` (pass-KV) on ``local:ranks=W`` with that hardware.
+2. **Predict** ``predict_prefill`` of the point's algorithm on ``local:ranks=W`` with that
+   hardware.
 3. **Measure** ``sharded_prefill`` on W gloo ranks of the local launcher, one thread each,
    random weights in the registered shape (``PrefillJob``), the slowest rank's wall time.
+   A point with a cached context first builds that context's K/V in place, which an
+   engine would have cached; its time (``RingStats.document_s``) is left out.
 
-Reported per prompt length: predicted, measured, the error ``|pred / meas − 1|``, and the
-geometric-mean error, against the targets (≤ 25% per point, ≤ 15% geometric mean). Run:
-``.venv/bin/python benchmarks/prefill_check.py [--prompts 1024 2048 4096 --world 2]``.
+A point is ``ALGORITHM:CONTEXT:PROMPT``: pass-KV and pass-Q over a whole prompt, and pass-Q
+after a long cached context (where it is the one to pick). Reported per point: predicted,
+measured, the error ``|pred / meas − 1|``, and the geometric-mean error, against the
+targets (≤ 25% per point, ≤ 15% geometric mean). Run:
+``.venv/bin/python benchmarks/prefill_check.py [--points pass-kv:0:1024 ... --world 2]``.
 Writes ``benchmarks/results/prefill_check.{json,md}``.
 """
 
@@ -74,9 +79,9 @@ def matmul_rate(m: ModelConfig, tokens: int) -> float:
     return flops / _best(layer, 5)
 
 
-def attention_rate(m: ModelConfig, world: int, prompt: int) -> float:
+def attention_rate(m: ModelConfig, world: int, prompt: int, context: int = 0) -> float:
     """FLOP/s of the ring's kernel: rank 0's zig-zag queries over its own block."""
-    layout = PrefillLayout(world, 0, prompt)
+    layout = PrefillLayout(world, context, prompt)
     q_pos = layout.positions(0, queries=True)
     k_pos = layout.positions(0)
     g = torch.Generator().manual_seed(1)
@@ -92,19 +97,31 @@ def read_bandwidth() -> float:
     return x.numel() * 4 / _best(lambda: float(x.sum()), 3)
 
 
-def measure(model: str, world: int, prompt: int) -> float:
+def measure(model: str, world: int, prompt: int, algorithm: str, context: int) -> float:
     from treeattn.llm.prefill_check import PrefillJob
 
-    job = PrefillJob(model, tuple(i % 1000 + 1 for i in range(prompt)), gather_kv=False,
-                     random_shape=True)
-    rows = launch(job, world, LaunchOptions(timeout_s=600, threads=1))
-    return max(r["prefill_s"] for r in rows)
+    segment = tuple(i % 500 + 3 for i in range(64)) if context else ()
+    job = PrefillJob(model, tuple(i % 1000 + 1 for i in range(prompt)), context, segment,
+                     gather_kv=False, random_shape=True, algorithm=algorithm)
+    rows = launch(job, world, LaunchOptions(timeout_s=900, threads=1))
+    return max(r["prefill_s"] - r["document_s"] for r in rows)
+
+
+def parse_point(text: str) -> tuple[str, int, int]:
+    algorithm, context, prompt = text.split(":")
+    return algorithm, int(context), int(prompt)
+
+
+DEFAULT_POINTS = ["pass-kv:0:1024", "pass-kv:0:2048", "pass-kv:0:4096", "pass-q:0:1024",
+                  "pass-q:0:2048", "pass-q:16384:512"]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--prompts", type=int, nargs="+", default=[1024, 2048, 4096])
+    parser.add_argument("--points", type=parse_point, nargs="+",
+                        default=[parse_point(p) for p in DEFAULT_POINTS],
+                        metavar="ALGORITHM:CONTEXT:PROMPT")
     parser.add_argument("--world", type=int, default=2)
     args = parser.parse_args()
     from treeattn.topo import Topology
@@ -114,40 +131,44 @@ def main() -> int:
     topology = Topology.from_spec(f"local:ranks={args.world}")
     bandwidth = read_bandwidth()
     rows = []
-    for prompt in args.prompts:
+    for algorithm, context, prompt in args.points:
         tokens = math.ceil(prompt / args.world)
         hardware = HardwareModel("cpu-calibrated", memory_bandwidth_Bps=bandwidth,
                                  peak_flops=matmul_rate(m, tokens), launch_s=CPU_LAUNCH_S,
-                                 attention_flops=attention_rate(m, args.world, prompt))
+                                 attention_flops=attention_rate(m, args.world, prompt, context))
         (pred,) = predict_prefill(topology, args.model, prompt, hardware=hardware,
-                                  algorithms=("pass-kv",))
-        measured = measure(args.model, args.world, prompt)
-        rows.append({"prompt": prompt, "predicted_s": pred.ttft_s, "measured_s": measured,
+                                  algorithms=(algorithm,), context=context)
+        measured = measure(args.model, args.world, prompt, algorithm, context)
+        rows.append({"algorithm": algorithm, "context": context, "prompt": prompt,
+                     "predicted_s": pred.ttft_s, "measured_s": measured,
                      "error": abs(pred.ttft_s / measured - 1),
                      "matmul_gflops": hardware.peak_flops / 1e9,
                      "attention_gflops": hardware.attention_flops / 1e9,
                      "read_GBps": bandwidth / 1e9})
-        print(f"prompt {prompt}: predicted {pred.ttft_s:.2f} s, measured {measured:.2f} s",
-              file=sys.stderr, flush=True)
+        print(f"{algorithm} context {context} prompt {prompt}: predicted {pred.ttft_s:.2f} s, "
+              f"measured {measured:.2f} s", file=sys.stderr, flush=True)
     geo = math.exp(sum(math.log1p(r["error"]) for r in rows) / len(rows)) - 1
     payload = {"model": args.model, "world": args.world, "rows": rows, "geo_error": geo,
                "machine": f"{platform.processor() or platform.machine()}, "
                           f"{os.cpu_count()} cores", "load_avg": os.getloadavg(),
                "date": time.strftime("%Y-%m-%d")}
-    md = [f"# Sharded prefill (pass-KV), predicted against measured: {args.model}, "
+    md = [f"# Sharded prefill, predicted against measured: {args.model}, "
           f"{args.world} CPU ranks", "",
           "Calibrated first by microbenchmarks (matmul and the ring's attention kernel FLOP "
-          "rates, read bandwidth), then predicted, then measured; nothing fitted.", "",
-          "| prompt | predicted | measured | error | matmul GFLOP/s | attention GFLOP/s |",
-          "|---:|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['prompt']:,} | {r['predicted_s']:.2f} s | {r['measured_s']:.2f} s | "
+          "rates, read bandwidth), then predicted, then measured; nothing fitted. Cached: "
+          "context tokens whose K/V are in the shards before the prompt's prefill.", "",
+          "| algorithm | cached | prompt | predicted | measured | error | matmul GFLOP/s "
+          "| attn GFLOP/s |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    md += [f"| {r['algorithm']} | {r['context']:,} | {r['prompt']:,} | "
+           f"{r['predicted_s']:.2f} s | {r['measured_s']:.2f} s | "
            f"{100 * r['error']:.0f}% | {r['matmul_gflops']:.1f} | {r['attention_gflops']:.1f} |"
            for r in rows]
     md += ["", f"Geometric-mean error {100 * geo:.0f}% (targets: ≤ 25% per point, ≤ 15% "
                "geometric mean). Machine: " + payload["machine"] + f"; load average at the "
                f"end {payload['load_avg'][0]:.1f}; {payload['date']}.", "",
-           "Command: `.venv/bin/python benchmarks/prefill_check.py --prompts "
-           + " ".join(map(str, args.prompts)) + f" --world {args.world}`"]
+           "Command: `.venv/bin/python benchmarks/prefill_check.py --points "
+           + " ".join(f"{a}:{c}:{p}" for a, c, p in args.points) + f" --world {args.world}`"]
     write_results("prefill_check", payload, "\n".join(md) + "\n")
     print("\n".join(md))
     return 0 if max(r["error"] for r in rows) <= 0.25 and geo <= 0.15 else 1

@@ -30,11 +30,11 @@ torch.set_num_threads(1)
 
 
 def _run_distributed(spec, model, prompt, world, algorithm, new_tokens, eos=None,
-                     context_tokens=0, segment=(), loaded=None):
+                     context_tokens=0, segment=(), loaded=None, prefill="pass-kv"):
     lengths = split_lengths(context_tokens + len(prompt), world)
     schedule = make_schedule(algorithm, world, model.config, lengths)
     request = GenerateRequest(spec, tuple(prompt), new_tokens, schedule, eos, context_tokens,
-                              tuple(segment))
+                              tuple(segment), prefill=prefill)
     return generate_distributed(request, world, timeout_s=120, loaded=loaded)
 
 

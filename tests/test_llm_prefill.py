@@ -57,7 +57,7 @@ def test_layout_covers_every_position_once_and_balances_causal_work(world, conte
        max_size=3), seed=st.integers(0, 2**16))
 def test_causal_partial_blocks_merge_to_causal_attention(t, start, cuts, seed):
     """Attending the keys in arbitrary blocks and merging = one causal attention."""
-    from treeattn.runtime.prefill_ring import _merge
+    from treeattn.runtime.prefill_ring import merge_partials
 
     gen = torch.Generator().manual_seed(seed)
     s = start + t
@@ -68,7 +68,7 @@ def test_causal_partial_blocks_merge_to_causal_attention(t, start, cuts, seed):
     q_pos = list(range(start, s))
     acc = (torch.zeros(1, 4, t, 8), torch.full((1, 4, t), float("-inf")))
     for a, b in zip(edges, edges[1:], strict=False):
-        acc = _merge(acc, causal_partial(q, q_pos, kv[:, :, :, a:b], list(range(a, b))))
+        acc = merge_partials(acc, causal_partial(q, q_pos, kv[:, :, :, a:b], list(range(a, b))))
     torch.testing.assert_close(acc[0], want, atol=1e-5, rtol=1e-5)
 
 
@@ -96,40 +96,43 @@ def test_world_one_runs_in_process_and_equals_the_reference():
     _check_shards([out], local, logits, 0, prompt)
 
 
+@pytest.mark.parametrize("algorithm", ["pass-kv", "pass-q"])
 @pytest.mark.parametrize("world,n_prompt,context", [
     (2, 23, 0),  # even world, uneven chunks
     (3, 37, 0),  # uneven shards and chunks
     (4, 3, 0),  # a prompt shorter than the world: empty chunks, an empty shard
-    (3, 5, 200),  # long-context mode: the document built per shard, travelling in the ring
+    (3, 5, 200),  # long-context mode: the document built per shard, K/V known in place
 ])
-def test_every_rank_keeps_exactly_its_shard_and_the_first_logits(world, n_prompt, context):
+def test_every_rank_keeps_exactly_its_shard_and_the_first_logits(world, n_prompt, context,
+                                                                 algorithm):
     loaded = load_model("debug")
     prompt = [(37 * i + 11) % 256 for i in range(n_prompt)]
     segment = [(13 * i + 7) % 256 for i in range(50)] if context else []
     local, logits = reference_prefill(loaded.model, prompt, context, segment)
-    job = PrefillJob("debug", tuple(prompt), context, tuple(segment))
+    job = PrefillJob("debug", tuple(prompt), context, tuple(segment), algorithm=algorithm)
     everyone = launch(job, world, LaunchOptions(timeout_s=120, threads=1))
     _check_shards(everyone, local, logits, context, prompt)
     assert sum(out["bytes_sent"] for out in everyone) > 0
 
 
-@pytest.mark.parametrize("world,n_prompt,context", [(4, 3, 0), (4, 6, 90)])
+@pytest.mark.parametrize("world,n_prompt,context,prefill", [
+    (4, 3, 0, "pass-kv"), (4, 6, 90, "pass-kv"), (3, 5, 0, "pass-q"), (4, 6, 90, "pass-q")])
 def test_generation_after_sharded_prefill_gives_the_same_greedy_tokens(world, n_prompt,
-                                                                       context):
+                                                                       context, prefill):
     loaded = load_model("debug")
     prompt = [(41 * i + 2) % 256 for i in range(n_prompt)]
     segment = [(17 * i + 5) % 256 for i in range(40)] if context else []
     ref = generate_local(loaded.model, prompt, 6, context_tokens=context, segment=segment)
     result = _run_distributed("debug", loaded.model, prompt, world, "tree", 6,
-                              context_tokens=context, segment=segment)
+                              context_tokens=context, segment=segment, prefill=prefill)
     _assert_same(result["generation"], ref)
     assert result["ranks_agree"]
 
 
-def test_a_prefill_the_contiguous_layout_cannot_use_is_one_line_and_exit_2(capsys):
+def test_a_prefill_the_sharded_cache_cannot_use_is_one_line_and_exit_2(capsys):
     from treeattn.cli import main
 
-    for algorithm in ("pass-q", "all-gather-kv"):
+    for algorithm in ("all-gather-kv",):
         argv = ["generate", "--nproc", "2", "--model", "debug", "--prompt", "hi",
                 "--prefill", algorithm]
         assert main(argv) == 2

@@ -39,11 +39,8 @@ from treeattn.sim.algorithms import CLI_CHOICES
 
 ALGORITHMS = CLI_CHOICES
 PREFILL_CHOICES = ("pass-kv", "pass-q", "all-gather-kv")  # treeattn.sim.prefill.pricing's
-# Why the runtime refuses the other two: the decode cache keeps contiguous shards.
+# Why the runtime refuses all-gather-KV: the sharded cache bounds what a rank holds.
 PREFILL_REFUSED = {
-    "pass-q": "pass-Q leaves each rank's K/V where its zig-zag queries were computed, not in "
-              "the decode cache's contiguous shards (it would need an all-to-all of the whole "
-              "cache afterwards)",
     "all-gather-kv": "all-gather-KV puts a whole layer's K/V of the context on every rank, "
                      "which the sharded cache exists to avoid",
 }
@@ -91,8 +88,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="first fill the cache with L tokens of a repeated document")
     parser.add_argument("--prefill", choices=PREFILL_CHOICES, default="pass-kv",
                         help="how the ranks prefill the context into their shards (default "
-                             "pass-kv: a ring of K/V blocks, zig-zag balanced; `treeattn "
-                             "predict --prefill` prices all three)")
+                             "pass-kv: a ring of K/V blocks, zig-zag balanced; pass-q: a ring "
+                             "of query blocks, cheaper after a long --context-tokens; "
+                             "`treeattn predict --prefill` prices all three)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds any rank waits on a peer before giving up; a lost or "
                              f"hung rank is named within about this long "
@@ -143,7 +141,7 @@ def _check_args(args: argparse.Namespace) -> int:
                         f"{world}")
     if args.prefill in PREFILL_REFUSED and world > 1:
         raise UserError(f"--prefill {args.prefill} cannot fill this layout: "
-                        f"{PREFILL_REFUSED[args.prefill]}; the runtime runs pass-kv")
+                        f"{PREFILL_REFUSED[args.prefill]}; the runtime runs pass-kv and pass-q")
     if args.profile is not None and (args.plan or args.algorithm != "auto"):
         raise UserError("--profile prices the planner's choice: use it with --algorithm auto "
                         "(a --plan file was priced when it was made)")
@@ -258,9 +256,10 @@ def check_memory(args: argparse.Namespace, model, prompt_tokens: int, world: int
         check_fits(here, what)
         return
     parts = prefill_bytes(cfg, args.context_tokens, prompt_tokens, world, element,
-                          args.max_new_tokens)
+                          args.max_new_tokens, args.prefill)
     rank = weights + sum(parts.values())
-    what += f" (per rank: {_mib(parts['shard'])} shard, {_mib(parts['blocks'])} ring blocks)"
+    what += (f" (per rank: {_mib(parts['shard'])} shard, {_mib(parts['blocks'])} "
+             f"{args.prefill} blocks)")
     if torchrun_mode(args):
         check_fits(rank + here - weights, what, cuda=uses_cuda(args.device))
     elif uses_cuda(args.device):

@@ -68,6 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="price the prefill of a --seq-len token prompt instead: time to first "
                         "token of pass-KV, pass-Q and all-gather-KV (plan always shows the "
                         "prefill pick beside the decode pick)")
+    p.add_argument("--context-tokens", type=parse_tokens, default=0, metavar="C",
+                   help="with --prefill: tokens before the prompt whose K/V are already in "
+                        "the shards (a document, earlier turns); pass-Q moves only the "
+                        "prompt's queries, so it wins when C dwarfs the prompt")
     p.add_argument("--token", action="store_true",
                    help="price one whole decode step (weights, TP all-reduces, attention and "
                         "its merge, LM head): TPOT and tokens/s")
@@ -113,13 +117,15 @@ def _prefill(args: argparse.Namespace, seq_len: int) -> list:
         topo = Topology.load(args.topology)
     overrides = plan_overrides(args.profile, topo)
     return predict_prefill(topo, args.model, seq_len, overrides.get("hardware"),
-                           overrides.get("backend"))
+                           overrides.get("backend"),
+                           context=getattr(args, "context_tokens", 0))
 
 
 def handle_prefill(args: argparse.Namespace) -> int:
     rows = []
     for seq_len in args.seq_len:
-        rows += [{"seq_len": seq_len, **p.to_json()} for p in _prefill(args, seq_len)]
+        rows += [{"seq_len": seq_len, "context_tokens": args.context_tokens, **p.to_json()}
+                 for p in _prefill(args, seq_len)]
     if args.json:
         print(json.dumps(tagged("prefill_predictions", rows), indent=2, allow_nan=False))
         return 0
@@ -132,7 +138,9 @@ def handle_prefill(args: argparse.Namespace) -> int:
               _time(r["attention_s"]), _size(r["comm_bytes"]), r["system"]] for r in rows]
     print_table(Console(), columns, cells, wide=args.wide,
                 title=f"Predicted prefill (time to first token): {args.topology}, "
-                      f"{args.model}, zig-zag causal balance",
+                      f"{args.model}, zig-zag causal balance"
+                      + (f", after {args.context_tokens:,} cached tokens"
+                         if args.context_tokens else ""),
                 caption="peak: shard + blocks in flight per rank (weights apart); "
                         "✗: does not fit beside the weights")
     return 0
@@ -144,6 +152,9 @@ def handle_predict(args: argparse.Namespace) -> int:
             raise SimError("--trace draws decode timelines; the prefill is priced in "
                            "closed form (drop --trace or --prefill)")
         return handle_prefill(args)
+    if args.context_tokens:
+        raise SimError("--context-tokens prices a prefill after cached tokens: use it with "
+                       "--prefill (a decode's context is its --seq-len)")
     if args.token:
         return handle_predict_token(args)
     if args.trace:

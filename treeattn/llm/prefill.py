@@ -6,6 +6,10 @@ work), and each layer's attention over everything before its queries is a pass-K
 (:func:`treeattn.runtime.prefill_ring.ring_attention`). While the blocks go round, every rank
 keeps the pieces that fall in its contiguous storage run, so at the end it holds exactly its
 :class:`~treeattn.llm.cache.ShardedKVCache` shard of every layer, in the layout decode uses.
+With ``algorithm="pass-q"`` the query blocks go round instead
+(:func:`treeattn.runtime.prefill_passq.passq_attention`: cheaper when a long document's K/V
+are already in place and a short prompt follows) and each layer's prompt K/V are then sent
+to the ranks that store them.
 The rank whose queries include the last position computes the first token's logits and
 broadcasts them, so every rank returns them.
 
@@ -24,6 +28,8 @@ Measured in ``benchmarks/prefill_memory.py``.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -33,6 +39,7 @@ from treeattn.llm.generate_context import context_kv, segment_kv
 from treeattn.llm.local_cache import PREFILL_CHUNK, model_device
 from treeattn.llm.model import Transformer, rope_cos_sin
 from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.prefill_passq import passq_attention, send_to_storage
 from treeattn.runtime.prefill_ring import (
     PREFILL_ALGORITHMS,
     TILE_K,
@@ -48,12 +55,14 @@ RING_BLOCKS = 3  # a rank's own block, the one attended and forwarded, the one a
 
 
 def prefill_bytes(config, context: int, prompt: int, world: int, element: int,
-                  reserve: int = 0) -> dict[str, int]:
+                  reserve: int = 0, algorithm: str = "pass-kv") -> dict[str, int]:
     """What one rank holds during :func:`sharded_prefill`, by part, in bytes (weights apart).
 
     ``shard``: the largest rank's cache (all layers, with ``reserve`` appended tokens on the
-    rank that stores them); ``blocks``: :data:`RING_BLOCKS` ring blocks of one layer, each at
-    most one layer of the largest shard plus one zig-zag pair of prompt K/V; ``activations``:
+    rank that stores them); ``blocks``, for ``pass-kv``: :data:`RING_BLOCKS` ring blocks of
+    one layer, each at most one layer of the largest shard plus one zig-zag pair of prompt
+    K/V; for ``pass-q``: the rank's own block (which stays), two query blocks, two fp32
+    partials and one layer's incoming prompt K/V (at most a shard's layer); ``activations``:
     the hidden states, one layer's Q/K/V and one feed-forward chunk of the rank's queries
     (fp32 scores tiles are bounded by the ring's tiles and counted with them).
     """
@@ -62,21 +71,29 @@ def prefill_bytes(config, context: int, prompt: int, world: int, element: int,
     biggest = max(layout.lengths) + reserve
     pair = max(len(layout.positions(r, queries=True)) for r in range(world))
     block = (max(layout.lengths) + pair) * per_token
+    if algorithm == "pass-q":
+        query = pair * config.n_heads * config.head_dim * element
+        partial = pair * config.n_heads * (config.head_dim + 1) * 4
+        blocks = block + 2 * query + 2 * partial + max(layout.lengths) * per_token
+    else:
+        blocks = RING_BLOCKS * block
     heads = (config.n_heads + 2 * config.n_kv_heads) * config.head_dim
     activations = (pair * (2 * config.dim + heads) * element
                    + min(pair, PREFILL_CHUNK) * 3 * config.hidden_dim * element
                    + pair * config.n_heads * (config.head_dim + 1) * 4)  # fp32 output
     tiles = 3 * config.n_heads * TILE_Q * TILE_K * 4  # the score tile and logsumexp's two
-    return {"shard": biggest * config.n_layers * per_token, "blocks": RING_BLOCKS * block,
+    return {"shard": biggest * config.n_layers * per_token, "blocks": blocks,
             "activations": activations + tiles}
 
 
 class _RingBackend:
-    """The attention backend of one rank's prefill: every layer's attention is one ring."""
+    """The attention backend of one rank's prefill: every layer's attention is one ring,
+    of K/V blocks (``pass-kv``) or of query blocks (``pass-q``)."""
 
     def __init__(self, ctx: RankContext, layout: PrefillLayout, cache: ShardedKVCache,
-                 stats: RingStats) -> None:
+                 stats: RingStats, algorithm: str = "pass-kv") -> None:
         self.ctx, self.layout, self.cache, self.stats = ctx, layout, cache, stats
+        self.algorithm = algorithm
         self.storage = layout.storage(ctx.rank)
         doc = layout.document(ctx.rank)
         self.doc_len = doc[1] - doc[0]
@@ -88,8 +105,14 @@ class _RingBackend:
             own = torch.cat([doc, mine], dim=3)  # (2, B, Hkv, n + T, D)
         else:
             own = mine
-        o = ring_attention(self.ctx, self.layout, q, own,
-                           lambda src, block: self._keep(layer, src, block), self.stats)
+        if self.algorithm == "pass-q":
+            o = passq_attention(self.ctx, self.layout, q, own, self.stats)
+            lo = self.storage[0]
+            send_to_storage(self.ctx, self.layout, mine,
+                            lambda at, piece: self.cache.put(layer, at - lo, piece), self.stats)
+        else:
+            o = ring_attention(self.ctx, self.layout, q, own,
+                               lambda src, block: self._keep(layer, src, block), self.stats)
         return o.to(q.dtype)  # (B, Hq, T, D)
 
     def _keep(self, layer: int, src: int, block: torch.Tensor) -> None:
@@ -157,16 +180,18 @@ def sharded_prefill(ctx: RankContext, model: Transformer, prompt_ids: list[int],
     dtype = model.norm.weight.dtype  # the blocks' dtype: the cache's
     cache = ShardedKVCache(ctx.rank, layout.lengths, cfg.n_layers, 1, cfg.n_kv_heads,
                            cfg.head_dim, dtype=dtype, device=device, reserve=reserve)
-    if context_tokens:
-        _fill_document(cache, model, layout, ctx.rank, list(segment))
     stats = stats if stats is not None else RingStats()
+    if context_tokens:
+        t0 = time.perf_counter()
+        _fill_document(cache, model, layout, ctx.rank, list(segment))
+        stats.document_s = time.perf_counter() - t0
     mine = layout.positions(ctx.rank, queries=True)
     ids = torch.tensor([[prompt_ids[p - context_tokens] for p in mine]], dtype=torch.long,
                        device=device)  # (1, T)
     pos = run_positions(layout.compute(ctx.rank), device)  # (T,)
     cos, sin = rope_cos_sin(model.inv_freq.to(device), pos)  # (T, D/2) each
     x = model.tok_embeddings(ids).to(dtype)  # (1, T, dim)
-    backend = _RingBackend(ctx, layout, cache, stats)
+    backend = _RingBackend(ctx, layout, cache, stats, algorithm)
     for i, block in enumerate(model.layers):  # Block.forward, the feed-forward in chunks
         h = x + block.attention(block.attention_norm(x), cos, sin, i, backend, 0)
         for a in range(0, h.shape[1], chunk):

@@ -59,6 +59,7 @@ class PrefillJob:
     gather_kv: bool = True  # rank 0 gets every rank's shards (small runs only)
     random_shape: bool = False  # ``model`` names a registered shape: seeded random weights
     replicated: bool = False  # run the whole single-process prefill instead (world 1)
+    algorithm: str = "pass-kv"  # treeattn.runtime.prefill_ring.PREFILL_ALGORITHMS
 
     def __call__(self, ctx: RankContext) -> list[dict] | None:
         model = (random_model(LlamaConfig.from_name(self.model)) if self.random_shape
@@ -77,7 +78,8 @@ class PrefillJob:
         else:
             cache, logits = sharded_prefill(ctx, model, list(self.prompt),
                                             context_tokens=self.context_tokens,
-                                            segment=self.segment, stats=stats)
+                                            segment=self.segment, stats=stats,
+                                            algorithm=self.algorithm)
         seconds = time.perf_counter() - t0
         peak = _status_kib("VmHWM") if measured else None
         mine = {
@@ -86,6 +88,7 @@ class PrefillJob:
             if self.gather_kv else None,
             "shard_bytes": cache.nbytes(), "bytes_sent": stats.bytes_sent,
             "peak_block_bytes": stats.peak_block_bytes, "prefill_s": seconds,
+            "document_s": stats.document_s,
             "rss_before_bytes": None if rss_before is None else rss_before * 1024,
             "peak_rss_bytes": None if peak is None else peak * 1024,
         }

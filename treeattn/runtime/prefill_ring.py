@@ -19,6 +19,7 @@ through :mod:`treeattn.runtime.transport`: ``isend``/``irecv`` on gloo, grouped
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from treeattn.sim.prefill.layout import PrefillLayout, Run
 
 PREFILL_TAG = MAX_TAGS + 16  # above the mailboxes' tags: blocks always take the process group
 TILE_Q, TILE_K = 256, 1024  # score tiles: bound the (queries x keys) fp32 scratch
-PREFILL_ALGORITHMS = ("pass-kv",)  # what the runtime runs; the simulator prices more
+PREFILL_ALGORITHMS = ("pass-kv", "pass-q")  # what the runtime runs (pass-Q: prefill_passq)
 
 
 def run_positions(runs: tuple[Run, ...], device) -> torch.Tensor:
@@ -43,7 +44,7 @@ def run_positions(runs: tuple[Run, ...], device) -> torch.Tensor:
     return torch.cat([torch.arange(a, b, device=device) for a, b in runs])
 
 
-def _merge(acc, part):
+def merge_partials(acc, part):
     """Log-sum-exp merge of two partials ``(o (B,Hq,T,D), lse (B,Hq,T))``, fp32; rows with
     ``lse = -inf`` (no key seen) are the identity."""
     (o1, l1), (o2, l2) = acc, part
@@ -63,10 +64,11 @@ def causal_partial(q: torch.Tensor, q_pos: list[int], kv: torch.Tensor, k_pos: l
 
     Returns ``(o (B,Hq,T,D), lse (B,Hq,T))`` in fp32; a query that sees no key gets
     ``(0, -inf)``. Tiled (:data:`TILE_Q` x :data:`TILE_K`) so the fp32 scores stay small;
-    tiles wholly in the future are skipped and wholly past ones need no mask.
+    keys in the future of a query tile's last query are skipped and tiles wholly in the
+    past need no mask.
     """
     b, hq, t, d = q.shape
-    hkv, s = kv.shape[2], kv.shape[3]
+    hkv = kv.shape[2]
     group = hq // hkv
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     o = torch.zeros(b, hq, t, d, dtype=torch.float32, device=q.device)
@@ -79,10 +81,11 @@ def causal_partial(q: torch.Tensor, q_pos: list[int], kv: torch.Tensor, k_pos: l
         qt = q[:, :, q0:q1].float().reshape(b, hkv, group * n, d)  # (B, Hkv, G*n, D)
         acc = (torch.zeros(b, hkv, group * n, d, dtype=torch.float32, device=q.device),
                torch.full((b, hkv, group * n), -math.inf, dtype=torch.float32, device=q.device))
-        for k0 in range(0, s, TILE_K):
-            k1 = min(s, k0 + TILE_K)
-            if k_pos[k0] > q_pos[q1 - 1]:
-                break  # this tile and all later ones are in every query's future
+        # keys past the tile's last query are in every query's future: never computed,
+        # even where a block's runs leave a gap (a zig-zag block's early and late chunks)
+        seen = bisect.bisect_right(k_pos, q_pos[q1 - 1])
+        for k0 in range(0, seen, TILE_K):
+            k1 = min(seen, k0 + TILE_K)
             kt, vt = kv[0, :, :, k0:k1].float(), kv[1, :, :, k0:k1].float()  # (B, Hkv, m, D)
             # in place from here on: one (G*n, m) fp32 tile alive at a time
             scores = torch.matmul(qt, kt.transpose(-1, -2)).mul_(scale)  # (B, Hkv, G*n, m)
@@ -92,34 +95,38 @@ def causal_partial(q: torch.Tensor, q_pos: list[int], kv: torch.Tensor, k_pos: l
             tile_lse = torch.logsumexp(scores, dim=-1)  # (B, Hkv, G*n)
             finite = torch.where(torch.isinf(tile_lse), torch.zeros_like(tile_lse), tile_lse)
             probs = scores.sub_(finite[..., None]).exp_()  # masked entries exp(-inf) = 0
-            acc = _merge(acc, (torch.matmul(probs, vt), tile_lse))
+            acc = merge_partials(acc, (torch.matmul(probs, vt), tile_lse))
         o[:, :, q0:q1] = acc[0].reshape(b, hq, n, d)
         lse[:, :, q0:q1] = acc[1].reshape(b, hq, n)
     return o, lse
 
 
+def post_p2p(ctx: RankContext, transport, sends: list, recvs: list) -> list:
+    """Post ``sends`` and ``recvs``, each a list of ``(tensor, peer, tag)`` with group-local
+    peers; returns ``[(work, peer)]``, sends first. On NCCL all of them go in one
+    ``batch_isend_irecv`` group: posted one after the other, a ring's sends would each wait
+    on the successor's, queued behind that rank's own send, round the whole ring (a
+    deadlock). Between one pair, receives match sends in the order they are listed."""
+    ops = [(dist.isend, t.contiguous(), peer, tag) for t, peer, tag in sends] + [
+        (dist.irecv, t, peer, tag) for t, peer, tag in recvs]
+    if not ops:
+        return []
+    if transport.batch_p2p:
+        works = dist.batch_isend_irecv([
+            dist.P2POp(op, t, ctx.global_rank(peer), group=ctx.group, tag=tag)
+            for op, t, peer, tag in ops])
+    else:
+        works = [transport.isend(t, peer, tag) if op is dist.isend
+                 else transport.irecv(t, peer, tag) for op, t, peer, tag in ops]
+    return [(w, op[2]) for w, op in zip(works, ops, strict=True)]
+
+
 def _exchange(ctx: RankContext, transport, send: torch.Tensor | None,
               recv: torch.Tensor | None, tag: int) -> list:
-    """Post this ring step's send to ``rank + 1`` and receive from ``rank - 1``; returns
-    ``[(work, peer)]``. On NCCL both go in one ``batch_isend_irecv`` group: posted one after
-    the other, every rank's send would wait on its successor's, queued behind that rank's own
-    send, round the whole ring (a deadlock)."""
-    world, group = ctx.world, ctx.group
-    nxt, prv = (ctx.rank + 1) % world, (ctx.rank - 1) % world
-    if transport.batch_p2p:
-        to, of = ctx.global_rank(nxt), ctx.global_rank(prv)
-        ops = ([dist.P2POp(dist.isend, send.contiguous(), to, group=group, tag=tag)]
-               if send is not None else []) + (
-            [dist.P2POp(dist.irecv, recv, of, group=group, tag=tag)] if recv is not None
-            else [])
-        works = dist.batch_isend_irecv(ops) if ops else []
-        return [(w, nxt if i == 0 and send is not None else prv) for i, w in enumerate(works)]
-    out = []
-    if send is not None:
-        out.append((transport.isend(send.contiguous(), nxt, tag), nxt))
-    if recv is not None:
-        out.append((transport.irecv(recv, prv, tag), prv))
-    return out
+    """Post this ring step's send to ``rank + 1`` and its receive from ``rank - 1``."""
+    nxt, prv = (ctx.rank + 1) % ctx.world, (ctx.rank - 1) % ctx.world
+    return post_p2p(ctx, transport, [(send, nxt, tag)] if send is not None else [],
+                    [(recv, prv, tag)] if recv is not None else [])
 
 
 @dataclass
@@ -128,6 +135,7 @@ class RingStats:
 
     bytes_sent: int = 0
     peak_block_bytes: int = 0  # the most bytes of ring blocks held at once (one layer)
+    document_s: float = 0.0  # building a long context's K/V, which an engine has cached
 
 
 def ring_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
@@ -167,7 +175,7 @@ def ring_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
             keep(src, current)
             k_pos = layout.positions(src)
             if t and k_pos[0] <= q_pos[-1]:
-                acc = _merge(acc, causal_partial(q, q_pos, current, k_pos, scale))
+                acc = merge_partials(acc, causal_partial(q, q_pos, current, k_pos, scale))
         for work, peer in pending:
             wait_work(work, ctx, peer, f"prefill ring step {step}")
         if step < world - 1:

@@ -19,13 +19,19 @@ The algorithms differ in what travels and what overlaps:
   block's arrival are done (the compute-communication overlap of the engine's decode ring).
   Each rank keeps the passing pieces of its storage run: no further traffic.
 * ``pass-q`` (Meta's context-parallel inference, Yang et al. 2024, arXiv 2411.01783): the
-  query blocks go round instead, with the same overlap; each rank keeps its partial outputs
-  for every query block, and they return to their owners in one all-to-all; and since the
-  K/V never moved, each rank's zig-zag K/V must still reach its contiguous storage shard: a
-  second all-to-all, of K/V.
+  query blocks go round instead, with the same overlap; the partial output a rank makes for
+  another's queries goes straight back to their owner during the next step (overlapped
+  too, as :mod:`treeattn.runtime.prefill_passq` runs it); and since the K/V never moved,
+  each rank's zig-zag prompt K/V must still reach its contiguous storage shard: one
+  all-to-all of prompt K/V per layer.
 * ``all-gather-kv`` (Llama 3's context parallelism, Dubey et al. 2024, arXiv 2407.21783):
   one all-gather of every rank's K/V per layer, then every rank attends its queries over the
   whole layer, with no overlap; each rank holds the whole layer's K/V meanwhile.
+
+A *context* of ``C`` tokens may precede the prompt: a document or earlier turns whose K/V
+are already in the ranks' shards (the engines' persistent KV cache; ``generate
+--context-tokens``). Their K/V take part in attention as keys and travel in pass-KV's ring
+and all-gather-KV's gather; pass-Q moves only the prompt's queries, which is where it wins.
 
 Collectives are priced by the cost model's library model (NCCL's tuning model on GPUs, gloo's
 on CPU ranks); point-to-point messages by its wire time plus the backend's send and receive
@@ -69,12 +75,15 @@ class PrefillPrediction:
 class _Prefill:
     """The per-rank costs of one layer that every algorithm shares."""
 
-    def __init__(self, topology, model, prompt: int, hardware=None, backend=None) -> None:
+    def __init__(self, topology, model, prompt: int, hardware=None, backend=None,
+                 context: int = 0) -> None:
         self.world = topology.num_gpus
         if prompt < 1:
             raise SimError(f"prefill needs at least one prompt token, got {prompt}")
-        self.layout = PrefillLayout(self.world, 0, prompt)
-        workload = DecodeWorkload(model, max(prompt, 2 * self.world))
+        if context < 0:
+            raise SimError(f"the cached context must not be negative, got {context}")
+        self.layout = PrefillLayout(self.world, context, prompt)
+        workload = DecodeWorkload(model, max(context + prompt, 2 * self.world))
         self.cm = CostModel(topology, workload, hardware, backend)
         self.m = m = workload.model
         self.item = m.dtype_bytes
@@ -152,22 +161,43 @@ def _pass_kv(p: _Prefill) -> PrefillPrediction:
     return p.finish("pass-kv", ends, max(sizes) * (w - 1), 3 * max(sizes))
 
 
+def _contributes(p: _Prefill, origin: int, holder: int) -> bool:
+    """Whether ``holder``'s block holds a key some query of ``origin`` sees (both sides of the
+    runtime skip the partial otherwise)."""
+    q, k = p.layout.compute(origin), p.layout.block(holder)
+    return bool(q) and bool(k) and k[0][0] < q[-1][1]
+
+
 def _pass_q(p: _Prefill) -> PrefillPrediction:
     w, m = p.world, p.m
     qbytes = [n * m.n_heads * m.head_dim * p.item for n in p.queries]
-    ends = p.ring(qbytes, lambda r, s: p.attend(r, (r - s) % w, r))
-    partials = max(n * m.n_heads * (m.head_dim + 1) * FP32 for n in p.queries)
-    kv = max(p.block_tokens) * p.per_token
-    back = p.collective(CollectiveOp.ALL_TO_ALL, partials) if w > 1 else 0.0
+    partial = [n * m.n_heads * (m.head_dim + 1) * FP32 for n in p.queries]
+    t = list(p.proj)
+    for s in range(w + 1):  # the last pass only brings the last partials home
+        start = list(t)
+        for r in range(w):
+            origin = (r - s) % w
+            done = start[r]
+            if s < w and _contributes(p, origin, r):
+                done += p.attend(r, origin, r)
+            if s < w - 1:  # the next query block, from r - 1
+                prev = (r - 1) % w
+                done = max(done, start[prev] + p.message(prev, r, qbytes[(r - s - 1) % w]))
+            helper = (r + s - 1) % w  # attended r's queries in the last step
+            if s >= 1 and helper != r and _contributes(p, r, helper):
+                done = max(done, start[helper] + p.message(helper, r, partial[r]))
+            t[r] = done
+    kv = max(p.queries) * p.per_token  # each rank's prompt K/V, to their storage owners
     moved = p.collective(CollectiveOp.ALL_TO_ALL, kv) if w > 1 else 0.0
-    ends = [e + back + moved for e in ends]
-    comm = max(qbytes) * (w - 1) + partials + kv
-    return p.finish("pass-q", ends, comm, kv + 2 * max(qbytes) + w * partials)
+    ends = [e + moved for e in t]
+    comm = max(qbytes) * (w - 1) + max(partial) * (w - 1) + kv
+    own = max(p.block_tokens) * p.per_token
+    return p.finish("pass-q", ends, comm, own + 2 * max(qbytes) + 2 * max(partial) + kv)
 
 
 def _all_gather(p: _Prefill) -> PrefillPrediction:
     w = p.world
-    whole = p.layout.total * p.per_token
+    whole = p.layout.total * p.per_token  # the context's K/V travel too: they are stored
     gather = p.collective(CollectiveOp.ALL_GATHER, whole) if w > 1 else 0.0
     ends = [p.proj[r] + gather + sum(p.attend(r, r, j) for j in range(w)) for r in range(w)]
     return p.finish("all-gather-kv", ends, whole * (w - 1) // w, whole)
@@ -177,12 +207,13 @@ _PRICERS = {"pass-kv": _pass_kv, "pass-q": _pass_q, "all-gather-kv": _all_gather
 
 
 def predict_prefill(topology, model, prompt: int, hardware=None, backend=None,
-                    algorithms=PREFILL_ALGORITHMS) -> list[PrefillPrediction]:
-    """Every algorithm's prefill of ``prompt`` tokens, fastest first (those that fit first)."""
+                    algorithms=PREFILL_ALGORITHMS, context: int = 0) -> list[PrefillPrediction]:
+    """Every algorithm's prefill of ``prompt`` tokens after ``context`` cached ones, fastest
+    first (those that fit first)."""
     unknown = [a for a in algorithms if a not in _PRICERS]
     if unknown:
         raise SimError(f"unknown prefill algorithm {unknown[0]!r} (known: "
                        f"{', '.join(PREFILL_ALGORITHMS)})")
-    p = _Prefill(topology, model, prompt, hardware, backend)
+    p = _Prefill(topology, model, prompt, hardware, backend, context)
     out = [_PRICERS[a](p) for a in algorithms]
     return sorted(out, key=lambda x: (not x.fits, x.ttft_s))

@@ -1,0 +1,168 @@
+"""Context-parallel prefill attention that passes the queries instead (pass-Q).
+
+Meta's context-parallel inference (Yang et al. 2024, arXiv 2411.01783) passes the query
+blocks round the ring while every rank's K/V stay put. It is the cheaper ring when the keys
+outnumber the queries: a prompt appended to a long document or to earlier turns whose K/V
+are already in the cache (``context_tokens`` here), where pass-KV would send the whole
+document round the ring and pass-Q sends only the new tokens' queries.
+
+Per layer, on rank ``r`` of ``W`` (same :class:`~treeattn.sim.prefill.layout.PrefillLayout`
+as pass-KV: zig-zag queries, contiguous storage):
+
+1. **The ring.** Step ``s`` attends the query block of origin ``o = (r - s) mod W`` over
+   ``r``'s own block (its document run, then its prompt chunks' K/V) while the block moves
+   on to ``r + 1`` and the next arrives from ``r - 1``. The partial ``(o, lse)`` it makes is
+   sent straight back to its origin during the next step, so a rank never keeps more than
+   one partial of others' queries; the origin merges its ``W`` partials by log-sum-exp as
+   they arrive (the first is its own, step 0).
+2. **The K/V to their shards.** The K/V of a rank's zig-zag chunks belong to the ranks whose
+   contiguous storage runs hold those positions: one point-to-point message per (source,
+   owner) pair carries the pieces, in position order. Pass-KV gets this for free (its blocks
+   pass every rank); pass-Q pays it, as the simulator prices it.
+
+Every rank knows every block's, chunk's and partial's size from the layout alone, and a
+partial that sees no key (queries wholly before a block) is neither computed nor sent, on
+both sides. Held at once besides the shard: two query blocks (the one attended and
+forwarded, the one arriving), one partial going back and one arriving, and one layer's
+incoming prompt pieces (at most this rank's prompt storage of one layer).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.prefill_ring import (
+    PREFILL_TAG,
+    RingStats,
+    causal_partial,
+    merge_partials,
+    post_p2p,
+)
+from treeattn.runtime.transport import transport_for
+from treeattn.sim.prefill.layout import PrefillLayout, Run
+
+KV_TAG = PREFILL_TAG - 1  # the K/V pieces' tag: below the ring steps', above the mailboxes'
+
+
+def contributes(layout: PrefillLayout, origin: int, holder: int) -> bool:
+    """Whether ``holder``'s block holds a key that some query of ``origin`` sees."""
+    q_pos, k_pos = layout.positions(origin, queries=True), layout.positions(holder)
+    return bool(q_pos) and bool(k_pos) and k_pos[0] <= q_pos[-1]
+
+
+def _pack(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """One message: ``o`` (B, Hq, T, D) then ``lse`` (B, Hq, T), flat fp32."""
+    return torch.cat([o.reshape(-1), lse.reshape(-1)])
+
+
+def _unpack(flat: torch.Tensor, b: int, hq: int, t: int, d: int):
+    n = b * hq * t * d
+    return flat[:n].view(b, hq, t, d), flat[n:].view(b, hq, t)
+
+
+def passq_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
+                    own: torch.Tensor, stats: RingStats | None = None,
+                    scale: float | None = None) -> torch.Tensor:
+    """One layer's causal attention of this rank's queries, the query blocks going round.
+
+    ``q`` (B, Hq, T, D) are this rank's compute queries (``layout.compute(rank)``); ``own``
+    (2, B, Hkv, S, D) is its block (``layout.block(rank)``), which never moves. Returns the
+    output (B, Hq, T, D) fp32, equal to :func:`treeattn.runtime.prefill_ring.ring_attention`'s.
+    """
+    rank, world = ctx.rank, ctx.world
+    transport = transport_for(ctx) if world > 1 else None
+    b, hq, _, d = q.shape
+    k_pos = layout.positions(rank)
+    size = lambda origin: len(layout.positions(origin, queries=True))  # noqa: E731
+    mine = (torch.zeros(*q.shape, dtype=torch.float32, device=q.device),
+            torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device))
+    current, back = q, None  # the query block attended now; the partial going home
+    for step in range(world + 1):  # the last pass only brings the last partials home
+        origin = (rank - step) % world
+        sends, recvs, incoming, nxt = [], [], None, None
+        if step < world - 1 and size((origin - 1) % world):  # the next query block
+            nxt = q.new_empty(b, hq, size((origin - 1) % world), d)
+            recvs.append((nxt, (rank - 1) % world, PREFILL_TAG + 2 * step))
+        if step < world - 1 and current.shape[2]:
+            sends.append((current, (rank + 1) % world, PREFILL_TAG + 2 * step))
+        if back is not None:  # last step's partial, to the origin of that step's block
+            sends.append((back, (origin + 1) % world, PREFILL_TAG + 2 * step + 1))
+        helper = (rank + step - 1) % world  # who attended our queries in the last step
+        if step >= 1 and helper != rank and contributes(layout, rank, helper):
+            incoming = q.new_empty(b * hq * size(rank) * (d + 1), dtype=torch.float32)
+            recvs.append((incoming, helper, PREFILL_TAG + 2 * step + 1))
+        pending = post_p2p(ctx, transport, sends, recvs) if world > 1 else []
+        if stats is not None:
+            stats.bytes_sent += sum(t.numel() * t.element_size() for t, _, _ in sends)
+            held = sum(x.numel() * x.element_size() for x in (current, nxt, back, incoming)
+                       if x is not None and x is not q)
+            stats.peak_block_bytes = max(stats.peak_block_bytes, held)
+        back = None
+        if step < world and contributes(layout, origin, rank):
+            part = causal_partial(current, layout.positions(origin, queries=True), own,
+                                  k_pos, scale)
+            if origin == rank:
+                mine = merge_partials(mine, part)
+            else:
+                back = _pack(*part)
+        for work, peer in pending:
+            wait_work(work, ctx, peer, f"prefill pass-Q step {step}")
+        if incoming is not None:
+            mine = merge_partials(mine, _unpack(incoming, b, hq, size(rank), d))
+        if step < world - 1:
+            current = nxt if nxt is not None else q.new_empty(b, hq, 0, d)
+    return mine[0]
+
+
+def _pieces(runs: tuple[Run, ...], lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """``(offset in runs, start, stop)`` of the parts of ``runs`` inside ``lo .. hi - 1``."""
+    out, offset = [], 0
+    for a, b in runs:
+        s, e = max(a, lo), min(b, hi)
+        if s < e:
+            out.append((offset + s - a, s, e))
+        offset += b - a
+    return out
+
+
+def send_to_storage(ctx: RankContext, layout: PrefillLayout, mine: torch.Tensor, put,
+                    stats: RingStats | None = None) -> None:
+    """Move one layer's prompt K/V from the ranks that computed them to the ranks that store
+    them. ``mine`` (2, B, Hkv, T, D) are the K/V of this rank's compute chunks;
+    ``put(start, kv)`` stores a piece (2, B, Hkv, n, D) at global position ``start`` of this
+    rank's storage run."""
+    rank, world = ctx.rank, ctx.world
+    lo, hi = layout.storage(rank)
+    sends, recvs, landing = [], [], []
+    for peer in range(world):
+        if peer == rank:
+            for offset, s, e in _pieces(layout.compute(rank), lo, hi):
+                put(s, mine[:, :, :, offset:offset + e - s])
+            continue
+        out = _pieces(layout.compute(rank), *layout.storage(peer))
+        if out:
+            piece = torch.cat([mine[:, :, :, o:o + e - s] for o, s, e in out], dim=3)
+            sends.append((piece, peer, KV_TAG))
+        into = _pieces(layout.compute(peer), lo, hi)
+        if into:
+            n = sum(e - s for _, s, e in into)
+            buf = mine.new_empty(*mine.shape[:3], n, mine.shape[4])  # (2, B, Hkv, n, D)
+            recvs.append((buf, peer, KV_TAG))
+            landing.append((buf, into))
+    if world == 1 or not (sends or recvs):
+        return
+    pending = post_p2p(ctx, transport_for(ctx), sends, recvs)
+    if stats is not None:
+        stats.bytes_sent += sum(t.numel() * t.element_size() for t, _, _ in sends)
+        held = sum(t.numel() * t.element_size() for t, _, _ in sends + recvs)
+        stats.peak_block_bytes = max(stats.peak_block_bytes, held)
+    for work, peer in pending:
+        wait_work(work, ctx, peer, "prefill K/V to their shards")
+    for buf, into in landing:
+        at = 0
+        for _, s, e in into:
+            put(s, buf[:, :, :, at:at + e - s])
+            at += e - s
