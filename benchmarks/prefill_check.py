@@ -3,18 +3,15 @@
 As decode is checked (``run --check``): calibrate with microbenchmarks first, then predict,
 then measure, and never fit the prediction to the measurement.
 
-1. **Calibrate** (one process, one thread, before any prefill runs):
-   - the matmul rate, FLOP/s, of ``torch.matmul`` at the model's projection and
-     feed-forward shapes for this many tokens per rank (best of 5);
-   - the causal attention rate, FLOP/s (``4·Hq·D`` per causal query-key pair), of the
-     runtime's own tiled kernel (:func:`treeattn.runtime.prefill_ring.causal_partial`) on
-     rank 0's zig-zag queries over its own block of the point's layout (best of 3);
-   - the read bandwidth of ``sum()`` over 256 MiB (best of 3).
-   These make a :class:`~treeattn.sim.devices.HardwareModel`; messages keep the CPU
-   backend's defaults (the ring hides them behind the attention here: a layer's block is a
-   few MB against a second of compute).
-2. **Predict** ``predict_prefill`` of the point's algorithm on ``local:ranks=W`` with that
-   hardware.
+1. **Calibrate** (:class:`treeattn.llm.prefill_rates.PrefillRates`, before the prefill):
+   every rank, at the same time as the others and one thread each, measures its matmul rate
+   at the layer's shapes for its query tokens, the causal attention rate of the runtime's
+   own tiled kernel over exactly the (query block, key block) pairs it will attend under
+   the point's algorithm (random data), and its read bandwidth. These make one
+   :class:`~treeattn.sim.devices.HardwareModel` per rank; messages keep the CPU backend's
+   defaults (a layer's blocks are a few MB against tens of milliseconds of compute).
+2. **Predict** ``predict_prefill`` of the point's algorithm on ``local:ranks=W`` with those
+   hardware models.
 3. **Measure** ``sharded_prefill`` on W gloo ranks of the local launcher, one thread each,
    random weights in the registered shape (``PrefillJob``), the slowest rank's wall time.
    A point with a cached context first builds that context's K/V in place, which an
@@ -38,63 +35,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import write_results  # noqa: E402
 
+from treeattn.llm.prefill_rates import PrefillRates, hardware_models  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
-from treeattn.runtime.prefill_ring import causal_partial  # noqa: E402
-from treeattn.sim.devices import CPU_LAUNCH_S, HardwareModel  # noqa: E402
-from treeattn.sim.prefill.layout import PrefillLayout, causal_pairs  # noqa: E402
 from treeattn.sim.prefill.pricing import predict_prefill  # noqa: E402
-from treeattn.sim.workload import ModelConfig  # noqa: E402
-
-
-def _best(fn, repeats: int) -> float:
-    fn()  # warm
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def matmul_rate(m: ModelConfig, tokens: int) -> float:
-    """FLOP/s of the layer's matmuls for ``tokens`` rows: Q/K/V, O and the gated MLP."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(tokens, m.dim, generator=g)
-    shapes = [(m.dim, m.head_dim * (m.n_heads + 2 * m.n_kv_heads)),
-              (m.head_dim * m.n_heads, m.dim), (m.dim, 2 * m.ffn_dim), (m.ffn_dim, m.dim)]
-    weights = [torch.randn(a, b, generator=g) for a, b in shapes]
-    inputs = [x, torch.randn(tokens, m.head_dim * m.n_heads, generator=g), x,
-              torch.randn(tokens, m.ffn_dim, generator=g)]
-
-    def layer():
-        for a, w in zip(inputs, weights, strict=True):
-            torch.matmul(a, w)
-
-    flops = sum(2.0 * tokens * a * b for a, b in shapes)
-    return flops / _best(layer, 5)
-
-
-def attention_rate(m: ModelConfig, world: int, prompt: int, context: int = 0) -> float:
-    """FLOP/s of the ring's kernel: rank 0's zig-zag queries over its own block."""
-    layout = PrefillLayout(world, context, prompt)
-    q_pos = layout.positions(0, queries=True)
-    k_pos = layout.positions(0)
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(1, m.n_heads, len(q_pos), m.head_dim, generator=g)
-    kv = torch.randn(2, 1, m.n_kv_heads, len(k_pos), m.head_dim, generator=g)
-    pairs = sum(causal_pairs(a, b) for a in layout.compute(0) for b in layout.block(0))
-    seconds = _best(lambda: causal_partial(q, q_pos, kv, k_pos), 3)
-    return 4.0 * m.n_heads * m.head_dim * pairs / seconds
-
-
-def read_bandwidth() -> float:
-    x = torch.ones(64 << 20)  # 256 MiB of fp32
-    return x.numel() * 4 / _best(lambda: float(x.sum()), 3)
 
 
 def measure(model: str, world: int, prompt: int, algorithm: str, context: int) -> float:
@@ -126,25 +72,22 @@ def main() -> int:
     args = parser.parse_args()
     from treeattn.topo import Topology
 
-    torch.set_num_threads(1)
-    m = ModelConfig.from_name(args.model)
     topology = Topology.from_spec(f"local:ranks={args.world}")
-    bandwidth = read_bandwidth()
     rows = []
     for algorithm, context, prompt in args.points:
-        tokens = math.ceil(prompt / args.world)
-        hardware = HardwareModel("cpu-calibrated", memory_bandwidth_Bps=bandwidth,
-                                 peak_flops=matmul_rate(m, tokens), launch_s=CPU_LAUNCH_S,
-                                 attention_flops=attention_rate(m, args.world, prompt, context))
+        rates = launch(PrefillRates(args.model, context, prompt, algorithm), args.world,
+                       LaunchOptions(timeout_s=900, threads=1))
+        hardware = hardware_models(rates)
         (pred,) = predict_prefill(topology, args.model, prompt, hardware=hardware,
                                   algorithms=(algorithm,), context=context)
         measured = measure(args.model, args.world, prompt, algorithm, context)
         rows.append({"algorithm": algorithm, "context": context, "prompt": prompt,
                      "predicted_s": pred.ttft_s, "measured_s": measured,
                      "error": abs(pred.ttft_s / measured - 1),
-                     "matmul_gflops": hardware.peak_flops / 1e9,
-                     "attention_gflops": hardware.attention_flops / 1e9,
-                     "read_GBps": bandwidth / 1e9})
+                     "matmul_gflops": min(h.peak_flops for h in hardware) / 1e9,
+                     "attention_gflops": min(h.attention_flops for h in hardware) / 1e9,
+                     "read_GBps": min(h.memory_bandwidth_Bps for h in hardware) / 1e9,
+                     "rates": rates})
         print(f"{algorithm} context {context} prompt {prompt}: predicted {pred.ttft_s:.2f} s, "
               f"measured {measured:.2f} s", file=sys.stderr, flush=True)
     geo = math.exp(sum(math.log1p(r["error"]) for r in rows) / len(rows)) - 1
@@ -154,9 +97,10 @@ def main() -> int:
                "date": time.strftime("%Y-%m-%d")}
     md = [f"# Sharded prefill, predicted against measured: {args.model}, "
           f"{args.world} CPU ranks", "",
-          "Calibrated first by microbenchmarks (matmul and the ring's attention kernel FLOP "
-          "rates, read bandwidth), then predicted, then measured; nothing fitted. Cached: "
-          "context tokens whose K/V are in the shards before the prompt's prefill.", "",
+          "Calibrated first by microbenchmarks on the ranks, all at once (matmul and the "
+          "ring's attention kernel FLOP rates on each rank's own shapes, read bandwidth), "
+          "then predicted, then measured; nothing fitted. Cached: context tokens whose K/V "
+          "are in the shards before the prompt's prefill. GFLOP/s: the slowest rank's.", "",
           "| algorithm | cached | prompt | predicted | measured | error | matmul GFLOP/s "
           "| attn GFLOP/s |",
           "|---|---:|---:|---:|---:|---:|---:|---:|"]

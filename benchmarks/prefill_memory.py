@@ -12,8 +12,9 @@ which the replicated prefill this replaces held on every rank. The replicated pr
 measured, in a fresh process of its own (one rank's work under the old path).
 
 Points: a long repeated-document context with a short prompt (``--context-tokens`` mode, the
-K/V of the document built per shard and passed round the ring), and a prompt-only prefill
-(every token through the model, zig-zag chunks).
+K/V of the document built per shard; pass-KV passes them round the ring, pass-Q passes the
+prompt's queries instead), and a prompt-only prefill (every token through the model, zig-zag
+chunks).
 
 Run: ``.venv/bin/python benchmarks/prefill_memory.py [--world 4] [--shape smollm2-135m]``.
 Writes ``benchmarks/results/prefill_memory.json`` and ``.md``.
@@ -41,12 +42,14 @@ def _tokens(n: int, seed: int) -> tuple[int, ...]:
     return tuple((seed * 7919 + 31 * i) % 256 for i in range(n))
 
 
-def run_point(shape: str, world: int, context: int, n_prompt: int, replicated: bool) -> dict:
+def run_point(shape: str, world: int, context: int, n_prompt: int, replicated: bool,
+              algorithm: str = "pass-kv") -> dict:
     config = LlamaConfig.from_name(shape)
     prompt, segment = _tokens(n_prompt, 1), _tokens(64, 2) if context else ()
-    job = PrefillJob(shape, prompt, context, segment, gather_kv=False, random_shape=True)
+    job = PrefillJob(shape, prompt, context, segment, gather_kv=False, random_shape=True,
+                     algorithm=algorithm)
     everyone = launch(job, world, LaunchOptions(timeout_s=600, threads=1))
-    estimate = prefill_bytes(config, context, n_prompt, world, 4)
+    estimate = prefill_bytes(config, context, n_prompt, world, 4, algorithm=algorithm)
     whole = (context + n_prompt) * config.n_layers * 2 * config.n_kv_heads * config.head_dim * 4
     ranks = []
     for out in everyone:
@@ -56,7 +59,8 @@ def run_point(shape: str, world: int, context: int, n_prompt: int, replicated: b
                       "peak_over_shard": growth / out["shard_bytes"],
                       "ring_peak_block_bytes": out["peak_block_bytes"],
                       "bytes_sent": out["bytes_sent"], "prefill_s": out["prefill_s"]})
-    point = {"shape": shape, "world": world, "context_tokens": context, "prompt_tokens": n_prompt,
+    point = {"shape": shape, "world": world, "algorithm": algorithm,
+             "context_tokens": context, "prompt_tokens": n_prompt,
              "estimate_bytes": estimate, "estimate_total_bytes": sum(estimate.values()),
              "whole_cache_bytes": whole, "ranks": ranks,
              "max_peak_growth_bytes": max(r["peak_growth_bytes"] for r in ranks)}
@@ -74,19 +78,22 @@ def markdown(points: list[dict], info: dict) -> str:
              f"({info.get('cpu', 'cpu')}, other jobs running): random weights in the "
              "registered shape, fp32, gloo ranks with one thread each. *growth*: peak resident "
              "set during the prefill minus the resident set before (weights already in). "
-             "*estimate*: shard + 3 ring blocks of one layer + the queries' activations "
-             "(`prefill_bytes`, what `generate` checks against free memory before starting). "
+             "*estimate*: shard + what travels (pass-KV: 3 ring blocks of one layer; pass-Q: "
+             "its own block, 2 query blocks, 2 partials and one layer's incoming prompt K/V) + "
+             "the queries' activations (`prefill_bytes`, what `generate` checks against free "
+             "memory before starting). "
              "*whole cache*: what every rank of the replaced replicated "
              "prefill held.", "",
-             "| shape | world | context + prompt | shard / rank | peak growth (max rank) | "
-             "growth / shard | estimate | whole cache | replicated growth (measured) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| shape | world | algorithm | context + prompt | shard / rank | peak growth (max "
+             "rank) | growth / shard | estimate | whole cache | replicated growth (measured) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         shard = max(r["shard_bytes"] for r in p["ranks"])
         ratio = max(r["peak_over_shard"] for r in p["ranks"])
         rep = p.get("replicated_peak_growth_bytes")
         lines.append(
-            f"| {p['shape']} | {p['world']} | {p['context_tokens']} + {p['prompt_tokens']} | "
+            f"| {p['shape']} | {p['world']} | {p.get('algorithm', 'pass-kv')} | "
+            f"{p['context_tokens']} + {p['prompt_tokens']} | "
             f"{shard / MIB:.1f} MiB | {p['max_peak_growth_bytes'] / MIB:.1f} MiB | "
             f"{ratio:.2f} | {p['estimate_total_bytes'] / MIB:.1f} MiB | "
             f"{p['whole_cache_bytes'] / MIB:.1f} MiB | "
@@ -95,7 +102,8 @@ def markdown(points: list[dict], info: dict) -> str:
     for p in points:
         cells = ", ".join(f"r{r['rank']} {r['peak_growth_bytes'] / MIB:.1f}/"
                           f"{r['shard_bytes'] / MIB:.1f}" for r in p["ranks"])
-        lines.append(f"- {p['context_tokens']} + {p['prompt_tokens']}: {cells}")
+        lines.append(f"- {p.get('algorithm', 'pass-kv')}, {p['context_tokens']} + "
+                     f"{p['prompt_tokens']}: {cells}")
     return "\n".join(lines) + "\n"
 
 
@@ -103,16 +111,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--shape", default="smollm2-135m")
-    parser.add_argument("--points", default="32768:128,0:1024,0:4096",
-                        help="context:prompt pairs, comma-separated")
+    parser.add_argument("--points", default="32768:128,32768:128:pass-q,0:1024,0:4096",
+                        help="context:prompt[:algorithm] points, comma-separated")
     parser.add_argument("--no-replicated", action="store_true",
                         help="skip measuring the replicated prefill in this process")
     args = parser.parse_args()
     points = []
     for item in args.points.split(","):
-        context, n_prompt = (int(x) for x in item.split(":"))
-        points.append(run_point(args.shape, args.world, context, n_prompt,
-                                not args.no_replicated))
+        context, n_prompt, *alg = item.split(":")
+        algorithm = alg[0] if alg else "pass-kv"
+        points.append(run_point(args.shape, args.world, int(context), int(n_prompt),
+                                not args.no_replicated and algorithm == "pass-kv", algorithm))
         print(f"{item}: max growth {points[-1]['max_peak_growth_bytes'] / MIB:.1f} MiB, "
               f"shard {max(r['shard_bytes'] for r in points[-1]['ranks']) / MIB:.1f} MiB",
               flush=True)
