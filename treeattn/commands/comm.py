@@ -25,9 +25,8 @@ from treeattn.errors import UserError
 from treeattn.sim.files.export import tagged
 from treeattn.sim.nccl.collectives import OPS, GroupShape, collective_cost
 from treeattn.sim.nccl.symmetric import symmetric_cost, unavailable
+from treeattn.sim.network import TRANSPORTS
 from treeattn.sim.payloads import busbw_factor
-
-TRANSPORTS = ("nccl", "nccl-symm")
 
 SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_BYTES = 1 << 44  # 16 TiB: far past any real buffer, small enough to stay exact

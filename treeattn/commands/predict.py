@@ -178,10 +178,11 @@ def handle_predict(args: argparse.Namespace) -> int:
         print(json.dumps(tagged("predictions", rows), indent=2, allow_nan=False))
         return 0
     columns = [Column("seq_len", key=True), Column("algorithm", key=True, justify="left"),
+               Column("transport", key=True, justify="left"),
                Column("layer", key=True), Column("vs best baseline", key=True),
                Column("token"), Column("plan", justify="left"), Column("vs ring pass-KV"),
                Column("peak mem"), Column("comm"), Column("system", justify="left")]
-    cells = [[f"{r['seq_len']:,}", r["algorithm"],
+    cells = [[f"{r['seq_len']:,}", r["algorithm"], r["transport"],
               _time(r["latency_s"]) + ("" if r["method"] == "simulated" else "†"),
               f"{r['speedup_vs_best_baseline']:.2f}×", _time(r["token_latency_s"]), r["name"],
               f"{r['speedup_vs_ring']:.1f}×", _size(r["peak_memory_bytes"]),
@@ -190,7 +191,8 @@ def handle_predict(args: argparse.Namespace) -> int:
                 title=f"Predicted attention per layer: {args.topology}, {args.model}, "
                       f"batch {args.batch}, output {rows[0]['layout']}",
                 caption="† closed form only (not simulated). vs best baseline: against the "
-                        "fastest of what serving systems run today (>1: faster).",
+                        "fastest of what serving systems run today, on any transport (>1: "
+                        "faster). nccl-symm: NCCL's symmetric-memory kernels.",
                 row_styles=["bold" if r["algorithm"] == PICK else None for r in rows])
     for reason in refused.values():
         print(f"Not priced: {reason}.")

@@ -44,6 +44,10 @@ from treeattn.sim.workload import DecodeWorkload
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_MAX_CHUNKS = 64
+# How collectives run: NCCL's (or RCCL's) ring/tree/NVLS algorithms, or NCCL's symmetric
+# kernels on registered windows where NCCL runs them (treeattn.sim.nccl.symmetric), falling
+# back to the regular algorithms, as NCCL does, for an op or group they do not cover.
+TRANSPORTS = ("nccl", "nccl-symm")
 
 Edge = tuple[str, str]
 
@@ -226,9 +230,12 @@ class CostModel:
 
     def __init__(self, topology, workload: DecodeWorkload, hardware=None, backend=None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 max_chunks: int = DEFAULT_MAX_CHUNKS) -> None:
+                 max_chunks: int = DEFAULT_MAX_CHUNKS, transport: str = "nccl") -> None:
         if not isinstance(workload, DecodeWorkload):
             raise SimError("workload must be a DecodeWorkload")
+        if transport not in TRANSPORTS:
+            raise SimError(f"unknown transport {transport!r} (known: {', '.join(TRANSPORTS)})")
+        self.transport = transport
         self.topology = topology
         self.workload = workload
         self.world = topology.num_gpus
@@ -244,7 +251,7 @@ class CostModel:
         self.least_send_s = min(self.send_s, self.program.send_s if self.program else math.inf)
         self.least_recv_s = min(self.recv_s, self.program.recv_s if self.program else math.inf)
         # THE per-message price of the engine and the closed forms (treeattn.sim.nccl.p2p)
-        self.p2p = P2PModel(topology, self.backend, self.net, self.hardware)
+        self.p2p = P2PModel(topology, self.backend, self.net, self.hardware, transport)
         self.bw = np.array([h.memory_bandwidth_Bps for h in self.hardware])
         self.shaped = any(h.bandwidth_shape for h in self.hardware)
         self.flops = np.array([h.peak_flops for h in self.hardware])
@@ -364,7 +371,29 @@ class CostModel:
             shape = self._group_shapes[group] = GroupShape.of(self.topology, group)
         if self.backend.calibration is not None:  # measured on this cluster: trust it
             return self.backend.calibration.time_s(op.library_op, max(1, nbytes), shape)
+        if self.symmetric(op, group):
+            from treeattn.sim.nccl.symmetric import symmetric_cost
+
+            return symmetric_cost(op.library_op, max(1, nbytes), shape, _reduction(op)).time_s
         return collective_cost(op.library_op, max(1, nbytes), shape).time_s
+
+    def symmetric(self, op: CollectiveOp | str, group: tuple[int, ...]) -> bool:
+        """Whether ``op`` on ``group`` runs on NCCL's symmetric kernels here (the transport is
+        ``nccl-symm`` and NCCL has a kernel for this op, reduction and group)."""
+        if self.transport != "nccl-symm" or len(group) < 2:
+            return False
+        from treeattn.sim.nccl.collectives import GroupShape
+        from treeattn.sim.nccl.symmetric import unavailable
+
+        op = CollectiveOp(op)
+        shape = self._group_shapes.get(group)
+        if shape is None:
+            shape = self._group_shapes[group] = GroupShape.of(self.topology, group)
+        return unavailable(op.library_op, shape, _reduction(op)) is None
+
+
+def _reduction(op: CollectiveOp) -> str:
+    return "max" if op is CollectiveOp.ALL_REDUCE_MAX else "sum"
 
 
 def gloo_collective_time(op: CollectiveOp, p: int, nbytes: float, alpha: float,

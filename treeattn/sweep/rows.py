@@ -43,6 +43,7 @@ class PredictionRow:
     algorithm: str
     system: str
     name: str
+    transport: str  # how its collectives run (treeattn.sim.network.TRANSPORTS)
     layout: str
     latency_s: float
     token_latency_s: float
@@ -66,7 +67,8 @@ def _row(plan_: Plan, spec: str, label: str, cand: Candidate) -> PredictionRow:
         topology=spec, gpus=cluster.num_gpus, model=plan_.workload.model.name,
         seq_len=plan_.workload.seq_len, batch=plan_.workload.batch, tp=plan_.tp,
         algorithm=label,
-        system=SOURCES[cand.algorithm], name=cand.name, layout=plan_.workload.layout,
+        system=SOURCES[cand.algorithm], name=cand.name, transport=cand.transport,
+        layout=plan_.workload.layout,
         latency_s=float(cand.latency_s),
         token_latency_s=float(plan_.token_latency_s(cand.latency_s)),
         comm_bytes=int(result.comm_bytes), peak_memory_bytes=int(max(result.peak_memory_bytes)),

@@ -27,6 +27,13 @@ SGLang   ``--dcp-size``, ``--dcp-comm-backend``,          docs.sglang.io/docs/ad
          docs page and issue #19436 / PR #21637, 2026)    sgl-project/sglang/issues/19436
 ======== ================================================ ==================================
 
+Symmetric memory: where the best backend is priced on NCCL's symmetric kernels
+(``transport`` ``nccl-symm``, one NVLink domain), the engine's switch for them is emitted
+too: vLLM's environment ``VLLM_USE_NCCL_SYMM_MEM=1`` with ``NCCL_NVLS_ENABLE=1`` and
+``NCCL_CUMEM_ENABLE=1`` (vLLM's ``benchmarks/kernels/benchmark_device_communicators.py``
+documents the three together; vLLM PR #24532), SGLang's ``--enable-symm-mem`` ("Enable NCCL
+symmetric memory for fast collectives", ``server_args.py``).
+
 Constraints: ``tp % dcp == 0`` (both); for GQA models vLLM shards only the KV heads that
 tensor parallelism replicates, so ``tp // num_kv_heads >= dcp``; SGLang documents DCP for MLA
 attention layers only (its page: "stripes a request's MLA KV cache"), so a model with
@@ -51,6 +58,8 @@ class Engine:
     backends: dict[str, str]  # the engine's --dcp-comm-backend choice -> treeattn algorithm
     mla_only: bool
     extra: tuple[str, ...] = ()
+    symm_env: tuple[str, ...] = ()  # environment that turns NCCL's symmetric kernels on
+    symm_flags: tuple[str, ...] = ()  # flags that do
 
 
 ENGINES = {
@@ -58,12 +67,13 @@ ENGINES = {
         "vLLM", "vLLM main (DCP since v0.11; dcp-comm-backend a2a from PR #34883)",
         "https://docs.vllm.ai/en/latest/serving/context_parallel_deployment.html",
         "--decode-context-parallel-size", {"ag_rs": "dcp", "a2a": "helix"}, mla_only=False,
-        extra=("--cp-kv-cache-interleave-size", "1")),
+        extra=("--cp-kv-cache-interleave-size", "1"),
+        symm_env=("VLLM_USE_NCCL_SYMM_MEM=1", "NCCL_NVLS_ENABLE=1", "NCCL_CUMEM_ENABLE=1")),
     "sglang": Engine(
         "SGLang", "SGLang main (DCP page, issue #19436, PR #21637)",
         "https://docs.sglang.io/docs/advanced_features/dcp.md",
         "--dcp-size", {"ag_rs": "dcp", "a2a": "helix", "fi_a2a": "helix"}, mla_only=True,
-        extra=("--dcp-replicate-q-proj",)),
+        extra=("--dcp-replicate-q-proj",), symm_flags=("--enable-symm-mem",)),
 }
 EMIT_TARGETS = tuple(ENGINES)
 
@@ -103,19 +113,24 @@ def emit(target: str, topology, workload, overrides: dict | None = None) -> dict
     if world % workload.tp:
         raise SimError(f"--tp {workload.tp} does not divide the {world} GPUs")
     dcp = world // workload.tp
-    check_constraints(engine, world, dcp, workload.model.n_kv_heads)
+    check_constraints(engine, world, dcp, workload.model.n_kv_heads, workload.model.is_mla)
     sharded = replace(workload, layout="head_sharded")
     pick = plan(topology, sharded, **overrides)
     rows = []
     for backend, algorithm in engine.backends.items():
         chosen = plan(topology, sharded, algorithms=(algorithm,), **overrides)
         rows.append({"backend": backend, "algorithm": algorithm, "latency_s": chosen.latency_s,
+                     "transport": chosen.winner.transport,
                      "method": chosen.prediction.method})
     best = min(rows, key=lambda r: r["latency_s"])
+    symm = best["transport"] == "nccl-symm"
     flags = ["--tensor-parallel-size", str(world), engine.dcp_flag, str(dcp),
-             "--dcp-comm-backend", best["backend"], *engine.extra]
+             "--dcp-comm-backend", best["backend"], *engine.extra,
+             *(engine.symm_flags if symm else ())]
+    env = list(engine.symm_env) if symm else []
     return {"engine": engine.name, "version": engine.version, "docs": engine.docs,
-            "flags": flags, "dcp": dcp, "tensor_parallel_size": world, "backends": rows,
+            "flags": flags, "env": env, "dcp": dcp, "tensor_parallel_size": world,
+            "backends": rows,
             "best": best, "pick": pick.name, "pick_algorithm": pick.algorithm,
             "pick_latency_s": pick.latency_s,
             "pick_expressible": pick.algorithm in engine.backends.values(),
@@ -129,10 +144,10 @@ def describe(record: dict) -> list[str]:
 
     best = record["best"]
     lines = [f"{record['engine']} flags ({record['version']}; {record['docs']}):",
-             "  " + " ".join(record["flags"])]
+             "  " + " ".join(record["env"] + record["flags"])]
     for r in record["backends"]:
-        lines.append(f"  --dcp-comm-backend {r['backend']:<6} = treeattn {r['algorithm']}: "
-                     f"{us(r['latency_s'])} per layer ({r['method']})")
+        lines.append(f"  --dcp-comm-backend {r['backend']:<6} = treeattn {r['algorithm']} on "
+                     f"{r['transport']}: {us(r['latency_s'])} per layer ({r['method']})")
     if record["pick_expressible"]:
         lines.append(f"treeattn's pick (head-sharded output), {record['pick']}, is what "
                      f"{record['engine']} runs with --dcp-comm-backend {best['backend']}.")

@@ -16,6 +16,11 @@ the route's edges in proportion to their own latencies and each edge held at no 
 the pair's bandwidth, so contention works as before and, uncontended, the wire time is
 exactly ``hop + bytes / bandwidth``.
 
+On the ``nccl-symm`` transport (one NVLink domain where NCCL's symmetric kernels run), a
+message is a store into the peer's registered window: the base latency is that of NCCL's
+symmetric all-gather kernel (:func:`treeattn.sim.nccl.symmetric.put_base_us`, our analogy),
+the hop and bandwidth stay the protocol's.
+
 Elsewhere (CPU ranks on gloo, or a GPU topology priced with the ``gloo`` backend) a message
 costs the backend's calibrated ``send_s`` and ``recv_s`` and the route's own link latencies
 and bottleneck, as measured (:mod:`treeattn.sim.host.profiles`).
@@ -34,7 +39,7 @@ class P2PModel:
     ``summary(a, b, n)`` its ``(Σ latency, 1 / bottleneck)`` for the closed forms.
     """
 
-    def __init__(self, topology, backend, network, hardware) -> None:
+    def __init__(self, topology, backend, network, hardware, transport: str = "nccl") -> None:
         self.net = network
         self.backend = backend
         self.library = (backend.name in LIBRARIES and backend.program is None
@@ -53,6 +58,11 @@ class P2PModel:
             self.hosts = [topology.host_of(r) for r in range(topology.num_gpus)]
         else:
             self.library = False
+        self.symmetric = False
+        if self.library and transport == "nccl-symm":
+            from treeattn.sim.nccl.symmetric import unavailable
+
+            self.symmetric = unavailable("all_gather", self.shape) is None
 
     def protocol(self, nbytes: float) -> int:
         """NCCL's protocol index for a message of ``nbytes`` (-1: not a library message)."""
@@ -77,6 +87,10 @@ class P2PModel:
             for across in (False, True):
                 _, base, hop, gbps = p2p_parts(nbytes, self.shape, across)
                 classes.append((hop * 1e-6, gbps * 1e9))
+            if self.symmetric:
+                from treeattn.sim.nccl.symmetric import put_base_us
+
+                base = put_base_us(self.shape, ll=p == 0)
             found = self._prices[p] = (0.5e-6 * base, tuple(classes))
         return found
 

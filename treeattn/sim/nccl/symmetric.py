@@ -162,6 +162,19 @@ def symmetric_candidates(op: str, nbytes: int, shape: GroupShape,
     return out
 
 
+def put_base_us(shape: GroupShape, ll: bool) -> float:
+    """The fixed cost, µs, of one message written into a peer's symmetric window.
+
+    NCCL has no symmetric send/recv, so this is our analogy, stated as such wherever it is
+    used: one of its all-gather kernels' base latency (``baseLat``, LL or plain), each GPU
+    storing its piece into its peers' windows being exactly what a put is. The per-hop
+    latency and bandwidth stay NCCL's for the protocol (:func:`~treeattn.sim.nccl.
+    collectives.p2p_parts`), so only the library's enqueue and proxy cost is replaced.
+    """
+    arch = ARCH[shape.arch]
+    return arch[1] if ll else arch[3]
+
+
 def symmetric_cost(op: str, nbytes: int, shape: GroupShape,
                    reduction: str = "sum") -> CollectiveCost:
     """The symmetric kernel NCCL picks for ``op`` (raises SimError where none can run)."""

@@ -28,6 +28,8 @@ class Candidate:
     bound_s: float = float("inf")
     result: SimResult | None = None
     built: Schedule | None = field(default=None, repr=False)  # kept when scoring built it
+    transport: str = "nccl"  # how its collectives run (treeattn.sim.network.TRANSPORTS)
+    costs: object = field(default=None, repr=False)  # its CostModel when not the plan's
 
     @property
     def latency_s(self) -> float:
@@ -38,8 +40,9 @@ class Candidate:
         return self.result.method if self.result is not None else "closed_form"
 
     def to_json(self) -> dict:
-        return {"name": self.name, "algorithm": self.algorithm, "latency_s": self.latency_s,
-                "closed_form_s": self.bound_s, "method": self.method}
+        return {"name": self.name, "algorithm": self.algorithm, "transport": self.transport,
+                "latency_s": self.latency_s, "closed_form_s": self.bound_s,
+                "method": self.method}
 
 
 def roots_for(world: int) -> list[int]:
@@ -108,6 +111,13 @@ COLLECTIVE_ALGORITHMS = ("allreduce2", "oneshot", "helix", "dcp")
 
 def is_collective(c: Candidate) -> bool:
     return c.algorithm in COLLECTIVE_ALGORITHMS or c.params.get("inner") == "collective"
+
+
+def on_transport(c: Candidate, costs) -> Candidate:
+    """The same collective plan with its collectives priced by ``costs`` (a CostModel of
+    another transport), named for that transport."""
+    return Candidate(f"{c.name}@{costs.transport}", c.algorithm, dict(c.params),
+                     built=c.built, transport=costs.transport, costs=costs)
 
 
 # -- the plan ----------------------------------------------------------------------------

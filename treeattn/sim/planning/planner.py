@@ -32,7 +32,10 @@ takes. What is enumerated for ``p`` ranks on ``h`` hosts (pruning rules that kee
 * ring always (its closed form is vectorised; see the planner for when it is simulated);
 * ring-passq for p ≤ 256 (ring's recurrence on query blocks, then its exact collective
   tail): its schedule has p steps on each of p ranks, and its p − 1 serial hops already lose
-  to every collective well before that size (on 16 DGX H100 nodes it is 9× the winner).
+  to every collective well before that size (on 16 DGX H100 nodes it is 9× the winner);
+* inside one NVLink domain where NCCL's symmetric kernels run, the collective plans and
+  treeattn's trees, butterfly and all-gather again on that transport
+  (:func:`symmetric_variants`, named ``…@nccl-symm``).
 
 :meth:`Plan.explain` says in one paragraph why the winner wins.
 """
@@ -50,16 +53,17 @@ from treeattn.sim.closed_form import closed_form, collective_schedule, ring_pass
 from treeattn.sim.engine import simulate
 from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import CostModel
-from treeattn.sim.parallel import cp_view
+from treeattn.sim.parallel import cp_group, cp_view
 from treeattn.sim.payloads import SimError
 from treeattn.sim.planning.candidates import (
     Candidate,
     enumerate_candidates,
     is_collective,
+    on_transport,
 )
 from treeattn.sim.planning.explain import explain_plan, size_text
 from treeattn.sim.result import SimResult
-from treeattn.sim.schedule import Schedule, sent_bytes
+from treeattn.sim.schedule import Collective, Schedule, sent_bytes
 from treeattn.sim.workload import DecodeWorkload
 
 MAX_CHUNK_MESSAGES = 100_000
@@ -134,6 +138,7 @@ class Plan:
         baseline = self.best_baseline()
         return {
             "algorithm": self.algorithm, "name": self.name,
+            "transport": self.winner.transport,
             "system": SOURCES[self.algorithm], "layout": self.workload.layout,
             "batch": self.workload.batch, "tp": self.tp,
             "tree": tree.to_dict() if tree is not None else None,
@@ -215,8 +220,49 @@ def schedule_for(c: Candidate, topology, workload: DecodeWorkload) -> Schedule:
 
 
 def run_candidate(c: Candidate, topology, cm: CostModel) -> None:
+    cm = c.costs or cm
     schedule = schedule_for(c, topology, cm.workload)
     c.result = simulate(schedule, topology, cm.workload, costs=cm, timeline=cm.world <= 4096)
+
+
+SYMMETRIC_OWN = ("tree", "butterfly", "allgather")  # treeattn's schedules of messages
+
+
+def symmetric_variants(cands: list[Candidate], topology, cm: CostModel) -> list[Candidate]:
+    """The scored plans again on NCCL's symmetric-memory transport, scored; [] where this
+    cluster does not offer it (more than one NVLink domain, no NVSwitch, not Hopper or
+    Blackwell, CPU ranks or a measured calibration).
+
+    * Collective plans (the baselines, and ``allreduce3`` over collectives) where at least
+      one of their collectives runs on NCCL's symmetric kernels; a max falls back to NCCL's
+      regular algorithms, as NCCL itself does.
+    * treeattn's own schedules of messages (trees, butterfly, all-gather of partials), each
+      message a store into the peer's window (:mod:`treeattn.sim.nccl.p2p`): the
+      like-for-like comparison with the baselines on the same transport.
+
+    Why: engines run their merges on symmetric memory inside one NVLink domain (vLLM's
+    pynccl symmetric path, NCCL's registered windows), so there the strongest baseline is
+    the faster of the two transports, and the planner compares against that one.
+    """
+    if cm.backend.calibration is not None or cm.backend.name == "gloo":
+        return []
+    symm = CostModel(topology, cm.workload, cm.hardware, cm.backend, transport="nccl-symm")
+    if not symm.p2p.symmetric:
+        return []
+    out = []
+    for c in cands:
+        if is_collective(c) and c.built is not None:
+            steps = (s for rank in c.built.steps for s in rank if isinstance(s, Collective))
+            if any(symm.symmetric(s.op, s.group) for s in steps):
+                variant = on_transport(c, symm)
+                variant.bound_s = float(collective_schedule(symm, variant.built))
+                out.append(variant)
+        elif c.algorithm in SYMMETRIC_OWN:
+            variant = on_transport(c, symm)
+            variant.trees = list(c.trees)
+            variant.bound_s = float(closed_form(c.algorithm, symm, variant.trees, "tree"))
+            out.append(variant)
+    return out
 
 
 def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
@@ -237,6 +283,8 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     """
     if workload.tp > 1:  # plan one context-parallel group on its own GPUs and heads
         group_topology, group_workload = cp_view(topology, workload)
+        if isinstance(hardware, list | tuple):  # one model per GPU: those of the group's GPUs
+            hardware = [hardware[r] for r in cp_group(topology.num_gpus, workload.tp)]
         chosen = plan(group_topology, group_workload, hardware, backend, algorithms=algorithms,
                       max_simulated=max_simulated, simulate_each=simulate_each, prune=prune)
         chosen.cluster, chosen.tp = topology, workload.tp
@@ -251,6 +299,7 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     refused = score(cands, topology, cm)
     if not cands:
         raise SimError("; ".join(refused.values()) or "no candidate to plan")
+    cands += symmetric_variants(cands, topology, cm)
     cands.sort(key=lambda c: (c.bound_s, c.name))
     budget = max_simulated or (8 if cm.world <= 64 else 3 if cm.world <= 2048 else 1)
     best, used = math.inf, 0

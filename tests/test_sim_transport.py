@@ -1,0 +1,104 @@
+"""The transports collectives and messages run on: the planner prices the baselines and
+treeattn's own schedules on NCCL's symmetric-memory kernels where a cluster offers them,
+and the strongest baseline is the fastest of all of them.
+
+References are worked by hand from NCCL 2.30.7's constants (``sym_kernels.cc``) through
+:func:`treeattn.sim.nccl.symmetric.symmetric_cost`, which ``test_sim_collectives`` checks
+against NCCL's formula, and :func:`treeattn.sim.nccl.collectives.collective_cost`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from treeattn.cli import main
+from treeattn.sim import DecodeWorkload, plan
+from treeattn.sim.algorithms import BASELINES
+from treeattn.sim.deploy.engines import describe, emit
+from treeattn.sim.nccl.collectives import GroupShape, collective_cost, p2p_parts
+from treeattn.sim.nccl.symmetric import symmetric_cost
+from treeattn.sim.network import CostModel
+from treeattn.sim.payloads import CollectiveOp, SimError
+from treeattn.topo import Topology
+
+ONE_BOX = Topology.from_spec("dgx-h100")
+TWO_BOXES = Topology.from_spec("dgx-h100:nodes=2")
+
+
+def _costs(topology, transport):
+    return CostModel(topology, DecodeWorkload("llama-3.1-8b", 32768), transport=transport)
+
+
+def test_sums_run_on_symmetric_kernels_and_a_max_falls_back_to_nccl():
+    symm, regular = _costs(ONE_BOX, "nccl-symm"), _costs(ONE_BOX, "nccl")
+    group, n = tuple(range(8)), 16384
+    shape = GroupShape.of(ONE_BOX, group)
+    assert symm.collective_time(CollectiveOp.ALL_REDUCE_SUM, group, n) == pytest.approx(
+        symmetric_cost("all_reduce", n, shape).time_s)
+    assert symm.collective_time(CollectiveOp.ALL_GATHER, group, n) == pytest.approx(
+        symmetric_cost("all_gather", n, shape).time_s)
+    # NCCL's symmetric all-reduce is a sum only: the max takes the regular path
+    want = collective_cost("all_reduce", n, shape).time_s
+    assert symm.collective_time(CollectiveOp.ALL_REDUCE_MAX, group, n) == pytest.approx(want)
+    assert regular.collective_time(CollectiveOp.ALL_REDUCE_SUM, group, n) == pytest.approx(want)
+    # and no symmetric all-to-all exists: NCCL's grouped p2p
+    assert not symm.symmetric(CollectiveOp.ALL_TO_ALL, group)
+
+
+def test_a_message_on_symmetric_memory_pays_the_kernel_base_latency_not_the_enqueue():
+    symm, regular = _costs(ONE_BOX, "nccl-symm"), _costs(ONE_BOX, "nccl")
+    shape = GroupShape.of(ONE_BOX, range(8))
+    _, ring_base, _, _ = p2p_parts(4096, shape, False)
+    assert regular.p2p.send_s(4096) == pytest.approx(0.5e-6 * ring_base)
+    assert symm.p2p.send_s(4096) == pytest.approx(0.5e-6 * 4.5)  # Hopper's LL base, halved
+    assert symm.p2p.summary(0, 1, 4096) == regular.p2p.summary(0, 1, 4096)  # same hop
+    with pytest.raises(SimError, match="unknown transport"):
+        _costs(ONE_BOX, "carrier-pigeon")
+
+
+def test_one_box_plans_on_both_transports_and_the_best_baseline_is_the_fastest_of_all():
+    chosen = plan(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768))
+    by_transport = {c.transport for c in chosen.candidates}
+    assert by_transport == {"nccl", "nccl-symm"}
+    names = {c.name for c in chosen.candidates}
+    assert {"oneshot@nccl-symm", "butterfly@nccl-symm", "allgather@nccl-symm"} <= names
+    baselines = [c for c in chosen.candidates if c.algorithm in BASELINES]
+    assert chosen.best_baseline().latency_s == min(c.latency_s for c in baselines)
+    for name in ("oneshot", "dcp"):  # their all-gathers are faster on symmetric kernels
+        regular = next(c for c in chosen.candidates if c.name == name)
+        symm = next(c for c in chosen.candidates if c.name == f"{name}@nccl-symm")
+        assert symm.bound_s < regular.bound_s
+    assert chosen.to_json()["transport"] == chosen.winner.transport
+
+
+def test_across_infiniband_there_is_no_symmetric_variant():
+    chosen = plan(TWO_BOXES, DecodeWorkload("llama-3.1-8b", 32768))
+    assert {c.transport for c in chosen.candidates} == {"nccl"}
+
+
+def test_predict_rows_name_their_transport(capsys):
+    assert main(["predict", "--topology", "dgx-h100", "--model", "llama-3.1-8b",
+                 "--seq-len", "32k", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert all(r["transport"] in ("nccl", "nccl-symm") for r in rows)
+    pick = next(r for r in rows if r["algorithm"] == "pick")
+    assert pick["transport"] == "nccl-symm" and pick["name"].endswith("@nccl-symm")
+    assert main(["predict", "--topology", "dgx-h100", "--model", "llama-3.1-8b",
+                 "--seq-len", "32k", "--wide"]) == 0
+    assert "nccl-symm" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("engine,switch", [("vllm", "VLLM_USE_NCCL_SYMM_MEM=1"),
+                                           ("sglang", "--enable-symm-mem")])
+def test_the_engines_switch_for_symmetric_memory_is_emitted_with_a_symmetric_backend(
+        engine, switch):
+    record = emit(engine, ONE_BOX, DecodeWorkload("deepseek-v3", 32768, tp=2))
+    best = record["best"]
+    text = "\n".join(describe(record))
+    assert (switch in text) == (best["transport"] == "nccl-symm")
+    symm = [r for r in record["backends"] if r["transport"] == "nccl-symm"]
+    assert symm, "the ag_rs backend's all-gathers run on symmetric kernels on one box"
+    record = emit(engine, TWO_BOXES, DecodeWorkload("deepseek-v3", 32768, tp=4))
+    assert switch not in "\n".join(describe(record))  # no symmetric kernels across nodes
