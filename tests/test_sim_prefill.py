@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,37 @@ def test_blocks_attended_by_the_queries_cover_the_causal_triangle_once(world, co
     n = context + prompt
     assert total == n * (n + 1) // 2 - context * (context + 1) // 2
     assert total == sum(layout.pairs(r) for r in range(world))
+
+
+@settings(max_examples=60, deadline=None)
+@given(world=st.integers(1, 9), context=st.integers(0, 30), prompt=st.integers(1, 90))
+def test_the_pair_matrix_is_the_runs_causal_pairs(world, context, prompt):
+    """The pricing's vectorised (query rank, key block) pairs, against the scalar count."""
+    from treeattn.sim.prefill.pricing import _pair_matrix
+
+    layout = PrefillLayout(world, context, prompt)
+    got = _pair_matrix(layout)
+    for r in range(world):
+        for j in range(world):
+            assert got[r, j] == sum(causal_pairs(q, k) for q in layout.compute(r)
+                                    for k in layout.block(j))
+
+
+@pytest.mark.parametrize("spec", ["dgx-h100:nodes=2", "pcie-4090:gpus=4", "mi300x:nodes=2",
+                                  "local:ranks=3"])
+@pytest.mark.parametrize("nbytes", [512, 1 << 20])
+def test_all_pairs_message_summaries_equal_the_per_pair_ones(spec, nbytes):
+    """P2PModel.summary_matrices (one pass over the routes) gives each pair's summary."""
+    from treeattn.sim.network import CostModel
+    from treeattn.sim.workload import DecodeWorkload
+
+    topo = Topology.load(spec)
+    cm = CostModel(topo, DecodeWorkload("llama-3.1-8b", 4096))
+    lat, inv = cm.p2p.summary_matrices(nbytes)
+    for a in range(topo.num_gpus):
+        for b in range(topo.num_gpus):
+            want = cm.p2p.summary(a, b, nbytes) if a != b else (0.0, 0.0)
+            assert (lat[a, b], inv[a, b]) == pytest.approx(want, rel=1e-12, abs=0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -54,11 +86,13 @@ def test_the_ring_overlaps_but_never_beats_its_work_or_its_wire(spec):
     topo = Topology.load(spec)
     p = _Prefill(topo, "llama-3.1-8b", 65536)
     w = p.world
-    sizes = [n * p.per_token for n in p.block_tokens]
-    ends = p.ring(sizes, lambda r, s: p.attend(r, r, (r - s) % w))
+    sizes = p.block_tokens * p.per_token
+    ends = p.ring(sizes, p.kv_work)
     for r in range(w):
-        work = sum(p.attend(r, r, (r - s) % w) for s in range(w))
-        wire = sum(p.message((r - 1) % w, r, sizes[(r - s - 1) % w]) for s in range(w - 1))
+        work = sum(p.kv_work[r, (r - s) % w] for s in range(w))
+        wire = sum(float(p.messages(np.array([(r - 1) % w]), np.array([r]),
+                                    np.array([sizes[(r - s - 1) % w]]))[0])
+                   for s in range(w - 1))
         span = ends[r] - p.proj[r]
         assert span >= work - 1e-12 and span >= wire * 0.999
         assert span <= work + wire + max(p.proj) + 1e-9
@@ -117,3 +151,54 @@ def test_a_slower_attention_rate_prices_only_the_attention():
     assert out[1e10].attention_s == pytest.approx(flops / 1e10, rel=1e-3)
     assert out[1e10].layer_s - out[1e11].layer_s == pytest.approx(
         out[1e10].attention_s - out[1e11].attention_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("spec,prompt,context", [("dgx-h100:nodes=2", 8192, 0),
+                                                 ("dgx-h100:nodes=2", 300, 65536),
+                                                 ("local:ranks=3", 37, 5)])
+def test_pass_q_is_priced_step_by_step_as_the_runtime_runs_it(spec, prompt, context):
+    """A scalar walk of the pass-Q ring (per-pair messages, per-pair work), against the
+    pricing's vectorised one: query blocks from r - 1, partials back from r + s - 1."""
+    from treeattn.sim.workload import FP32
+
+    topo = Topology.load(spec)
+    p = _Prefill(topo, "llama-3.1-8b", prompt, context=context)
+    m, w, lay, cm = p.m, p.world, p.layout, p.cm
+
+    def pairs(q_of, k_of):
+        return sum(causal_pairs(q, k) for q in lay.compute(q_of) for k in lay.block(k_of))
+
+    def work(r, origin):
+        n = pairs(origin, r)
+        nbytes = (lay.block_length(r) * p.per_token
+                  + len(lay.positions(origin, queries=True)) * m.n_heads * m.head_dim
+                  * (p.item + FP32))
+        return cm.hardware[r].attention_time(nbytes, 4.0 * m.n_heads * m.head_dim * n) \
+            if n else 0.0
+
+    def msg(a, b, nbytes):
+        return cm.least_send_s + cm.wire(a, b, nbytes) + cm.least_recv_s if nbytes else 0.0
+
+    q_bytes = [len(lay.positions(r, queries=True)) * m.n_heads * m.head_dim * p.item
+               for r in range(w)]
+    part = [len(lay.positions(r, queries=True)) * m.n_heads * (m.head_dim + 1) * FP32
+            for r in range(w)]
+    t = [float(x) for x in p.proj]
+    for s in range(w + 1):
+        start = list(t)
+        for r in range(w):
+            done = start[r] + (work(r, (r - s) % w) if s < w else 0.0)
+            if s < w - 1:
+                done = max(done, start[(r - 1) % w] + msg((r - 1) % w, r,
+                                                          q_bytes[(r - s - 1) % w]))
+            h = (r + s - 1) % w
+            if s >= 1 and h != r and pairs(r, h):
+                done = max(done, start[h] + msg(h, r, part[r]))
+            t[r] = done
+    got = predict_prefill(topo, "llama-3.1-8b", prompt, algorithms=("pass-q",),
+                          context=context)[0]
+    moved = cm.collective_time("all_to_all", tuple(range(w)),
+                               int(max(len(lay.positions(r, queries=True))
+                                       for r in range(w)) * p.per_token))
+    layer = max(t[r] + moved + p.rest[r] for r in range(w))
+    assert got.layer_s == pytest.approx(layer, rel=1e-12)

@@ -122,6 +122,26 @@ class P2PModel:
             self._hops[key] = found
         return found
 
+    def summary_matrices(self, nbytes: float) -> tuple:
+        """``(latency, inverse bandwidth)`` (W, W) arrays: :meth:`summary` of every pair for a
+        message of ``nbytes``, from the topology's all-pairs route matrices (one pass over
+        the routes, which the topology caches) instead of one route look-up per pair."""
+        import numpy as np
+
+        topology = self.net.topology
+        lat, bw = topology.latency_matrix(), topology.bandwidth_matrix()
+        with np.errstate(divide="ignore"):
+            inv = np.where(bw > 0, 1.0 / bw, 0.0)
+        if not self.library:
+            return lat, inv
+        (hop_in, cap_in), (hop_x, cap_x) = self._priced(nbytes)[1]
+        hosts = np.array([hash(h) for h in self.hosts])
+        across = hosts[:, None] != hosts[None, :]
+        route = (lat > 0) | (inv > 0)  # a GPU to itself has no route, and costs nothing
+        hop = np.where(route, np.where(across, hop_x, hop_in), 0.0)
+        floor = np.where(across, 1 / cap_x if cap_x else 0.0, 1 / cap_in if cap_in else 0.0)
+        return hop, np.where(route, np.maximum(inv, floor), 0.0)
+
     def summary(self, src: int, dst: int, nbytes: float) -> tuple[float, float]:
         """``(Σ latency s, 1 / bottleneck B/s)`` of the priced route (that of :meth:`hops`)."""
         raw_lat, raw_inv = self.net.summary(src, dst)

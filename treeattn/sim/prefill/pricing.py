@@ -43,9 +43,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from treeattn.sim.network import CostModel
 from treeattn.sim.payloads import CollectiveOp, SimError
-from treeattn.sim.prefill.layout import PrefillLayout, causal_pairs
+from treeattn.sim.prefill.layout import PrefillLayout
 from treeattn.sim.workload import FP32, DecodeWorkload
 
 PREFILL_ALGORITHMS = ("pass-kv", "pass-q", "all-gather-kv")
@@ -72,8 +74,39 @@ class PrefillPrediction:
                 "fits": self.fits}
 
 
+def _pair_matrix(layout: PrefillLayout) -> np.ndarray:
+    """(W, W) causal (query, key) pairs: ``[q_of, k_of]``, the queries of rank ``q_of`` over
+    the block of rank ``k_of`` (:func:`~treeattn.sim.prefill.layout.causal_pairs`, summed over
+    their runs), vectorised: a rank has at most 2 query runs and 3 block runs."""
+    w = layout.world
+    qa, qb = np.zeros((w, 2)), np.zeros((w, 2))
+    ka, kb = np.zeros((w, 3)), np.zeros((w, 3))
+    for r in range(w):
+        for i, (a, b) in enumerate(layout.compute(r)):
+            qa[r, i], qb[r, i] = a, b
+        for j, (a, b) in enumerate(layout.block(r)):
+            ka[r, j], kb[r, j] = a, b
+    qa, qb = qa[:, None, :, None], qb[:, None, :, None]  # (W, 1, 2, 1)
+    ka, kb = ka[None, :, None, :], kb[None, :, None, :]  # (1, W, 1, 3)
+    lo, hi = np.maximum(qa, ka), np.minimum(qb, kb)
+    tri = lambda n: n * (n + 1) / 2  # noqa: E731
+    inside = np.where(hi > lo, tri(hi - ka) - tri(lo - ka), 0.0)
+    past = np.maximum(0.0, qb - np.maximum(qa, kb)) * (kb - ka)
+    empty = (qb <= ka) | (kb <= ka) | (qb <= qa)
+    return np.where(empty, 0.0, inside + past).sum(axis=(2, 3))
+
+
+def _attention_times(hw, nbytes: np.ndarray, flops: np.ndarray) -> np.ndarray:
+    """:meth:`HardwareModel.attention_time` over arrays; 0 where there is no pair."""
+    rate = hw.attention_flops or hw.peak_flops
+    bw = (np.vectorize(hw.bandwidth_at)(nbytes) if hw.bandwidth_shape
+          else hw.memory_bandwidth_Bps)
+    return np.where(flops > 0, np.maximum(nbytes / bw, flops / rate) + hw.launch_s, 0.0)
+
+
 class _Prefill:
-    """The per-rank costs of one layer that every algorithm shares."""
+    """The per-rank costs of one layer that every algorithm shares, as (W,) and (W, W)
+    arrays so that a ring of ``W`` steps over ``W`` ranks is ``W`` vector operations."""
 
     def __init__(self, topology, model, prompt: int, hardware=None, backend=None,
                  context: int = 0) -> None:
@@ -89,48 +122,52 @@ class _Prefill:
         self.item = m.dtype_bytes
         self.per_token = 2 * m.n_kv_heads * m.head_dim * self.item  # one layer's K and V
         w = self.world
-        self.queries = [sum(b - a for a, b in self.layout.compute(r)) for r in range(w)]
-        self.block_tokens = [self.layout.block_length(r) for r in range(w)]
+        self.queries = np.array([sum(b - a for a, b in self.layout.compute(r))
+                                 for r in range(w)], dtype=float)
+        self.block_tokens = np.array([self.layout.block_length(r) for r in range(w)],
+                                     dtype=float)
         before = m.dim * m.head_dim * (m.n_heads + 2 * m.n_kv_heads)
         after = m.dim * m.head_dim * m.n_heads + 3 * m.dim * m.ffn_dim
-        self.proj = [self._matmul(r, before) for r in range(w)]
-        self.rest = [self._matmul(r, after) for r in range(w)]
+        self.proj = np.array([self._matmul(r, before) for r in range(w)])
+        self.rest = np.array([self._matmul(r, after) for r in range(w)])
+        self.pairs = _pair_matrix(self.layout)  # (W, W) [q_of, k_of]
+        nbytes = (self.block_tokens[None, :] * self.per_token
+                  + self.queries[:, None] * m.n_heads * m.head_dim * (self.item + FP32))
+        flops = 4.0 * m.n_heads * m.head_dim * self.pairs
+        hws = self.cm.hardware
+        if all(h is hws[0] for h in hws):  # one model: who runs a pair does not matter
+            times = _attention_times(hws[0], nbytes, flops)
+            self.kv_work, self.q_work = times, times.T
+        else:  # kv_work[r, k]: r's queries over k's block; q_work[r, o]: o's over r's block
+            self.kv_work = np.stack([_attention_times(h, nbytes[r], flops[r])
+                                     for r, h in enumerate(hws)])
+            self.q_work = np.stack([_attention_times(h, nbytes[:, r], flops[:, r])
+                                    for r, h in enumerate(hws)])
 
     def _matmul(self, rank: int, weights: int) -> float:
         t = self.queries[rank]
         nbytes = weights * self.item + 2 * t * self.m.dim * self.item
         return self.cm.compute(rank, nbytes, 2.0 * t * weights) if t else 0.0
 
-    def attend(self, rank: int, q_of: int, k_of: int) -> float:
-        """Rank ``rank`` attends the queries of ``q_of`` over the K/V block of ``k_of``."""
-        pairs = sum(causal_pairs(q, k) for q in self.layout.compute(q_of)
-                    for k in self.layout.block(k_of))
-        if not pairs:
-            return 0.0
-        m = self.m
-        nbytes = (self.block_tokens[k_of] * self.per_token
-                  + self.queries[q_of] * m.n_heads * m.head_dim * (self.item + FP32))
-        return self.cm.hardware[rank].attention_time(nbytes, 4.0 * m.n_heads * m.head_dim * pairs)
+    def messages(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Seconds of each message ``src[i] -> dst[i]`` of ``nbytes[i]`` (0 bytes: none)."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        wire = self.cm.wire_vec(src, dst, np.maximum(nbytes, 1.0))
+        return np.where(nbytes > 0, self.cm.least_send_s + wire + self.cm.least_recv_s, 0.0)
 
-    def message(self, src: int, dst: int, nbytes: float) -> float:
-        if not nbytes:
-            return 0.0
-        return self.cm.least_send_s + self.cm.wire(src, dst, nbytes) + self.cm.least_recv_s
-
-    def ring(self, sizes: list[int], work) -> list[float]:
-        """End times of a ring whose step ``s`` on rank ``r`` costs ``work(r, s)`` while the
-        message of ``sizes[(r - s - 1) % W]`` bytes arrives from ``r - 1`` (overlapped)."""
+    def ring(self, sizes: np.ndarray, work: np.ndarray) -> np.ndarray:
+        """End times of a ring whose step ``s`` on rank ``r`` costs ``work[r, (r - s) % W]``
+        while the message of ``sizes[(r - s - 1) % W]`` bytes arrives from ``r - 1``."""
         w = self.world
-        t = list(self.proj)
+        ranks = np.arange(w)
+        prev = (ranks - 1) % w
+        t = self.proj.copy()
         for s in range(w):
-            start = list(t)
-            for r in range(w):
-                done = start[r] + work(r, s)
-                if s < w - 1:
-                    prev = (r - 1) % w
-                    arrival = start[prev] + self.message(prev, r, sizes[(r - s - 1) % w])
-                    done = max(done, arrival)
-                t[r] = done
+            start = t
+            t = start + work[ranks, (ranks - s) % w]
+            if s < w - 1:
+                arrival = start[prev] + self.messages(prev, ranks, sizes[(ranks - s - 1) % w])
+                t = np.maximum(t, arrival)
         return t
 
     def collective(self, op: CollectiveOp, nbytes: float) -> float:
@@ -140,66 +177,70 @@ class _Prefill:
     def shard_bytes(self) -> int:
         return max(self.layout.lengths) * self.per_token * self.m.n_layers
 
-    def finish(self, algorithm: str, ends: list[float], comm: int, in_flight: int):
-        layer = max(e + self.rest[r] for r, e in enumerate(ends))
-        attention = max(ends[r] - self.proj[r] for r in range(self.world))
+    def finish(self, algorithm: str, ends: np.ndarray, comm: float, in_flight: float):
+        layer = float(np.max(ends + self.rest))
+        attention = float(np.max(ends - self.proj))
         m, owner = self.m, self.layout.last_owner
         head = self.cm.compute(owner, m.vocab_size * m.dim * self.item,
                                2.0 * m.vocab_size * m.dim)
         peak = self.shard_bytes + in_flight
         capacity = min((h.memory_bytes for h in self.cm.hardware), default=0.0)
         weights = m.weight_bytes_per_token()
-        fits = not capacity or peak + weights <= capacity
+        fits = bool(not capacity or peak + weights <= capacity)
         return PrefillPrediction(algorithm, m.n_layers * layer + head, layer, attention,
                                  int(comm), int(peak), fits)
 
 
 def _pass_kv(p: _Prefill) -> PrefillPrediction:
     w = p.world
-    sizes = [n * p.per_token for n in p.block_tokens]
-    ends = p.ring(sizes, lambda r, s: p.attend(r, r, (r - s) % w))
-    return p.finish("pass-kv", ends, max(sizes) * (w - 1), 3 * max(sizes))
-
-
-def _contributes(p: _Prefill, origin: int, holder: int) -> bool:
-    """Whether ``holder``'s block holds a key some query of ``origin`` sees (both sides of the
-    runtime skip the partial otherwise)."""
-    q, k = p.layout.compute(origin), p.layout.block(holder)
-    return bool(q) and bool(k) and k[0][0] < q[-1][1]
+    sizes = p.block_tokens * p.per_token
+    ends = p.ring(sizes, p.kv_work)
+    return p.finish("pass-kv", ends, sizes.max() * (w - 1), 3 * sizes.max())
 
 
 def _pass_q(p: _Prefill) -> PrefillPrediction:
+    """As :mod:`treeattn.runtime.prefill_passq` runs it: at step ``s`` rank ``r`` attends the
+    queries of ``r - s`` over its own block while the next query block arrives from
+    ``r - 1`` and the partial ``r + s - 1`` made of ``r``'s queries in the last step comes
+    back; a partial of no pair is neither made nor sent (both sides know it)."""
     w, m = p.world, p.m
-    qbytes = [n * m.n_heads * m.head_dim * p.item for n in p.queries]
-    partial = [n * m.n_heads * (m.head_dim + 1) * FP32 for n in p.queries]
-    t = list(p.proj)
+    qbytes = p.queries * m.n_heads * m.head_dim * p.item
+    partial = p.queries * m.n_heads * (m.head_dim + 1) * FP32
+    ranks = np.arange(w)
+    prev = (ranks - 1) % w
+    # the partials go between every pair over the ring's steps: all pairs' routes at once,
+    # for each protocol the partials' sizes take (their sizes differ by a query at most)
+    protocol = np.array([p.cm.p2p.protocol(float(n)) for n in partial])
+    matrices = {k: p.cm.p2p.summary_matrices(float(partial[protocol == k][0]))
+                for k in set(protocol.tolist())}
+    lat = np.stack([matrices[k][0][:, r] for r, k in enumerate(protocol)], axis=1)
+    inv = np.stack([matrices[k][1][:, r] for r, k in enumerate(protocol)], axis=1)
+    overheads = p.cm.least_send_s + p.cm.least_recv_s
+    t = p.proj.copy()
     for s in range(w + 1):  # the last pass only brings the last partials home
-        start = list(t)
-        for r in range(w):
-            origin = (r - s) % w
-            done = start[r]
-            if s < w and _contributes(p, origin, r):
-                done += p.attend(r, origin, r)
-            if s < w - 1:  # the next query block, from r - 1
-                prev = (r - 1) % w
-                done = max(done, start[prev] + p.message(prev, r, qbytes[(r - s - 1) % w]))
-            helper = (r + s - 1) % w  # attended r's queries in the last step
-            if s >= 1 and helper != r and _contributes(p, r, helper):
-                done = max(done, start[helper] + p.message(helper, r, partial[r]))
-            t[r] = done
-    kv = max(p.queries) * p.per_token  # each rank's prompt K/V, to their storage owners
+        start = t
+        t = start + (p.q_work[ranks, (ranks - s) % w] if s < w else 0.0)
+        if s < w - 1:  # the next query block, from r - 1
+            arrival = start[prev] + p.messages(prev, ranks, qbytes[(ranks - s - 1) % w])
+            t = np.maximum(t, arrival)
+        if s >= 1:  # the partial of r's queries, from the rank that made it last step
+            helper = (ranks + s - 1) % w
+            sent = (helper != ranks) & (p.pairs[ranks, helper] > 0)
+            back = lat[helper, ranks] + partial * inv[helper, ranks] + overheads
+            t = np.maximum(t, start[helper] + np.where(sent, back, 0.0))
+    kv = p.queries.max() * p.per_token  # each rank's prompt K/V, to their storage owners
     moved = p.collective(CollectiveOp.ALL_TO_ALL, kv) if w > 1 else 0.0
-    ends = [e + moved for e in t]
-    comm = max(qbytes) * (w - 1) + max(partial) * (w - 1) + kv
-    own = max(p.block_tokens) * p.per_token
-    return p.finish("pass-q", ends, comm, own + 2 * max(qbytes) + 2 * max(partial) + kv)
+    comm = qbytes.max() * (w - 1) + partial.max() * (w - 1) + kv
+    own = p.block_tokens.max() * p.per_token
+    return p.finish("pass-q", t + moved, comm,
+                    own + 2 * qbytes.max() + 2 * partial.max() + kv)
 
 
 def _all_gather(p: _Prefill) -> PrefillPrediction:
     w = p.world
     whole = p.layout.total * p.per_token  # the context's K/V travel too: they are stored
     gather = p.collective(CollectiveOp.ALL_GATHER, whole) if w > 1 else 0.0
-    ends = [p.proj[r] + gather + sum(p.attend(r, r, j) for j in range(w)) for r in range(w)]
+    ends = p.proj + gather + p.kv_work.sum(axis=1)
     return p.finish("all-gather-kv", ends, whole * (w - 1) // w, whole)
 
 
