@@ -79,7 +79,7 @@ def markdown(points: list[dict], info: dict) -> str:
              "registered shape, fp32, gloo ranks with one thread each. *growth*: peak resident "
              "set during the prefill minus the resident set before (weights already in). "
              "*estimate*: shard + what travels (pass-KV: 3 ring blocks of one layer; pass-Q: "
-             "its own block, 2 query blocks, 2 partials and one layer's incoming prompt K/V) + "
+             "its own block, 2 query blocks, 3 partials and one layer's incoming prompt K/V) + "
              "the queries' activations (`prefill_bytes`, what `generate` checks against free "
              "memory before starting). "
              "*whole cache*: what every rank of the replaced replicated "

@@ -20,7 +20,7 @@ from test_llm_generate import _assert_same, _run_distributed
 from treeattn.llm.formats.weights import load_model
 from treeattn.llm.generate import generate_local
 from treeattn.llm.local_cache import causal_attention
-from treeattn.llm.prefill import sharded_prefill
+from treeattn.llm.prefill import prefill_bytes, sharded_prefill
 from treeattn.llm.prefill_check import PrefillJob, reference_prefill
 from treeattn.runtime.group import RankContext
 from treeattn.runtime.launch import LaunchOptions, launch
@@ -113,6 +113,10 @@ def test_every_rank_keeps_exactly_its_shard_and_the_first_logits(world, n_prompt
     everyone = launch(job, world, LaunchOptions(timeout_s=120, threads=1))
     _check_shards(everyone, local, logits, context, prompt)
     assert sum(out["bytes_sent"] for out in everyone) > 0
+    # what travels never exceeds what generate's memory check counts for it
+    bound = prefill_bytes(loaded.model.config, context, n_prompt, world, 4,
+                          algorithm=algorithm)["blocks"]
+    assert all(0 < out["peak_block_bytes"] <= bound for out in everyone)
 
 
 @pytest.mark.parametrize("world,n_prompt,context,prefill", [

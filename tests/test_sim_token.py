@@ -236,4 +236,12 @@ def test_fidelity_against_published_tpot():
             assert p["ratio"] <= 1 + f.TARGET, p["id"]
     single = [p for p in scored if "one node" in p["hardware"]]
     assert single and all(p["error"] <= f.TARGET for p in single)
-    assert all(r["published_faster"] and r["predicted_faster"] for r in f.rankings(points))
+    ranked = f.rankings(points)
+    assert ranked and all(r["published_faster"] and r["predicted_faster"] for r in ranked)
+    # Meta's paper measured TP against TP x CP on the same GPUs (two and four hosts): the
+    # published order must hold; a pair not reproduced must be explained in its points
+    meta = [r for r in ranked if "2411.01783" in r["source"]]
+    assert len(meta) == 2 and all(r["reproduced"] for r in meta)
+    for r in ranked:
+        if not r["reproduced"]:
+            assert all(p["miss"] for p in points if p["url"] == r["source"]), r["pair"]

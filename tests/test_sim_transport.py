@@ -102,3 +102,18 @@ def test_the_engines_switch_for_symmetric_memory_is_emitted_with_a_symmetric_bac
     assert symm, "the ag_rs backend's all-gathers run on symmetric kernels on one box"
     record = emit(engine, TWO_BOXES, DecodeWorkload("deepseek-v3", 32768, tp=4))
     assert switch not in "\n".join(describe(record))  # no symmetric kernels across nodes
+
+
+def test_a_plan_file_holds_what_the_runtime_runs(tmp_path, capsys, monkeypatch):
+    """treeattn's runtime sends on regular collectives: the file is the best plan there."""
+    monkeypatch.setenv("COLUMNS", "300")  # one line per sentence
+    path = tmp_path / "plan.json"
+    assert main(["plan", "--topology", "dgx-h100", "--model", "llama-3.1-8b", "--seq-len",
+                 "32k", "-o", str(path)]) == 0
+    out = capsys.readouterr().out
+    record = json.loads(path.read_text())
+    assert record["transport"] == "nccl" and "@" not in record["name"]
+    assert "holds the best plan treeattn's runtime executes" in out
+    want = plan(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768), transports=("nccl",))
+    assert record["name"] == want.name
+    assert record["latency_s"] == pytest.approx(want.latency_s)

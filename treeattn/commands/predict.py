@@ -32,6 +32,7 @@ from treeattn.sim.planning.plan_size import check_planning_size, planning_limits
 from treeattn.sim.prefill.pricing import SOURCES as SOURCES_PREFILL
 from treeattn.sweep.rows import PICK, algorithm_rows
 
+PLAN_PREFILL_GPUS = 1024  # plan prices the prefill beside the decode up to here (~1.4 s)
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")
 DEMO_SEQ_LENS = (32 * 1024, 128 * 1024, 1024 * 1024)
 DEMO_MODEL = "llama-3.1-8b"
@@ -219,16 +220,23 @@ def handle_plan(args: argparse.Namespace) -> int:
                        f"{memory['memory']}")
     engine = emit(args.emit, topo, workload, overrides) if args.emit else None
     chosen = plan(topo, workload, **overrides)
-    record = plan_file(chosen, args.topology)
-    record.update({k: v for k, v in memory.items() if k != "memory"})
+    extras = {k: v for k, v in memory.items() if k != "memory"}
     # one sequence without tensor parallelism: what the prefill pricing covers
-    prefill = _prefill(args, args.seq_len) if args.batch == 1 and args.tp == 1 else None
+    priced = args.batch == 1 and args.tp == 1 and topo.num_gpus <= PLAN_PREFILL_GPUS
+    prefill = _prefill(args, args.seq_len) if priced else None
     if prefill:
-        record["prefill"] = [p.to_json() for p in prefill]
+        extras["prefill"] = [p.to_json() for p in prefill]
     if engine is not None:
-        record["emit"] = engine
+        extras["emit"] = engine
+    record = {**plan_file(chosen, args.topology), **extras}
+    runnable = chosen
+    if args.output and chosen.winner.transport != "nccl":
+        # the file is for run/generate --plan, whose runtime sends on regular collectives
+        runnable = plan(topo, workload, transports=("nccl",), **overrides)
     if args.output:
-        atomic.write_text(args.output, json.dumps(record, indent=1, allow_nan=False) + "\n")
+        written = record if runnable is chosen else {**plan_file(runnable, args.topology),
+                                                     **extras}
+        atomic.write_text(args.output, json.dumps(written, indent=1, allow_nan=False) + "\n")
     if args.trace:
         timeline = chosen.prediction.timeline
         atomic.write_text(args.trace, json.dumps(
@@ -247,12 +255,20 @@ def handle_plan(args: argparse.Namespace) -> int:
                       f"groups ({chosen.topology.num_gpus} GPUs, one per TP group) merges "
                       f"{model.n_heads} query / {model.n_kv_heads} KV heads on its own; "
                       "group 0 is planned.")
+    if args.batch == 1 and args.tp == 1 and not priced:
+        console.print(f"The prefill pick is left out past {PLAN_PREFILL_GPUS:,} GPUs (its "
+                      "price walks every GPU pair's route): `treeattn predict --prefill` "
+                      "prices it.")
     if prefill:
         pick, *others = prefill
         rest = ", ".join(f"{p.algorithm} {_ttft(p.ttft_s)}" for p in others)
         console.print(f"Prefill of {args.seq_len:,} tokens: [bold]{pick.algorithm}[/bold] "
                       f"({SOURCES_PREFILL[pick.algorithm]}), time to first token "
                       f"{_ttft(pick.ttft_s)} (then {rest})")
+    if runnable is not chosen:
+        console.print(f"{args.output} holds the best plan treeattn's runtime executes, on "
+                      f"regular NCCL: {runnable.name}, {_time(runnable.latency_s)} per layer "
+                      f"(the pick needs NCCL's symmetric-memory kernels)")
     baseline = chosen.best_baseline()
     if baseline is not None and baseline is chosen.winner:
         console.print(f"A baseline wins here: {baseline.name} ({SOURCES[baseline.algorithm]}) "

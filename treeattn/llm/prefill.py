@@ -61,7 +61,7 @@ def prefill_bytes(config, context: int, prompt: int, world: int, element: int,
     ``shard``: the largest rank's cache (all layers, with ``reserve`` appended tokens on the
     rank that stores them); ``blocks``, for ``pass-kv``: :data:`RING_BLOCKS` ring blocks of
     one layer, each at most one layer of the largest shard plus one zig-zag pair of prompt
-    K/V; for ``pass-q``: the rank's own block (which stays), two query blocks, two fp32
+    K/V; for ``pass-q``: the rank's own block (which stays), two query blocks, three fp32
     partials and one layer's incoming prompt K/V (at most a shard's layer); ``activations``:
     the hidden states, one layer's Q/K/V and one feed-forward chunk of the rank's queries
     (fp32 scores tiles are bounded by the ring's tiles and counted with them).
@@ -74,7 +74,7 @@ def prefill_bytes(config, context: int, prompt: int, world: int, element: int,
     if algorithm == "pass-q":
         query = pair * config.n_heads * config.head_dim * element
         partial = pair * config.n_heads * (config.head_dim + 1) * 4
-        blocks = block + 2 * query + 2 * partial + max(layout.lengths) * per_token
+        blocks = block + 2 * query + 3 * partial + max(layout.lengths) * per_token
     else:
         blocks = RING_BLOCKS * block
     heads = (config.n_heads + 2 * config.n_kv_heads) * config.head_dim

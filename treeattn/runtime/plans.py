@@ -151,7 +151,8 @@ def build(algorithm: str, topology, workload: DecodeWorkload, models: tuple = (N
     if algorithm == "auto":
         from treeattn.sim import plan
 
-        return plan(topology, workload, *models).schedule
+        # the runtime sends with the process group's collectives and messages: plan on those
+        return plan(topology, workload, *models, transports=("nccl",)).schedule
     return build_schedule(algorithm, topology, workload, **params)
 
 

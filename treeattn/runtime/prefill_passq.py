@@ -12,8 +12,9 @@ as pass-KV: zig-zag queries, contiguous storage):
 1. **The ring.** Step ``s`` attends the query block of origin ``o = (r - s) mod W`` over
    ``r``'s own block (its document run, then its prompt chunks' K/V) while the block moves
    on to ``r + 1`` and the next arrives from ``r - 1``. The partial ``(o, lse)`` it makes is
-   sent straight back to its origin during the next step, so a rank never keeps more than
-   one partial of others' queries; the origin merges its ``W`` partials by log-sum-exp as
+   sent straight back to its origin during the next step, so a rank holds at most two
+   partials of others' queries (the one on its way home, the one just made); the origin
+   merges its ``W`` partials by log-sum-exp as
    they arrive (the first is its own, step 0).
 2. **The K/V to their shards.** The K/V of a rank's zig-zag chunks belong to the ranks whose
    contiguous storage runs hold those positions: one point-to-point message per (source,
@@ -23,8 +24,9 @@ as pass-KV: zig-zag queries, contiguous storage):
 Every rank knows every block's, chunk's and partial's size from the layout alone, and a
 partial that sees no key (queries wholly before a block) is neither computed nor sent, on
 both sides. Held at once besides the shard: two query blocks (the one attended and
-forwarded, the one arriving), one partial going back and one arriving, and one layer's
-incoming prompt pieces (at most this rank's prompt storage of one layer).
+forwarded, the one arriving), three partials (the one going back while the next is made,
+that one, and the one arriving), and one layer's incoming prompt pieces (at most this
+rank's prompt storage of one layer).
 """
 
 from __future__ import annotations
@@ -53,14 +55,8 @@ def contributes(layout: PrefillLayout, origin: int, holder: int) -> bool:
     return bool(q_pos) and bool(k_pos) and k_pos[0] <= q_pos[-1]
 
 
-def _pack(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """One message: ``o`` (B, Hq, T, D) then ``lse`` (B, Hq, T), flat fp32."""
-    return torch.cat([o.reshape(-1), lse.reshape(-1)])
-
-
-def _unpack(flat: torch.Tensor, b: int, hq: int, t: int, d: int):
-    n = b * hq * t * d
-    return flat[:n].view(b, hq, t, d), flat[n:].view(b, hq, t)
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 def passq_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
@@ -71,6 +67,9 @@ def passq_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
     ``q`` (B, Hq, T, D) are this rank's compute queries (``layout.compute(rank)``); ``own``
     (2, B, Hkv, S, D) is its block (``layout.block(rank)``), which never moves. Returns the
     output (B, Hq, T, D) fp32, equal to :func:`treeattn.runtime.prefill_ring.ring_attention`'s.
+
+    A partial travels as its two tensors, ``o`` then ``lse``, as the kernel made them (no
+    packed copy); three tags per step keep the block and the two halves apart on gloo.
     """
     rank, world = ctx.rank, ctx.world
     transport = transport_for(ctx) if world > 1 else None
@@ -79,39 +78,43 @@ def passq_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
     size = lambda origin: len(layout.positions(origin, queries=True))  # noqa: E731
     mine = (torch.zeros(*q.shape, dtype=torch.float32, device=q.device),
             torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device))
-    current, back = q, None  # the query block attended now; the partial going home
+    current, back = q, ()  # the query block attended now; the partial going home
     for step in range(world + 1):  # the last pass only brings the last partials home
         origin = (rank - step) % world
-        sends, recvs, incoming, nxt = [], [], None, None
+        tag = PREFILL_TAG + 3 * step
+        sends, recvs, incoming, nxt = [], [], (), None
         if step < world - 1 and size((origin - 1) % world):  # the next query block
             nxt = q.new_empty(b, hq, size((origin - 1) % world), d)
-            recvs.append((nxt, (rank - 1) % world, PREFILL_TAG + 2 * step))
+            recvs.append((nxt, (rank - 1) % world, tag))
         if step < world - 1 and current.shape[2]:
-            sends.append((current, (rank + 1) % world, PREFILL_TAG + 2 * step))
-        if back is not None:  # last step's partial, to the origin of that step's block
-            sends.append((back, (origin + 1) % world, PREFILL_TAG + 2 * step + 1))
+            sends.append((current, (rank + 1) % world, tag))
+        for i, half in enumerate(back):  # last step's partial, to that step's origin
+            sends.append((half, (origin + 1) % world, tag + 1 + i))
         helper = (rank + step - 1) % world  # who attended our queries in the last step
         if step >= 1 and helper != rank and contributes(layout, rank, helper):
-            incoming = q.new_empty(b * hq * size(rank) * (d + 1), dtype=torch.float32)
-            recvs.append((incoming, helper, PREFILL_TAG + 2 * step + 1))
+            incoming = (q.new_empty(b, hq, size(rank), d, dtype=torch.float32),
+                        q.new_empty(b, hq, size(rank), dtype=torch.float32))
+            recvs += [(half, helper, tag + 1 + i) for i, half in enumerate(incoming)]
         pending = post_p2p(ctx, transport, sends, recvs) if world > 1 else []
-        if stats is not None:
-            stats.bytes_sent += sum(t.numel() * t.element_size() for t, _, _ in sends)
-            held = sum(x.numel() * x.element_size() for x in (current, nxt, back, incoming)
-                       if x is not None and x is not q)
-            stats.peak_block_bytes = max(stats.peak_block_bytes, held)
-        back = None
+        part = ()
         if step < world and contributes(layout, origin, rank):
             part = causal_partial(current, layout.positions(origin, queries=True), own,
                                   k_pos, scale)
-            if origin == rank:
-                mine = merge_partials(mine, part)
-            else:
-                back = _pack(*part)
+        if stats is not None:  # everything alive now: blocks, the partial going out, the
+            # one just made, the one arriving
+            stats.bytes_sent += _nbytes(t for t, _, _ in sends)
+            held = _nbytes((nxt, *back, *part, *incoming)) + (
+                _nbytes((current,)) if current is not q else 0)
+            stats.peak_block_bytes = max(stats.peak_block_bytes, held)
         for work, peer in pending:
             wait_work(work, ctx, peer, f"prefill pass-Q step {step}")
-        if incoming is not None:
-            mine = merge_partials(mine, _unpack(incoming, b, hq, size(rank), d))
+        back = ()
+        if part and origin == rank:
+            mine = merge_partials(mine, part)
+        elif part:
+            back = part
+        if incoming:
+            mine = merge_partials(mine, incoming)
         if step < world - 1:
             current = nxt if nxt is not None else q.new_empty(b, hq, 0, d)
     return mine[0]

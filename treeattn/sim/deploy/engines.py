@@ -32,7 +32,10 @@ Symmetric memory: where the best backend is priced on NCCL's symmetric kernels
 too: vLLM's environment ``VLLM_USE_NCCL_SYMM_MEM=1`` with ``NCCL_NVLS_ENABLE=1`` and
 ``NCCL_CUMEM_ENABLE=1`` (vLLM's ``benchmarks/kernels/benchmark_device_communicators.py``
 documents the three together; vLLM PR #24532), SGLang's ``--enable-symm-mem`` ("Enable NCCL
-symmetric memory for fast collectives", ``server_args.py``).
+symmetric memory for fast collectives", ``server_args.py``). Each engine routes a collective
+to them within its own size thresholds (vLLM: ``should_nccl_symm_mem_allreduce`` and
+``should_nccl_symm_mem_ag_rs``), which are not modelled: the backend is priced as if every
+collective it can run there did.
 
 Constraints: ``tp % dcp == 0`` (both); for GQA models vLLM shards only the KV heads that
 tensor parallelism replicates, so ``tp // num_kv_heads >= dcp``; SGLang documents DCP for MLA

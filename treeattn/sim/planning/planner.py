@@ -33,9 +33,8 @@ takes. What is enumerated for ``p`` ranks on ``h`` hosts (pruning rules that kee
 * ring-passq for p ≤ 256 (ring's recurrence on query blocks, then its exact collective
   tail): its schedule has p steps on each of p ranks, and its p − 1 serial hops already lose
   to every collective well before that size (on 16 DGX H100 nodes it is 9× the winner);
-* inside one NVLink domain where NCCL's symmetric kernels run, the collective plans and
-  treeattn's trees, butterfly and all-gather again on that transport
-  (:func:`symmetric_variants`, named ``…@nccl-symm``).
+* inside one NVLink domain where NCCL's symmetric kernels run, every plan again on that
+  transport (:func:`symmetric_variants`, named ``…@nccl-symm``).
 
 :meth:`Plan.explain` says in one paragraph why the winner wins.
 """
@@ -52,7 +51,7 @@ from treeattn.sim.algorithms.trees import Tree
 from treeattn.sim.closed_form import closed_form, collective_schedule, ring_passq
 from treeattn.sim.engine import simulate
 from treeattn.sim.memory import peak_memory
-from treeattn.sim.network import CostModel
+from treeattn.sim.network import TRANSPORTS, CostModel
 from treeattn.sim.parallel import cp_group, cp_view
 from treeattn.sim.payloads import SimError
 from treeattn.sim.planning.candidates import (
@@ -225,9 +224,6 @@ def run_candidate(c: Candidate, topology, cm: CostModel) -> None:
     c.result = simulate(schedule, topology, cm.workload, costs=cm, timeline=cm.world <= 4096)
 
 
-SYMMETRIC_OWN = ("tree", "butterfly", "allgather")  # treeattn's schedules of messages
-
-
 def symmetric_variants(cands: list[Candidate], topology, cm: CostModel) -> list[Candidate]:
     """The scored plans again on NCCL's symmetric-memory transport, scored; [] where this
     cluster does not offer it (more than one NVLink domain, no NVSwitch, not Hopper or
@@ -236,9 +232,10 @@ def symmetric_variants(cands: list[Candidate], topology, cm: CostModel) -> list[
     * Collective plans (the baselines, and ``allreduce3`` over collectives) where at least
       one of their collectives runs on NCCL's symmetric kernels; a max falls back to NCCL's
       regular algorithms, as NCCL itself does.
-    * treeattn's own schedules of messages (trees, butterfly, all-gather of partials), each
-      message a store into the peer's window (:mod:`treeattn.sim.nccl.p2p`): the
-      like-for-like comparison with the baselines on the same transport.
+    * Every schedule of messages, treeattn's (trees, butterfly, all-gather of partials) and
+      the baselines' (Ring Attention's pass-KV ring, the pass-Q ring, the paper's
+      all-reduces over trees or a ring), each message a store into the peer's window
+      (:mod:`treeattn.sim.nccl.p2p`): the like-for-like comparison on the same transport.
 
     Why: engines run their merges on symmetric memory inside one NVLink domain (vLLM's
     pynccl symmetric path, NCCL's registered windows), so there the strongest baseline is
@@ -251,28 +248,36 @@ def symmetric_variants(cands: list[Candidate], topology, cm: CostModel) -> list[
         return []
     out = []
     for c in cands:
-        if is_collective(c) and c.built is not None:
+        if is_collective(c):
+            if c.built is None:
+                continue
             steps = (s for rank in c.built.steps for s in rank if isinstance(s, Collective))
-            if any(symm.symmetric(s.op, s.group) for s in steps):
-                variant = on_transport(c, symm)
-                variant.bound_s = float(collective_schedule(symm, variant.built))
-                out.append(variant)
-        elif c.algorithm in SYMMETRIC_OWN:
+            if not any(symm.symmetric(s.op, s.group) for s in steps):
+                continue
+            variant = on_transport(c, symm)
+            variant.bound_s = float(collective_schedule(symm, variant.built))
+        elif c.algorithm == "ring-passq":
+            variant = on_transport(c, symm)
+            variant.bound_s = float(ring_passq(symm, variant.built))
+        else:
             variant = on_transport(c, symm)
             variant.trees = list(c.trees)
-            variant.bound_s = float(closed_form(c.algorithm, symm, variant.trees, "tree"))
-            out.append(variant)
+            variant.bound_s = float(closed_form(c.algorithm, symm, variant.trees,
+                                                c.params.get("inner", "tree")))
+        out.append(variant)
     return out
 
 
 def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
          algorithms: tuple[str, ...] | None = None, max_simulated: int | None = None,
-         simulate_each: bool = False, prune: bool = True) -> Plan:
+         simulate_each: bool = False, prune: bool = True,
+         transports: tuple[str, ...] = TRANSPORTS) -> Plan:
     """Pick the fastest way to reduce one decode step's attention on ``topology``.
 
     ``algorithms`` restricts the search; ``simulate_each`` also simulates the best-bounded
     candidate of every algorithm (for side-by-side predictions); ``prune=False`` simulates
-    every candidate small enough to simulate (for checking the pruning).
+    every candidate small enough to simulate (for checking the pruning); ``transports``
+    limits how collectives and messages may run (treeattn's runtime runs ``("nccl",)``).
 
     Examples
     --------
@@ -284,9 +289,13 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     if workload.tp > 1:  # plan one context-parallel group on its own GPUs and heads
         group_topology, group_workload = cp_view(topology, workload)
         if isinstance(hardware, list | tuple):  # one model per GPU: those of the group's GPUs
+            if len(hardware) != topology.num_gpus:
+                raise SimError(f"hardware must be a HardwareModel or a list of "
+                               f"{topology.num_gpus} of them")
             hardware = [hardware[r] for r in cp_group(topology.num_gpus, workload.tp)]
         chosen = plan(group_topology, group_workload, hardware, backend, algorithms=algorithms,
-                      max_simulated=max_simulated, simulate_each=simulate_each, prune=prune)
+                      max_simulated=max_simulated, simulate_each=simulate_each, prune=prune,
+                      transports=transports)
         chosen.cluster, chosen.tp = topology, workload.tp
         return chosen
     cm = CostModel(topology, workload, hardware, backend)
@@ -299,7 +308,8 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     refused = score(cands, topology, cm)
     if not cands:
         raise SimError("; ".join(refused.values()) or "no candidate to plan")
-    cands += symmetric_variants(cands, topology, cm)
+    if "nccl-symm" in transports:
+        cands += symmetric_variants(cands, topology, cm)
     cands.sort(key=lambda c: (c.bound_s, c.name))
     budget = max_simulated or (8 if cm.world <= 64 else 3 if cm.world <= 2048 else 1)
     best, used = math.inf, 0

@@ -22,8 +22,9 @@ The algorithms differ in what travels and what overlaps:
   query blocks go round instead, with the same overlap; the partial output a rank makes for
   another's queries goes straight back to their owner during the next step (overlapped
   too, as :mod:`treeattn.runtime.prefill_passq` runs it); and since the K/V never moved,
-  each rank's zig-zag prompt K/V must still reach its contiguous storage shard: one
-  all-to-all of prompt K/V per layer.
+  each rank's zig-zag prompt K/V must still reach its contiguous storage shard: one message
+  per (computing rank, storing rank) pair per layer, each rank's sends and receives taking
+  turns on its links (:func:`_to_storage`).
 * ``all-gather-kv`` (Llama 3's context parallelism, Dubey et al. 2024, arXiv 2407.21783):
   one all-gather of every rank's K/V per layer, then every rank attends its queries over the
   whole layer, with no overlap; each rank holds the whole layer's K/V meanwhile.
@@ -51,6 +52,9 @@ from treeattn.sim.prefill.layout import PrefillLayout
 from treeattn.sim.workload import FP32, DecodeWorkload
 
 PREFILL_ALGORITHMS = ("pass-kv", "pass-q", "all-gather-kv")
+# The pricing holds a handful of (W, W) float64 arrays and every pair's route: 4096 GPUs is
+# about 1 GiB and half a minute; past that it is refused, not run out of memory.
+MAX_PREFILL_GPUS = 4096
 SOURCES = {"pass-kv": "Ring Attention (pass-KV)", "pass-q": "Meta CP (pass-Q)",
            "all-gather-kv": "Llama 3 CP (all-gather KV)"}
 
@@ -74,10 +78,11 @@ class PrefillPrediction:
                 "fits": self.fits}
 
 
-def _pair_matrix(layout: PrefillLayout) -> np.ndarray:
+def _pair_matrix(layout: PrefillLayout, rows: int = 256) -> np.ndarray:
     """(W, W) causal (query, key) pairs: ``[q_of, k_of]``, the queries of rank ``q_of`` over
     the block of rank ``k_of`` (:func:`~treeattn.sim.prefill.layout.causal_pairs`, summed over
-    their runs), vectorised: a rank has at most 2 query runs and 3 block runs."""
+    their runs), vectorised: a rank has at most 2 query runs and 3 block runs. Built
+    ``rows`` query ranks at a time, so the temporaries stay (rows, W, 2, 3)."""
     w = layout.world
     qa, qb = np.zeros((w, 2)), np.zeros((w, 2))
     ka, kb = np.zeros((w, 3)), np.zeros((w, 3))
@@ -86,14 +91,17 @@ def _pair_matrix(layout: PrefillLayout) -> np.ndarray:
             qa[r, i], qb[r, i] = a, b
         for j, (a, b) in enumerate(layout.block(r)):
             ka[r, j], kb[r, j] = a, b
-    qa, qb = qa[:, None, :, None], qb[:, None, :, None]  # (W, 1, 2, 1)
     ka, kb = ka[None, :, None, :], kb[None, :, None, :]  # (1, W, 1, 3)
-    lo, hi = np.maximum(qa, ka), np.minimum(qb, kb)
     tri = lambda n: n * (n + 1) / 2  # noqa: E731
-    inside = np.where(hi > lo, tri(hi - ka) - tri(lo - ka), 0.0)
-    past = np.maximum(0.0, qb - np.maximum(qa, kb)) * (kb - ka)
-    empty = (qb <= ka) | (kb <= ka) | (qb <= qa)
-    return np.where(empty, 0.0, inside + past).sum(axis=(2, 3))
+    out = np.empty((w, w))
+    for r0 in range(0, w, rows):
+        a, b = qa[r0:r0 + rows, None, :, None], qb[r0:r0 + rows, None, :, None]  # (n,1,2,1)
+        lo, hi = np.maximum(a, ka), np.minimum(b, kb)
+        inside = np.where(hi > lo, tri(hi - ka) - tri(lo - ka), 0.0)
+        past = np.maximum(0.0, b - np.maximum(a, kb)) * (kb - ka)
+        empty = (b <= ka) | (kb <= ka) | (b <= a)
+        out[r0:r0 + rows] = np.where(empty, 0.0, inside + past).sum(axis=(2, 3))
+    return out
 
 
 def _attention_times(hw, nbytes: np.ndarray, flops: np.ndarray) -> np.ndarray:
@@ -111,6 +119,10 @@ class _Prefill:
     def __init__(self, topology, model, prompt: int, hardware=None, backend=None,
                  context: int = 0) -> None:
         self.world = topology.num_gpus
+        if self.world > MAX_PREFILL_GPUS:
+            raise SimError(f"the prefill is priced on at most {MAX_PREFILL_GPUS:,} GPUs (it "
+                           f"holds arrays of every GPU pair); this cluster has "
+                           f"{self.world:,}")
         if prompt < 1:
             raise SimError(f"prefill needs at least one prompt token, got {prompt}")
         if context < 0:
@@ -228,12 +240,59 @@ def _pass_q(p: _Prefill) -> PrefillPrediction:
             sent = (helper != ranks) & (p.pairs[ranks, helper] > 0)
             back = lat[helper, ranks] + partial * inv[helper, ranks] + overheads
             t = np.maximum(t, start[helper] + np.where(sent, back, 0.0))
-    kv = p.queries.max() * p.per_token  # each rank's prompt K/V, to their storage owners
-    moved = p.collective(CollectiveOp.ALL_TO_ALL, kv) if w > 1 else 0.0
+    pieces = _moved_matrix(p.layout) * p.per_token  # (W, W) prompt K/V [computed, stored]
+    ends = _to_storage(p, t, pieces) if w > 1 else t
+    kv = float(pieces.sum(axis=1).max()) if w > 1 else 0.0  # the most one rank sends
     comm = qbytes.max() * (w - 1) + partial.max() * (w - 1) + kv
     own = p.block_tokens.max() * p.per_token
-    return p.finish("pass-q", t + moved, comm,
-                    own + 2 * qbytes.max() + 2 * partial.max() + kv)
+    landing = float(pieces.sum(axis=0).max()) if w > 1 else 0.0
+    return p.finish("pass-q", ends, comm,
+                    own + 2 * qbytes.max() + 3 * partial.max() + landing)
+
+
+def _moved_matrix(layout: PrefillLayout) -> np.ndarray:
+    """(W, W) prompt positions rank ``k`` computed that rank ``o`` stores, ``[k, o]``, off
+    the diagonal (a rank's own pieces are stored in place)."""
+    w = layout.world
+    qa, qb = np.zeros((w, 2)), np.zeros((w, 2))
+    for r in range(w):
+        for i, (a, b) in enumerate(layout.compute(r)):
+            qa[r, i], qb[r, i] = a, b
+    lo = np.array([layout.storage(r)[0] for r in range(w)], dtype=float)
+    hi = np.array([layout.storage(r)[1] for r in range(w)], dtype=float)
+    out = np.zeros((w, w))
+    for i in range(2):  # (W, 1) runs against (1, W) storage runs
+        out += np.maximum(0.0, np.minimum(qb[:, i, None], hi[None, :])
+                          - np.maximum(qa[:, i, None], lo[None, :]))
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
+def _to_storage(p: _Prefill, ready: np.ndarray, pieces: np.ndarray) -> np.ndarray:
+    """End times of the K/V pieces' messages, all posted at once when each sender is ready.
+
+    Our model of one round of point-to-point messages between every pair: a rank's pieces
+    leave one after another over its links, and a rank's incoming pieces arrive one after
+    another over its links, each at its route's bandwidth as NCCL's protocol sees it, after
+    the first's latency. With a long cached context the prompt's K/V all belong to the last
+    ranks, so their incoming side is what takes the time, which an even all-to-all would
+    not show."""
+    w = p.world
+    sizes = np.unique(pieces[pieces > 0])
+    protocol = {float(n): p.cm.p2p.protocol(float(n)) for n in sizes}
+    lat, inv = np.zeros((w, w)), np.zeros((w, w))
+    for k in set(protocol.values()):
+        size = next(n for n, q in protocol.items() if q == k)
+        pick = np.isin(pieces, [n for n, q in protocol.items() if q == k])
+        mat_lat, mat_inv = p.cm.p2p.summary_matrices(size)
+        lat, inv = np.where(pick, mat_lat, lat), np.where(pick, mat_inv, inv)
+    some = pieces > 0
+    overheads = p.cm.least_send_s + p.cm.least_recv_s
+    wire = pieces * inv  # (W, W) seconds on the wire, [sender, receiver]
+    first = np.where(some, ready[:, None] + lat + overheads, -np.inf)  # (W, W)
+    received = np.where(some.any(axis=0), first.max(axis=0) + wire.sum(axis=0), 0.0)
+    sent = ready + wire.sum(axis=1)
+    return np.maximum.reduce([ready, received, sent])
 
 
 def _all_gather(p: _Prefill) -> PrefillPrediction:
