@@ -48,7 +48,7 @@ from treeattn.runtime.prefill_ring import (
     ring_attention,
     run_positions,
 )
-from treeattn.sim.prefill.layout import PrefillLayout
+from treeattn.sim.prefill.layout import PrefillLayout, run_pieces
 
 DOCUMENT_PIECE = 4096  # positions of the document rotated at once
 RING_BLOCKS = 3  # a rank's own block, the one attended and forwarded, the one arriving
@@ -116,16 +116,11 @@ class _RingBackend:
         return o.to(q.dtype)  # (B, Hq, T, D)
 
     def _keep(self, layer: int, src: int, block: torch.Tensor) -> None:
-        """Store the prompt pieces of ``src``'s block that lie in this rank's storage run."""
+        """Store the prompt pieces of ``src``'s block that lie in this rank's storage run
+        (document runs are their own rank's, stored already)."""
         lo, hi = self.storage
-        offset = 0
-        for a, b in self.layout.block(src):
-            if a >= self.layout.context:  # document runs are their own rank's, stored already
-                s, e = max(a, lo), min(b, hi)
-                if s < e:
-                    piece = block[:, :, :, offset + s - a : offset + e - a]  # (2,B,Hkv,n,D)
-                    self.cache.put(layer, s - lo, piece)
-            offset += b - a
+        for offset, s, e in run_pieces(self.layout.block(src), max(lo, self.layout.context), hi):
+            self.cache.put(layer, s - lo, block[:, :, :, offset : offset + e - s])
 
 
 def _fill_document(cache: ShardedKVCache, model: Transformer, layout: PrefillLayout,

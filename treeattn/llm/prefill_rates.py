@@ -21,6 +21,7 @@ from them and compared with the measurement.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -82,23 +83,21 @@ def attention_rate(m: ModelConfig, layout: PrefillLayout, rank: int, algorithm: 
     work = []
     pairs = 0
     for q_of, k_of in attention_work(layout, rank, algorithm):
-        q_pos, k_pos = layout.positions(q_of, queries=True), layout.positions(k_of)
-        if not q_pos or not k_pos or k_pos[0] > q_pos[-1]:
+        if not layout.sees(q_of, k_of):
             continue
+        q_pos, k_pos = layout.positions(q_of, queries=True), layout.positions(k_of)
         q = torch.randn(1, m.n_heads, len(q_pos), m.head_dim, generator=g)  # (B, Hq, T, D)
         kv = torch.randn(2, 1, m.n_kv_heads, len(k_pos), m.head_dim, generator=g)
-        work.append((q, q_pos, kv, k_pos))
+        empty = (torch.zeros(*q.shape), torch.full(q.shape[:3], -math.inf))  # identity
+        work.append((q, q_pos, kv, k_pos, empty))
         pairs += sum(causal_pairs(a, b) for a in layout.compute(q_of)
                      for b in layout.block(k_of))
     if not pairs:
         return 0.0
 
-    def attend():  # as a ring step does it: the kernel, then its partial merged in
-        acc = None
-        for q, q_pos, kv, k_pos in work:
-            part = causal_partial(q, q_pos, kv, k_pos)
-            acc = part if acc is None or acc[0].shape != part[0].shape else merge_partials(
-                acc, part)
+    def attend():  # as the rings do it: the kernel, then one merge of its partial
+        for q, q_pos, kv, k_pos, empty in work:
+            merge_partials(empty, causal_partial(q, q_pos, kv, k_pos))
 
     return 4.0 * m.n_heads * m.head_dim * pairs / typical_time(attend, 3)
 

@@ -44,15 +44,9 @@ from treeattn.runtime.prefill_ring import (
     post_p2p,
 )
 from treeattn.runtime.transport import transport_for
-from treeattn.sim.prefill.layout import PrefillLayout, Run
+from treeattn.sim.prefill.layout import PrefillLayout, run_pieces
 
 KV_TAG = PREFILL_TAG - 1  # the K/V pieces' tag: below the ring steps', above the mailboxes'
-
-
-def contributes(layout: PrefillLayout, origin: int, holder: int) -> bool:
-    """Whether ``holder``'s block holds a key that some query of ``origin`` sees."""
-    q_pos, k_pos = layout.positions(origin, queries=True), layout.positions(holder)
-    return bool(q_pos) and bool(k_pos) and k_pos[0] <= q_pos[-1]
 
 
 def _nbytes(tensors) -> int:
@@ -91,13 +85,13 @@ def passq_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
         for i, half in enumerate(back):  # last step's partial, to that step's origin
             sends.append((half, (origin + 1) % world, tag + 1 + i))
         helper = (rank + step - 1) % world  # who attended our queries in the last step
-        if step >= 1 and helper != rank and contributes(layout, rank, helper):
+        if step >= 1 and helper != rank and layout.sees(rank, helper):
             incoming = (q.new_empty(b, hq, size(rank), d, dtype=torch.float32),
                         q.new_empty(b, hq, size(rank), dtype=torch.float32))
             recvs += [(half, helper, tag + 1 + i) for i, half in enumerate(incoming)]
         pending = post_p2p(ctx, transport, sends, recvs) if world > 1 else []
         part = ()
-        if step < world and contributes(layout, origin, rank):
+        if step < world and layout.sees(origin, rank):
             part = causal_partial(current, layout.positions(origin, queries=True), own,
                                   k_pos, scale)
         if stats is not None:  # everything alive now: blocks, the partial going out, the
@@ -120,17 +114,6 @@ def passq_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
     return mine[0]
 
 
-def _pieces(runs: tuple[Run, ...], lo: int, hi: int) -> list[tuple[int, int, int]]:
-    """``(offset in runs, start, stop)`` of the parts of ``runs`` inside ``lo .. hi - 1``."""
-    out, offset = [], 0
-    for a, b in runs:
-        s, e = max(a, lo), min(b, hi)
-        if s < e:
-            out.append((offset + s - a, s, e))
-        offset += b - a
-    return out
-
-
 def send_to_storage(ctx: RankContext, layout: PrefillLayout, mine: torch.Tensor, put,
                     stats: RingStats | None = None) -> None:
     """Move one layer's prompt K/V from the ranks that computed them to the ranks that store
@@ -142,14 +125,14 @@ def send_to_storage(ctx: RankContext, layout: PrefillLayout, mine: torch.Tensor,
     sends, recvs, landing = [], [], []
     for peer in range(world):
         if peer == rank:
-            for offset, s, e in _pieces(layout.compute(rank), lo, hi):
+            for offset, s, e in run_pieces(layout.compute(rank), lo, hi):
                 put(s, mine[:, :, :, offset:offset + e - s])
             continue
-        out = _pieces(layout.compute(rank), *layout.storage(peer))
+        out = run_pieces(layout.compute(rank), *layout.storage(peer))
         if out:
             piece = torch.cat([mine[:, :, :, o:o + e - s] for o, s, e in out], dim=3)
             sends.append((piece, peer, KV_TAG))
-        into = _pieces(layout.compute(peer), lo, hi)
+        into = run_pieces(layout.compute(peer), lo, hi)
         if into:
             n = sum(e - s for _, s, e in into)
             buf = mine.new_empty(*mine.shape[:3], n, mine.shape[4])  # (2, B, Hkv, n, D)
@@ -159,8 +142,8 @@ def send_to_storage(ctx: RankContext, layout: PrefillLayout, mine: torch.Tensor,
         return
     pending = post_p2p(ctx, transport_for(ctx), sends, recvs)
     if stats is not None:
-        stats.bytes_sent += sum(t.numel() * t.element_size() for t, _, _ in sends)
-        held = sum(t.numel() * t.element_size() for t, _, _ in sends + recvs)
+        stats.bytes_sent += _nbytes(t for t, _, _ in sends)
+        held = _nbytes(t for t, _, _ in sends + recvs)
         stats.peak_block_bytes = max(stats.peak_block_bytes, held)
     for work, peer in pending:
         wait_work(work, ctx, peer, "prefill K/V to their shards")

@@ -173,9 +173,9 @@ def ring_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
             stats.peak_block_bytes = max(stats.peak_block_bytes, held)
         if current.shape[3]:
             keep(src, current)
-            k_pos = layout.positions(src)
-            if t and k_pos[0] <= q_pos[-1]:
-                acc = merge_partials(acc, causal_partial(q, q_pos, current, k_pos, scale))
+            if layout.sees(rank, src):
+                acc = merge_partials(acc, causal_partial(q, q_pos, current,
+                                                         layout.positions(src), scale))
         for work, peer in pending:
             wait_work(work, ctx, peer, f"prefill ring step {step}")
         if step < world - 1:

@@ -364,11 +364,9 @@ class CostModel:
             latency, per_byte = self.net.summary(group[0], group[1])
             return gloo_collective_time(op, len(group), nbytes, self.send_s + self.recv_s
                                         + latency, per_byte)
-        from treeattn.sim.nccl.collectives import GroupShape, collective_cost
+        from treeattn.sim.nccl.collectives import collective_cost
 
-        shape = self._group_shapes.get(group)
-        if shape is None:
-            shape = self._group_shapes[group] = GroupShape.of(self.topology, group)
+        shape = self._shape(group)
         if self.backend.calibration is not None:  # measured on this cluster: trust it
             return self.backend.calibration.time_s(op.library_op, max(1, nbytes), shape)
         if self.symmetric(op, group):
@@ -382,14 +380,19 @@ class CostModel:
         ``nccl-symm`` and NCCL has a kernel for this op, reduction and group)."""
         if self.transport != "nccl-symm" or len(group) < 2:
             return False
-        from treeattn.sim.nccl.collectives import GroupShape
         from treeattn.sim.nccl.symmetric import unavailable
 
         op = CollectiveOp(op)
+        return unavailable(op.library_op, self._shape(group), _reduction(op)) is None
+
+    def _shape(self, group: tuple[int, ...]):
+        """How the tuning model sees the communicator of ``group`` (cached)."""
+        from treeattn.sim.nccl.group_shape import GroupShape
+
         shape = self._group_shapes.get(group)
         if shape is None:
             shape = self._group_shapes[group] = GroupShape.of(self.topology, group)
-        return unavailable(op.library_op, shape, _reduction(op)) is None
+        return shape
 
 
 def _reduction(op: CollectiveOp) -> str:

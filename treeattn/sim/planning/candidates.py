@@ -28,8 +28,12 @@ class Candidate:
     bound_s: float = float("inf")
     result: SimResult | None = None
     built: Schedule | None = field(default=None, repr=False)  # kept when scoring built it
-    transport: str = "nccl"  # how its collectives run (treeattn.sim.network.TRANSPORTS)
     costs: object = field(default=None, repr=False)  # its CostModel when not the plan's
+
+    @property
+    def transport(self) -> str:
+        """How its collectives and messages run (:data:`treeattn.sim.network.TRANSPORTS`)."""
+        return self.costs.transport if self.costs is not None else "nccl"
 
     @property
     def latency_s(self) -> float:
@@ -117,7 +121,7 @@ def on_transport(c: Candidate, costs) -> Candidate:
     """The same collective plan with its collectives priced by ``costs`` (a CostModel of
     another transport), named for that transport."""
     return Candidate(f"{c.name}@{costs.transport}", c.algorithm, dict(c.params),
-                     built=c.built, transport=costs.transport, costs=costs)
+                     trees=list(c.trees), built=c.built, costs=costs)
 
 
 # -- the plan ----------------------------------------------------------------------------

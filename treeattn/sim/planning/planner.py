@@ -193,18 +193,26 @@ def score(cands: list[Candidate], topology, cm: CostModel) -> dict[str, str]:
                 refused[c.algorithm] = str(err)
                 cands.remove(c)
                 continue
-            c.bound_s = float(collective_schedule(cm, c.built))
-            continue
-        if c.algorithm == "ring-passq":  # ring's recurrence on query blocks + exact tail
+        elif c.algorithm == "ring-passq":
             c.built = schedule_for(c, topology, cm.workload)
-            c.bound_s = float(ring_passq(cm, c.built))
-            continue
-        if c.algorithm == "tree" or c.params.get("inner") == "tree":
+        elif c.algorithm == "tree" or c.params.get("inner") == "tree":
             kw = {k: v for k, v in c.params.items() if k != "inner" or c.algorithm == "tree"}
             c.trees = make_trees(topology, kw.pop("shape", "binomial"), backend=cm.backend,
                                  message_bytes=cm.workload.partial_bytes, **kw)
-        c.bound_s = float(closed_form(c.algorithm, cm, c.trees, c.params.get("inner", "tree")))
+        c.bound_s = bound(c, cm)
     return refused
+
+
+def bound(c: Candidate, cm: CostModel) -> float:
+    """The candidate's closed-form latency (a lower bound) under its own cost model, or
+    ``cm`` when it has none: exact for collective plans, ring's recurrence on query blocks
+    plus its exact tail for ring-passq, the message closed forms otherwise."""
+    cm = c.costs or cm
+    if is_collective(c):
+        return float(collective_schedule(cm, c.built))
+    if c.algorithm == "ring-passq":
+        return float(ring_passq(cm, c.built))
+    return float(closed_form(c.algorithm, cm, c.trees, c.params.get("inner", "tree")))
 
 
 def schedule_for(c: Candidate, topology, workload: DecodeWorkload) -> Schedule:
@@ -249,21 +257,11 @@ def symmetric_variants(cands: list[Candidate], topology, cm: CostModel) -> list[
     out = []
     for c in cands:
         if is_collective(c):
-            if c.built is None:
-                continue
             steps = (s for rank in c.built.steps for s in rank if isinstance(s, Collective))
             if not any(symm.symmetric(s.op, s.group) for s in steps):
-                continue
-            variant = on_transport(c, symm)
-            variant.bound_s = float(collective_schedule(symm, variant.built))
-        elif c.algorithm == "ring-passq":
-            variant = on_transport(c, symm)
-            variant.bound_s = float(ring_passq(symm, variant.built))
-        else:
-            variant = on_transport(c, symm)
-            variant.trees = list(c.trees)
-            variant.bound_s = float(closed_form(c.algorithm, symm, variant.trees,
-                                                c.params.get("inner", "tree")))
+                continue  # nothing of it runs there: the same plan at the same price
+        variant = on_transport(c, symm)
+        variant.bound_s = bound(variant, cm)
         out.append(variant)
     return out
 

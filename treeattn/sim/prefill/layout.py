@@ -110,9 +110,31 @@ class PrefillLayout:
     def _positions(self) -> dict:
         return {}
 
+    def sees(self, q_of: int, k_of: int) -> bool:
+        """Whether some query of ``q_of`` sees some key of ``k_of``'s block: the attention
+        of the one over the other is not empty (both rings skip it otherwise)."""
+        q_pos, k_pos = self.positions(q_of, queries=True), self.positions(k_of)
+        return bool(q_pos) and bool(k_pos) and k_pos[0] <= q_pos[-1]
+
     def pairs(self, rank: int) -> int:
         """Causal (query, key) pairs ``rank`` attends: the balance the zig-zag buys."""
         return sum(b * (b + 1) // 2 - a * (a + 1) // 2 for a, b in self.compute(rank))
+
+
+def run_pieces(runs: tuple[Run, ...], lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """``(offset, start, stop)`` of each part of ``runs`` inside positions ``lo .. hi - 1``,
+    ``offset`` counted along the runs laid end to end (as in a block).
+
+    >>> run_pieces(((0, 4), (10, 14)), 2, 12)
+    [(2, 2, 4), (4, 10, 12)]
+    """
+    out, offset = [], 0
+    for a, b in runs:
+        s, e = max(a, lo), min(b, hi)
+        if s < e:
+            out.append((offset + s - a, s, e))
+        offset += b - a
+    return out
 
 
 def causal_pairs(q: Run, k: Run) -> int:

@@ -78,19 +78,23 @@ class PrefillPrediction:
                 "fits": self.fits}
 
 
+def _runs(of, world: int, most: int) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and stops (world, most) of the runs ``of(rank)`` gives; missing runs empty."""
+    starts, stops = np.zeros((world, most)), np.zeros((world, most))
+    for r in range(world):
+        for i, (a, b) in enumerate(of(r)):
+            starts[r, i], stops[r, i] = a, b
+    return starts, stops
+
+
 def _pair_matrix(layout: PrefillLayout, rows: int = 256) -> np.ndarray:
     """(W, W) causal (query, key) pairs: ``[q_of, k_of]``, the queries of rank ``q_of`` over
     the block of rank ``k_of`` (:func:`~treeattn.sim.prefill.layout.causal_pairs`, summed over
     their runs), vectorised: a rank has at most 2 query runs and 3 block runs. Built
     ``rows`` query ranks at a time, so the temporaries stay (rows, W, 2, 3)."""
     w = layout.world
-    qa, qb = np.zeros((w, 2)), np.zeros((w, 2))
-    ka, kb = np.zeros((w, 3)), np.zeros((w, 3))
-    for r in range(w):
-        for i, (a, b) in enumerate(layout.compute(r)):
-            qa[r, i], qb[r, i] = a, b
-        for j, (a, b) in enumerate(layout.block(r)):
-            ka[r, j], kb[r, j] = a, b
+    qa, qb = _runs(layout.compute, w, 2)  # (W, 2) each
+    ka, kb = _runs(layout.block, w, 3)  # (W, 3) each
     ka, kb = ka[None, :, None, :], kb[None, :, None, :]  # (1, W, 1, 3)
     tri = lambda n: n * (n + 1) / 2  # noqa: E731
     out = np.empty((w, w))
@@ -220,13 +224,8 @@ def _pass_q(p: _Prefill) -> PrefillPrediction:
     partial = p.queries * m.n_heads * (m.head_dim + 1) * FP32
     ranks = np.arange(w)
     prev = (ranks - 1) % w
-    # the partials go between every pair over the ring's steps: all pairs' routes at once,
-    # for each protocol the partials' sizes take (their sizes differ by a query at most)
-    protocol = np.array([p.cm.p2p.protocol(float(n)) for n in partial])
-    matrices = {k: p.cm.p2p.summary_matrices(float(partial[protocol == k][0]))
-                for k in set(protocol.tolist())}
-    lat = np.stack([matrices[k][0][:, r] for r, k in enumerate(protocol)], axis=1)
-    inv = np.stack([matrices[k][1][:, r] for r, k in enumerate(protocol)], axis=1)
+    # the partials go between every pair over the ring's steps: all pairs' routes at once
+    lat, inv = _pair_summaries(p, np.broadcast_to(partial[None, :], (w, w)))
     overheads = p.cm.least_send_s + p.cm.least_recv_s
     t = p.proj.copy()
     for s in range(w + 1):  # the last pass only brings the last partials home
@@ -254,10 +253,7 @@ def _moved_matrix(layout: PrefillLayout) -> np.ndarray:
     """(W, W) prompt positions rank ``k`` computed that rank ``o`` stores, ``[k, o]``, off
     the diagonal (a rank's own pieces are stored in place)."""
     w = layout.world
-    qa, qb = np.zeros((w, 2)), np.zeros((w, 2))
-    for r in range(w):
-        for i, (a, b) in enumerate(layout.compute(r)):
-            qa[r, i], qb[r, i] = a, b
+    qa, qb = _runs(layout.compute, w, 2)
     lo = np.array([layout.storage(r)[0] for r in range(w)], dtype=float)
     hi = np.array([layout.storage(r)[1] for r in range(w)], dtype=float)
     out = np.zeros((w, w))
@@ -266,6 +262,22 @@ def _moved_matrix(layout: PrefillLayout) -> np.ndarray:
                           - np.maximum(qa[:, i, None], lo[None, :]))
     np.fill_diagonal(out, 0.0)
     return out
+
+
+def _pair_summaries(p: _Prefill, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(W, W) latency and inverse bandwidth of a message of ``nbytes[src, dst]`` between
+    every pair, each with the protocol NCCL picks for its size (one pass over all routes
+    per protocol, :meth:`~treeattn.sim.nccl.p2p.P2PModel.summary_matrices`)."""
+    w = p.world
+    lat, inv = np.zeros((w, w)), np.zeros((w, w))
+    by_protocol: dict[int, list[float]] = {}
+    for n in np.unique(nbytes[nbytes > 0]):
+        by_protocol.setdefault(p.cm.p2p.protocol(float(n)), []).append(float(n))
+    for sizes in by_protocol.values():
+        pick = np.isin(nbytes, sizes)
+        route_lat, route_inv = p.cm.p2p.summary_matrices(sizes[0])
+        lat, inv = np.where(pick, route_lat, lat), np.where(pick, route_inv, inv)
+    return lat, inv
 
 
 def _to_storage(p: _Prefill, ready: np.ndarray, pieces: np.ndarray) -> np.ndarray:
@@ -277,15 +289,7 @@ def _to_storage(p: _Prefill, ready: np.ndarray, pieces: np.ndarray) -> np.ndarra
     the first's latency. With a long cached context the prompt's K/V all belong to the last
     ranks, so their incoming side is what takes the time, which an even all-to-all would
     not show."""
-    w = p.world
-    sizes = np.unique(pieces[pieces > 0])
-    protocol = {float(n): p.cm.p2p.protocol(float(n)) for n in sizes}
-    lat, inv = np.zeros((w, w)), np.zeros((w, w))
-    for k in set(protocol.values()):
-        size = next(n for n, q in protocol.items() if q == k)
-        pick = np.isin(pieces, [n for n, q in protocol.items() if q == k])
-        mat_lat, mat_inv = p.cm.p2p.summary_matrices(size)
-        lat, inv = np.where(pick, mat_lat, lat), np.where(pick, mat_inv, inv)
+    lat, inv = _pair_summaries(p, pieces)
     some = pieces > 0
     overheads = p.cm.least_send_s + p.cm.least_recv_s
     wire = pieces * inv  # (W, W) seconds on the wire, [sender, receiver]
