@@ -44,7 +44,7 @@ def test_sums_run_on_symmetric_kernels_and_a_max_falls_back_to_nccl():
     assert symm.collective_time(CollectiveOp.ALL_REDUCE_MAX, group, n) == pytest.approx(want)
     assert regular.collective_time(CollectiveOp.ALL_REDUCE_SUM, group, n) == pytest.approx(want)
     # and no symmetric all-to-all exists: NCCL's grouped p2p
-    assert not symm.symmetric(CollectiveOp.ALL_TO_ALL, group)
+    assert not symm.one_sided(CollectiveOp.ALL_TO_ALL, group)
 
 
 def test_a_message_on_symmetric_memory_pays_the_kernel_base_latency_not_the_enqueue():
@@ -61,7 +61,7 @@ def test_a_message_on_symmetric_memory_pays_the_kernel_base_latency_not_the_enqu
 def test_one_box_plans_on_both_transports_and_the_best_baseline_is_the_fastest_of_all():
     chosen = plan(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768))
     by_transport = {c.transport for c in chosen.candidates}
-    assert by_transport == {"nccl", "nccl-symm"}
+    assert by_transport == {"nccl", "nccl-symm", "symm_mem"}  # no MNNVL fabric in one DGX
     names = {c.name for c in chosen.candidates}
     assert {"oneshot@nccl-symm", "butterfly@nccl-symm", "allgather@nccl-symm"} <= names
     baselines = [c for c in chosen.candidates if c.algorithm in BASELINES]
@@ -82,9 +82,9 @@ def test_predict_rows_name_their_transport(capsys):
     assert main(["predict", "--topology", "dgx-h100", "--model", "llama-3.1-8b",
                  "--seq-len", "32k", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert all(r["transport"] in ("nccl", "nccl-symm") for r in rows)
+    assert all(r["transport"] in ("nccl", "nccl-symm", "symm_mem") for r in rows)
     pick = next(r for r in rows if r["algorithm"] == "pick")
-    assert pick["transport"] == "nccl-symm" and pick["name"].endswith("@nccl-symm")
+    assert pick["transport"] != "nccl" and pick["name"].endswith("@" + pick["transport"])
     assert main(["predict", "--topology", "dgx-h100", "--model", "llama-3.1-8b",
                  "--seq-len", "32k", "--wide"]) == 0
     assert "nccl-symm" in capsys.readouterr().out

@@ -6,8 +6,11 @@ prints, for each size from ``--min-bytes`` to ``--max-bytes`` (doubling, like nc
 ``-f 2``), the predicted time (µs), algorithm and bus bandwidth (GB/s, with nccl-tests'
 busbw factor), and the algorithm and protocol NCCL (or RCCL) would choose. The group is
 every GPU of the topology, in rank order, as ``mpirun -np N`` of an nccl-tests binary.
-``--transport nccl-symm`` prices NCCL's symmetric-memory kernels instead (registered windows,
-one NVLink domain: :mod:`treeattn.sim.nccl.symmetric`); each row names its transport.
+``--transport NAME`` prices the op on a one-sided transport instead (:mod:`treeattn.sim.
+onesided`: NCCL's symmetric kernels, torch's ``symm_mem``, the MNNVL LL128 all-to-all, each
+inside one NVLink domain); each row names its transport. A transport the cluster cannot
+offer, or one with no kernel for the op, is one error line (``predict``/``plan`` fall back to
+NCCL's regular path for such an op; here the user asked for that transport's price).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
 from treeattn.sim.files.export import tagged
 from treeattn.sim.nccl.collectives import OPS, GroupShape, collective_cost
-from treeattn.sim.nccl.symmetric import symmetric_cost, unavailable
 from treeattn.sim.network import TRANSPORTS
+from treeattn.sim.onesided import one_sided
 from treeattn.sim.payloads import busbw_factor
 
 SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -57,8 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a GPU cluster's calibration (calibrate --nccl-tests)")
     parser.add_argument("--transport", choices=TRANSPORTS, default="nccl",
                         help="nccl: NCCL's (RCCL's) regular algorithms; nccl-symm: NCCL's "
-                             "symmetric-memory kernels on registered windows (NCCL >= 2.27, "
-                             "one NVLink domain, sums only)")
+                             "symmetric kernels (NCCL >= 2.27); symm_mem: torch's one-shot, "
+                             "two-shot and multimem kernels; mnnvl_ll128: FlashInfer's LL128 "
+                             "all-to-all (MNNVL fabric). One NVLink domain; sums only")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead")
     add_wide_flag(parser)
     parser.add_argument("--rccl-msccl", action="store_true",
@@ -79,18 +83,19 @@ def comm_rows(topology, op: str, min_bytes: int, max_bytes: int,
         raise UserError(f"topology {topology.name!r} has {topology.num_gpus} GPU(s); "
                         "a collective needs at least 2")
     shape = replace(GroupShape.of(topology, range(topology.num_gpus)), rccl_msccl=rccl_msccl)
-    if transport == "nccl-symm":
-        reason = unavailable(op, shape)
+    onesided = one_sided(transport)
+    if onesided is not None:
+        reason = onesided.unavailable(op, shape, "sum")
         if reason is not None:
-            raise UserError(f"--transport nccl-symm on {topology.name}: {reason}")
+            raise UserError(f"--transport {transport} on {topology.name}: {reason}")
         if calibration is not None:
             raise UserError("--profile calibrates NCCL's regular algorithms; it does not apply "
-                            "to --transport nccl-symm")
+                            f"to --transport {transport}")
     factor = busbw_factor(op, shape.nranks)
     rows, size = [], min_bytes
     while size <= max_bytes:
-        if transport == "nccl-symm":
-            cost = symmetric_cost(op, size, shape)
+        if onesided is not None:
+            cost = onesided.cost(op, size, shape, "sum")
         else:
             cost = collective_cost(op, size, calibration.shape(shape) if calibration else shape)
         time_s = calibration.time_s(op, size, shape) if calibration else cost.time_s

@@ -22,6 +22,7 @@ from treeattn.commands.token import (
     handle_plan_gpus,
     handle_predict_token,
     memory_rows_check,
+    transports_of,
 )
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
@@ -166,7 +167,8 @@ def handle_predict(args: argparse.Namespace) -> int:
         memory = memory_rows_check(args, topo, seq_len, args.tp)
         if not memory["fits"]:
             unfit.append((seq_len, memory["memory"]))
-        chosen = plan(topo, workload, simulate_each=True, **overrides)
+        chosen = plan(topo, workload, simulate_each=True, transports=transports_of(args, topo),
+                      **overrides)
         refused.update(chosen.refused)
         rows += [{**r.to_json(), **memory} for r in algorithm_rows(chosen, args.topology)]
         for algorithm in ALGORITHM_NAMES:
@@ -193,7 +195,8 @@ def handle_predict(args: argparse.Namespace) -> int:
                       f"batch {args.batch}, output {rows[0]['layout']}",
                 caption="† closed form only (not simulated). vs best baseline: against the "
                         "fastest of what serving systems run today, on any transport (>1: "
-                        "faster). nccl-symm: NCCL's symmetric-memory kernels.",
+                        "faster). nccl-symm: NCCL's symmetric kernels; symm_mem: torch's; "
+                        "mnnvl_ll128: FlashInfer's LL128 all-to-all.",
                 row_styles=["bold" if r["algorithm"] == PICK else None for r in rows])
     for reason in refused.values():
         print(f"Not priced: {reason}.")
@@ -219,7 +222,7 @@ def handle_plan(args: argparse.Namespace) -> int:
         raise SimError(f"{workload.describe()} with --tp {args.tp} does not fit: "
                        f"{memory['memory']}")
     engine = emit(args.emit, topo, workload, overrides) if args.emit else None
-    chosen = plan(topo, workload, **overrides)
+    chosen = plan(topo, workload, transports=transports_of(args, topo), **overrides)
     extras = {k: v for k, v in memory.items() if k != "memory"}
     # one sequence without tensor parallelism: what the prefill pricing covers
     priced = args.batch == 1 and args.tp == 1 and topo.num_gpus <= PLAN_PREFILL_GPUS
@@ -268,7 +271,7 @@ def handle_plan(args: argparse.Namespace) -> int:
     if runnable is not chosen:
         console.print(f"{args.output} holds the best plan treeattn's runtime executes, on "
                       f"regular NCCL: {runnable.name}, {_time(runnable.latency_s)} per layer "
-                      f"(the pick needs NCCL's symmetric-memory kernels)")
+                      f"(the pick runs on {chosen.winner.transport})")
     baseline = chosen.best_baseline()
     if baseline is not None and baseline is chosen.winner:
         console.print(f"A baseline wins here: {baseline.name} ({SOURCES[baseline.algorithm]}) "

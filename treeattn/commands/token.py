@@ -19,6 +19,7 @@ from rich.console import Console
 
 from treeattn.commands.tables import Column, print_table
 from treeattn.sim.deploy.capacity import Split, dtype_name, memory_check
+from treeattn.sim.network import TRANSPORTS
 from treeattn.sim.payloads import SimError
 from treeattn.sim.workload import ModelConfig
 
@@ -32,6 +33,27 @@ def add_token_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dcp", type=int, default=1,
                         help="decode context parallelism inside the TP group (with --token): "
                              "the KV cache sharded over this many of the TP ranks")
+    parser.add_argument("--transport", action="append", choices=TRANSPORTS, default=None,
+                        help="allow only this transport for collectives and messages "
+                             "(repeatable; default: every one the cluster offers). nccl-symm, "
+                             "symm_mem and mnnvl_ll128 run inside one NVLink domain")
+
+
+def transports_of(args, topology) -> tuple[str, ...]:
+    """The transports ``--transport`` allows, each checked against the cluster: one the
+    topology cannot offer (symmetric memory across InfiniBand, LL128 FIFOs without an MNNVL
+    fabric) is an error, not a silent fallback."""
+    if not args.transport:
+        return TRANSPORTS
+    from treeattn.sim.nccl.group_shape import GroupShape
+    from treeattn.sim.onesided import offered
+
+    for name in args.transport:
+        if name != "nccl":
+            reason = offered(name, GroupShape.of(topology, range(topology.num_gpus)))
+            if reason is not None:
+                raise SimError(f"--transport {name} on {args.topology}: {reason}")
+    return tuple(dict.fromkeys(args.transport))
 
 
 def _dtypes(args, model: ModelConfig) -> tuple[str, str]:
@@ -87,7 +109,7 @@ def handle_predict_token(args: argparse.Namespace) -> int:
     rows = []
     for seq_len in args.seq_len:
         p = predict_token(topo, model, seq_len, split, batch=args.batch, weights_dtype=weights,
-                          kv_dtype=kv, **overrides)
+                          kv_dtype=kv, transports=transports_of(args, topo), **overrides)
         row = {"topology": args.topology, **p.to_json()}
         if not p.memory.fits:  # never priced as if it ran
             row.update(tpot_s=None, tokens_per_s=None, batch_tokens_per_s=None,
@@ -129,7 +151,8 @@ def handle_plan_gpus(args: argparse.Namespace) -> int:
     weights, kv = _dtypes(args, model)
     overrides = plan_overrides(args.profile, topo) if topo.num_gpus == args.gpus else {}
     found = search(topo, model, args.seq_len, args.gpus, batch=args.batch,
-                   weights_dtype=weights, kv_dtype=kv, **overrides)
+                   weights_dtype=weights, kv_dtype=kv, transports=transports_of(args, topo),
+                   **overrides)
     rows = [{"topology": args.topology, **d.to_json()} for d in found]
     if args.json:
         print(json.dumps(tagged("deployments", {"best": rows[0], "rows": rows}), indent=2,

@@ -39,15 +39,17 @@ from treeattn.sim.devices import (
     hardware_for,
 )
 from treeattn.sim.nccl.p2p import P2PModel
+from treeattn.sim.onesided import TRANSPORTS as ONE_SIDED_TRANSPORTS
+from treeattn.sim.onesided import one_sided
 from treeattn.sim.payloads import CollectiveOp, SimError
 from treeattn.sim.workload import DecodeWorkload
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_MAX_CHUNKS = 64
-# How collectives run: NCCL's (or RCCL's) ring/tree/NVLS algorithms, or NCCL's symmetric
-# kernels on registered windows where NCCL runs them (treeattn.sim.nccl.symmetric), falling
-# back to the regular algorithms, as NCCL does, for an op or group they do not cover.
-TRANSPORTS = ("nccl", "nccl-symm")
+# How collectives and messages run: NCCL's (or RCCL's) regular path, or a one-sided transport
+# inside one NVLink domain (treeattn.sim.onesided), falling back to the regular path, as the
+# libraries do, for an op or group it does not cover.
+TRANSPORTS = ONE_SIDED_TRANSPORTS
 
 Edge = tuple[str, str]
 
@@ -233,8 +235,7 @@ class CostModel:
                  max_chunks: int = DEFAULT_MAX_CHUNKS, transport: str = "nccl") -> None:
         if not isinstance(workload, DecodeWorkload):
             raise SimError("workload must be a DecodeWorkload")
-        if transport not in TRANSPORTS:
-            raise SimError(f"unknown transport {transport!r} (known: {', '.join(TRANSPORTS)})")
+        self.one_sided_transport = one_sided(transport)  # None: NCCL's regular path
         self.transport = transport
         self.topology = topology
         self.workload = workload
@@ -369,21 +370,19 @@ class CostModel:
         shape = self._shape(group)
         if self.backend.calibration is not None:  # measured on this cluster: trust it
             return self.backend.calibration.time_s(op.library_op, max(1, nbytes), shape)
-        if self.symmetric(op, group):
-            from treeattn.sim.nccl.symmetric import symmetric_cost
-
-            return symmetric_cost(op.library_op, max(1, nbytes), shape, _reduction(op)).time_s
+        if self.one_sided(op, group):
+            return self.one_sided_transport.cost(op.library_op, max(1, nbytes), shape,
+                                                 _reduction(op)).time_s
         return collective_cost(op.library_op, max(1, nbytes), shape).time_s
 
-    def symmetric(self, op: CollectiveOp | str, group: tuple[int, ...]) -> bool:
-        """Whether ``op`` on ``group`` runs on NCCL's symmetric kernels here (the transport is
-        ``nccl-symm`` and NCCL has a kernel for this op, reduction and group)."""
-        if self.transport != "nccl-symm" or len(group) < 2:
+    def one_sided(self, op: CollectiveOp | str, group: tuple[int, ...]) -> bool:
+        """Whether ``op`` on ``group`` runs on this cost model's one-sided transport (it has
+        a kernel for this op, reduction and group); otherwise NCCL's regular path prices it."""
+        if self.one_sided_transport is None or len(group) < 2:
             return False
-        from treeattn.sim.nccl.symmetric import unavailable
-
         op = CollectiveOp(op)
-        return unavailable(op.library_op, self._shape(group), _reduction(op)) is None
+        return self.one_sided_transport.unavailable(op.library_op, self._shape(group),
+                                                    _reduction(op)) is None
 
     def _shape(self, group: tuple[int, ...]):
         """How the tuning model sees the communicator of ``group`` (cached)."""

@@ -25,7 +25,7 @@ from treeattn.sim.deploy.token import (
     deployment_topology,
     predict_token,
 )
-from treeattn.sim.network import resolve_hardware
+from treeattn.sim.network import TRANSPORTS, resolve_hardware
 from treeattn.sim.payloads import SimError
 from treeattn.sim.workload import ModelConfig
 
@@ -73,8 +73,9 @@ def splits(model: ModelConfig, gpus: int) -> list[Split]:
 
 def search(topology, model: ModelConfig | str, seq_len: int, gpus: int, *, batch: int = 1,
            weights_dtype: str | None = None, kv_dtype: str | None = None, hardware=None,
-           backend=None) -> list[Deployment]:
-    """Every split of ``gpus`` GPUs, best first (see the module docstring).
+           backend=None, transports: tuple[str, ...] = TRANSPORTS) -> list[Deployment]:
+    """Every split of ``gpus`` GPUs, best first (see the module docstring), each priced on
+    the fastest of ``transports`` that runs its collectives.
 
     Raises :class:`SimError` when no split fits (the bytes of the closest one in the
     message) or the budget has no split the model's heads allow.
@@ -101,7 +102,7 @@ def search(topology, model: ModelConfig | str, seq_len: int, gpus: int, *, batch
             d.prediction = predict_token(topo, model, seq_len, split, batch=batch,
                                          weights_dtype=weights_dtype, kv_dtype=kv_dtype,
                                          hardware=hardware, backend=backend,
-                                         max_simulated=MAX_SIMULATED)
+                                         max_simulated=MAX_SIMULATED, transports=transports)
         found.append(d)
     fitting = sorted((d for d in found if d.fits),
                      key=lambda d: (d.tpot_s, d.split.seq_ranks, d.split.label))

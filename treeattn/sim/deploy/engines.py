@@ -27,15 +27,27 @@ SGLang   ``--dcp-size``, ``--dcp-comm-backend``,          docs.sglang.io/docs/ad
          docs page and issue #19436 / PR #21637, 2026)    sgl-project/sglang/issues/19436
 ======== ================================================ ==================================
 
-Symmetric memory: where the best backend is priced on NCCL's symmetric kernels
-(``transport`` ``nccl-symm``, one NVLink domain), the engine's switch for them is emitted
-too: vLLM's environment ``VLLM_USE_NCCL_SYMM_MEM=1`` with ``NCCL_NVLS_ENABLE=1`` and
-``NCCL_CUMEM_ENABLE=1`` (vLLM's ``benchmarks/kernels/benchmark_device_communicators.py``
-documents the three together; vLLM PR #24532), SGLang's ``--enable-symm-mem`` ("Enable NCCL
-symmetric memory for fast collectives", ``server_args.py``). Each engine routes a collective
-to them within its own size thresholds (vLLM: ``should_nccl_symm_mem_allreduce`` and
-``should_nccl_symm_mem_ag_rs``), which are not modelled: the backend is priced as if every
-collective it can run there did.
+Transports: each backend runs on the transports the engine gives it
+(:mod:`treeattn.sim.onesided`), and each is priced on each of them that the cluster offers;
+the switch of the fastest is emitted with the flags:
+
+========  ============  ===========  ====================================================
+engine    backend       transport    switch (source)
+========  ============  ===========  ====================================================
+both      ag_rs, a2a    nccl-symm    vLLM ``VLLM_USE_NCCL_SYMM_MEM=1 NCCL_NVLS_ENABLE=1
+                                     NCCL_CUMEM_ENABLE=1`` (vLLM ``benchmarks/kernels/
+                                     benchmark_device_communicators.py``, PR #24532);
+                                     SGLang ``--enable-symm-mem`` (``server_args.py``;
+                                     its a2a runs on it, PR #32560)
+vLLM      a2a           symm_mem     ``VLLM_USE_DIRECT_DCP_A2A=1``: partials stored into
+                                     the peers' buffers (PRs #48897, #50484)
+SGLang    fi_a2a        mnnvl_ll128  FlashInfer's MNNVL LL128 all-to-all; needs an MNNVL
+                                     fabric (GB200 NVL72), so it is priced only there
+========  ============  ===========  ====================================================
+
+Each engine routes a collective to NCCL's symmetric kernels within its own size thresholds
+(vLLM: ``should_nccl_symm_mem_allreduce`` and ``should_nccl_symm_mem_ag_rs``), which are not
+modelled: the backend is priced as if every collective it can run there did.
 
 Constraints: ``tp % dcp == 0`` (both); for GQA models vLLM shards only the KV heads that
 tensor parallelism replicates, so ``tp // num_kv_heads >= dcp``; SGLang documents DCP for MLA
@@ -53,30 +65,49 @@ from treeattn.sim.planning.planner import plan
 
 
 @dataclass(frozen=True)
+class Backend:
+    """One of an engine's DCP communication backends: its flag value, the treeattn schedule
+    it is, and the transports it runs on, each with the switch that turns it on."""
+
+    choice: str  # the --dcp-comm-backend value
+    algorithm: str
+    transports: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]  # name -> (env, flags)
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     version: str
     docs: str
     dcp_flag: str
-    backends: dict[str, str]  # the engine's --dcp-comm-backend choice -> treeattn algorithm
+    backends: tuple[Backend, ...]
     mla_only: bool
     extra: tuple[str, ...] = ()
-    symm_env: tuple[str, ...] = ()  # environment that turns NCCL's symmetric kernels on
-    symm_flags: tuple[str, ...] = ()  # flags that do
+
+    def algorithms(self) -> set[str]:
+        return {b.algorithm for b in self.backends}
 
 
+_VLLM_SYMM = (("VLLM_USE_NCCL_SYMM_MEM=1", "NCCL_NVLS_ENABLE=1", "NCCL_CUMEM_ENABLE=1"), ())
+_SGLANG_SYMM = ((), ("--enable-symm-mem",))
+_PLAIN = ((), ())
 ENGINES = {
     "vllm": Engine(
-        "vLLM", "vLLM main (DCP since v0.11; dcp-comm-backend a2a from PR #34883)",
+        "vLLM", "vLLM main (DCP since v0.11; dcp-comm-backend a2a from PR #34883; direct "
+        "symmetric-memory a2a from PR #50484)",
         "https://docs.vllm.ai/en/latest/serving/context_parallel_deployment.html",
-        "--decode-context-parallel-size", {"ag_rs": "dcp", "a2a": "helix"}, mla_only=False,
-        extra=("--cp-kv-cache-interleave-size", "1"),
-        symm_env=("VLLM_USE_NCCL_SYMM_MEM=1", "NCCL_NVLS_ENABLE=1", "NCCL_CUMEM_ENABLE=1")),
+        "--decode-context-parallel-size",
+        (Backend("ag_rs", "dcp", {"nccl": _PLAIN, "nccl-symm": _VLLM_SYMM}),
+         Backend("a2a", "helix", {"nccl": _PLAIN, "nccl-symm": _VLLM_SYMM,
+                                  "symm_mem": (("VLLM_USE_DIRECT_DCP_A2A=1",), ())})),
+        mla_only=False, extra=("--cp-kv-cache-interleave-size", "1")),
     "sglang": Engine(
-        "SGLang", "SGLang main (DCP page, issue #19436, PR #21637)",
-        "https://docs.sglang.io/docs/advanced_features/dcp.md",
-        "--dcp-size", {"ag_rs": "dcp", "a2a": "helix", "fi_a2a": "helix"}, mla_only=True,
-        extra=("--dcp-replicate-q-proj",), symm_flags=("--enable-symm-mem",)),
+        "SGLang", "SGLang main (DCP page, issue #19436, PRs #21637 and #32560)",
+        "https://docs.sglang.io/docs/advanced_features/dcp.md", "--dcp-size",
+        (Backend("ag_rs", "dcp", {"nccl": _PLAIN, "nccl-symm": _SGLANG_SYMM}),
+         Backend("a2a", "helix", {"nccl": _PLAIN, "nccl-symm": _SGLANG_SYMM}),
+         Backend("fi_a2a", "helix", {"mnnvl_ll128": _PLAIN})),
+        mla_only=True, extra=("--dcp-replicate-q-proj",)),
 }
 EMIT_TARGETS = tuple(ENGINES)
 
@@ -119,24 +150,31 @@ def emit(target: str, topology, workload, overrides: dict | None = None) -> dict
     check_constraints(engine, world, dcp, workload.model.n_kv_heads, workload.model.is_mla)
     sharded = replace(workload, layout="head_sharded")
     pick = plan(topology, sharded, **overrides)
-    rows = []
-    for backend, algorithm in engine.backends.items():
-        chosen = plan(topology, sharded, algorithms=(algorithm,), **overrides)
-        rows.append({"backend": backend, "algorithm": algorithm, "latency_s": chosen.latency_s,
-                     "transport": chosen.winner.transport,
-                     "method": chosen.prediction.method})
+    rows, unoffered = [], []
+    for backend in engine.backends:
+        try:
+            chosen = plan(topology, sharded, algorithms=(backend.algorithm,),
+                          transports=tuple(backend.transports), **overrides)
+        except SimError as exc:  # this backend cannot run here (transport, head split)
+            unoffered.append(f"{backend.choice}: {exc}")
+            continue
+        env, flags = backend.transports[chosen.winner.transport]
+        rows.append({"backend": backend.choice, "algorithm": backend.algorithm,
+                     "latency_s": chosen.latency_s, "transport": chosen.winner.transport,
+                     "method": chosen.prediction.method, "env": list(env),
+                     "flags": list(flags)})
+    if not rows:
+        raise SimError(f"{engine.name} cannot run this plan: " + "; ".join(unoffered))
     best = min(rows, key=lambda r: r["latency_s"])
-    symm = best["transport"] == "nccl-symm"
     flags = ["--tensor-parallel-size", str(world), engine.dcp_flag, str(dcp),
-             "--dcp-comm-backend", best["backend"], *engine.extra,
-             *(engine.symm_flags if symm else ())]
-    env = list(engine.symm_env) if symm else []
+             "--dcp-comm-backend", best["backend"], *engine.extra, *best["flags"]]
     return {"engine": engine.name, "version": engine.version, "docs": engine.docs,
-            "flags": flags, "env": env, "dcp": dcp, "tensor_parallel_size": world,
-            "backends": rows,
+            "flags": flags, "env": best["env"], "dcp": dcp, "tensor_parallel_size": world,
+            "backends": rows, "not_offered": unoffered,
             "best": best, "pick": pick.name, "pick_algorithm": pick.algorithm,
             "pick_latency_s": pick.latency_s,
-            "pick_expressible": pick.algorithm in engine.backends.values(),
+            "pick_expressible": (pick.algorithm, pick.winner.transport) in
+            {(b.algorithm, t) for b in engine.backends for t in b.transports},
             "ratio": best["latency_s"] / pick.latency_s}
 
 
@@ -151,6 +189,8 @@ def describe(record: dict) -> list[str]:
     for r in record["backends"]:
         lines.append(f"  --dcp-comm-backend {r['backend']:<6} = treeattn {r['algorithm']} on "
                      f"{r['transport']}: {us(r['latency_s'])} per layer ({r['method']})")
+    for why in record["not_offered"]:
+        lines.append(f"  not priced: {why}")
     if record["pick_expressible"]:
         lines.append(f"treeattn's pick (head-sharded output), {record['pick']}, is what "
                      f"{record['engine']} runs with --dcp-comm-backend {best['backend']}.")

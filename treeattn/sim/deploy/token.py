@@ -16,7 +16,10 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
 * **TP all-reduces**: two per layer (after the attention output projection and after the
   MLP or experts) of ``B × hidden`` activations, plus the vocabulary-parallel embedding's
   all-reduce and the LM head's all-gather of the logits, each priced by the collective
-  model (:func:`treeattn.sim.nccl.collectives.collective_cost`) on TP group 0's GPUs;
+  model (:func:`treeattn.sim.nccl.collectives.collective_cost`) on TP group 0's GPUs, on
+  the fastest of the allowed transports that runs it there (inside one NVLink domain the
+  engines run their TP all-reduce on symmetric memory: :mod:`treeattn.sim.onesided`), the
+  same transports the attention merge is planned on;
 * **attention and its merge**, per layer: with the sequence on one rank, the attention of
   the rank's heads over the whole cache (one compute step); otherwise the planner's pick
   (:func:`treeattn.sim.planning.planner.plan`) for the attention view of the split: the heads over
@@ -70,7 +73,8 @@ from treeattn.sim.deploy.capacity import (
     step_weight_reads,
 )
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
-from treeattn.sim.network import resolve_hardware
+from treeattn.sim.network import TRANSPORTS, resolve_hardware
+from treeattn.sim.onesided import one_sided
 from treeattn.sim.parallel import cp_group, group_workload, sub_topology
 from treeattn.sim.payloads import SimError
 from treeattn.sim.workload import STORAGE_DTYPE_BYTES, DecodeWorkload, ModelConfig
@@ -153,10 +157,19 @@ def deployment_topology(topology, split: Split):
     return sub_topology(topology, list(range(split.gpus)))
 
 
-def _collective(op: str, nbytes: int, topology, ranks: list[int]) -> float:
+def _collective(op: str, nbytes: int, topology, ranks: list[int],
+                transports: tuple[str, ...]) -> tuple[float, str]:
+    """(seconds, transport) of the fastest of ``transports`` that runs ``op`` on ``ranks``
+    (NCCL's regular path if none of the one-sided ones does)."""
     if len(ranks) < 2 or nbytes < 1:
-        return 0.0
-    return collective_cost(op, int(nbytes), GroupShape.of(topology, ranks)).time_s
+        return 0.0, "none"
+    shape = GroupShape.of(topology, ranks)
+    best = (collective_cost(op, int(nbytes), shape).time_s, "nccl")
+    for name in transports:
+        transport = one_sided(name)
+        if transport is not None and transport.unavailable(op, shape, "sum") is None:
+            best = min(best, (transport.cost(op, int(nbytes), shape, "sum").time_s, name))
+    return best
 
 
 def attention_view(model: ModelConfig, split: Split, seq_len: int, batch: int,
@@ -171,8 +184,11 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
                   batch: int = 1, weights_dtype: str | None = None,
                   kv_dtype: str | None = None, hardware=None, backend=None,
                   algorithms: tuple[str, ...] | None = None,
-                  max_simulated: int | None = None) -> TokenPrediction:
-    """Price one decode step of ``model`` deployed as ``split`` on ``topology``'s first GPUs.
+                  max_simulated: int | None = None,
+                  transports: tuple[str, ...] = TRANSPORTS) -> TokenPrediction:
+    """Price one decode step of ``model`` deployed as ``split`` on ``topology``'s first GPUs,
+    its collectives and merge on the fastest of ``transports`` (``("nccl",)``: what a
+    deployment on NCCL alone runs).
 
     >>> from treeattn.topo import Topology
     >>> p = predict_token(Topology.from_spec("dgx-h100"), "llama-3.1-8b", 32768, Split(tp=8))
@@ -202,10 +218,10 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
 
     tp_ranks = list(range(split.tp))
     hidden = batch * model.dim * act
-    parts["tp_all_reduce"] = (2 * model.n_layers + 1) * _collective("all_reduce", hidden, topo,
-                                                                    tp_ranks)
+    all_reduce_s, tp_transport = _collective("all_reduce", hidden, topo, tp_ranks, transports)
+    parts["tp_all_reduce"] = (2 * model.n_layers + 1) * all_reduce_s
     parts["lm_head_gather"] = _collective("all_gather", batch * model.vocab_size * act, topo,
-                                          tp_ranks)
+                                          tp_ranks, transports)[0]
 
     view = attention_view(model, split, seq_len, batch, kdt)
     if split.seq_ranks == 1:
@@ -214,13 +230,13 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
         merge, system = "none", "no merge (the sequence on one rank)"
     else:
         chosen = plan(topo, view, hardware, backend, algorithms=algorithms,
-                      max_simulated=max_simulated)
+                      max_simulated=max_simulated, transports=transports)
         layer_s, merge, system = chosen.latency_s, chosen.name, SOURCES[chosen.algorithm]
     if split.dcp > 1:  # gather the DCP group's queries: B × (heads of tp/dcp ranks) × width
         heads = model.n_heads // split.attention_tp
         q_bytes = batch * heads * model.head_dim * act
         group = cp_group(split.tp, split.attention_tp)
-        layer_s += _collective("all_gather", q_bytes, topo, group)
+        layer_s += _collective("all_gather", q_bytes, topo, group, transports)[0]
     parts["attention"] = model.n_layers * layer_s
     return TokenPrediction(model.name, split, seq_len, batch, wdt, kdt, parts, merge, system,
-                           memory, layer_s)
+                           memory, layer_s, extra={"tp_all_reduce_transport": tp_transport})

@@ -44,6 +44,9 @@ class GroupShape:
     # hosts, "other": ARM, POWER, unknown): it sets the network post overhead of a
     # multi-node ring step and the multi-node LL bandwidth cap (nccl_tables: NCCL-net).
     cpu_vendor: str = "intel"
+    # GPUs of a multi-node NVLink fabric (fabric memory handles across trays: GB200 NVL72),
+    # which FlashInfer's MNNVL kernels need (treeattn.sim.onesided.ll128)
+    mnnvl: bool = False
 
     def scaled(self, lat: float = 1.0, net_lat: float = 1.0, bw: float = 1.0,
                net_bw: float = 1.0) -> GroupShape:
@@ -93,7 +96,8 @@ class GroupShape:
                 speed, p2p_intra = inter_speed, p2p_inter
         return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
                    speed, inter_speed, p2p_intra, p2p_inter,
-                   cpu_vendor=cpu_vendor(topology, per_host))
+                   cpu_vendor=cpu_vendor(topology, per_host),
+                   mnnvl=model in T.MNNVL_MODELS and nnodes == 1)
 
 
 def _speeds(table: dict, arch: str) -> tuple[float, ...]:

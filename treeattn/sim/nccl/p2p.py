@@ -16,10 +16,11 @@ the route's edges in proportion to their own latencies and each edge held at no 
 the pair's bandwidth, so contention works as before and, uncontended, the wire time is
 exactly ``hop + bytes / bandwidth``.
 
-On the ``nccl-symm`` transport (one NVLink domain where NCCL's symmetric kernels run), a
-message is a store into the peer's registered window: the base latency is that of NCCL's
-symmetric all-gather kernel (:func:`treeattn.sim.nccl.symmetric.put_base_us`, our analogy),
-the hop and bandwidth stay the protocol's.
+On a one-sided transport (:mod:`treeattn.sim.onesided`: NCCL's symmetric kernels, torch's
+``symm_mem``, the MNNVL LL128 FIFOs, each inside one NVLink domain), a message is a store into
+the peer's registered buffer: the base latency is the transport's own (``put_base_us``: for
+NCCL's symmetric kernels, that of its symmetric all-gather, our analogy), the hop and
+bandwidth stay the protocol's.
 
 Elsewhere (CPU ranks on gloo, or a GPU topology priced with the ``gloo`` backend) a message
 costs the backend's calibrated ``send_s`` and ``recv_s`` and the route's own link latencies
@@ -58,11 +59,14 @@ class P2PModel:
             self.hosts = [topology.host_of(r) for r in range(topology.num_gpus)]
         else:
             self.library = False
-        self.symmetric = False
-        if self.library and transport == "nccl-symm":
-            from treeattn.sim.nccl.symmetric import unavailable
+        # the one-sided transport messages are stores on, where this cluster offers it
+        self.one_sided = None
+        if self.library and transport != "nccl":
+            from treeattn.sim.onesided import one_sided
 
-            self.symmetric = unavailable("all_gather", self.shape) is None
+            found = one_sided(transport)
+            if found.domain_unavailable(self.shape) is None:
+                self.one_sided = found
 
     def protocol(self, nbytes: float) -> int:
         """NCCL's protocol index for a message of ``nbytes`` (-1: not a library message)."""
@@ -87,10 +91,8 @@ class P2PModel:
             for across in (False, True):
                 _, base, hop, gbps = p2p_parts(nbytes, self.shape, across)
                 classes.append((hop * 1e-6, gbps * 1e9))
-            if self.symmetric:
-                from treeattn.sim.nccl.symmetric import put_base_us
-
-                base = put_base_us(self.shape, ll=p == 0)
+            if self.one_sided is not None:
+                base = self.one_sided.put_base_us(self.shape, p == 0)
             found = self._prices[p] = (0.5e-6 * base, tuple(classes))
         return found
 

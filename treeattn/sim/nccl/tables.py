@@ -161,6 +161,11 @@ RCCL_MSCCL_ALLREDUCE = {"arch": "cdna3", "ranks": 8, "protocol": "LL", "hops": 2
                         "min_bytes": 0, "max_bytes": 65536}
 
 # --- GPU model -> family and architecture ---------------------------------------------------
+# GPUs sold in multi-node NVLink racks, whose trays share one NVLink fabric with fabric
+# memory handles (IMEX): the GB200 NVL72 (NVIDIA GB200 NVL72 datasheet; FlashInfer's MNNVL
+# kernels need it, SGLang issue #33355)
+MNNVL_MODELS = ("GB200",)
+
 ARCH_OF_MODEL = {
     "P100": "volta", "V100": "volta", "A100": "ampere", "A800": "ampere",
     "RTX3090": "ampere-sm86", "A6000": "ampere-sm86", "RTX4090": "ampere-sm86",

@@ -33,8 +33,8 @@ takes. What is enumerated for ``p`` ranks on ``h`` hosts (pruning rules that kee
 * ring-passq for p ≤ 256 (ring's recurrence on query blocks, then its exact collective
   tail): its schedule has p steps on each of p ranks, and its p − 1 serial hops already lose
   to every collective well before that size (on 16 DGX H100 nodes it is 9× the winner);
-* inside one NVLink domain where NCCL's symmetric kernels run, every plan again on that
-  transport (:func:`symmetric_variants`, named ``…@nccl-symm``).
+* inside one NVLink domain, every plan again on each one-sided transport the cluster offers
+  (:func:`one_sided_variants`, named ``…@nccl-symm``, ``…@symm_mem``, ``…@mnnvl_ll128``).
 
 :meth:`Plan.explain` says in one paragraph why the winner wins.
 """
@@ -52,6 +52,7 @@ from treeattn.sim.closed_form import closed_form, collective_schedule, ring_pass
 from treeattn.sim.engine import simulate
 from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import TRANSPORTS, CostModel
+from treeattn.sim.onesided import offered
 from treeattn.sim.parallel import cp_group, cp_view
 from treeattn.sim.payloads import SimError
 from treeattn.sim.planning.candidates import (
@@ -232,37 +233,42 @@ def run_candidate(c: Candidate, topology, cm: CostModel) -> None:
     c.result = simulate(schedule, topology, cm.workload, costs=cm, timeline=cm.world <= 4096)
 
 
-def symmetric_variants(cands: list[Candidate], topology, cm: CostModel) -> list[Candidate]:
-    """The scored plans again on NCCL's symmetric-memory transport, scored; [] where this
-    cluster does not offer it (more than one NVLink domain, no NVSwitch, not Hopper or
-    Blackwell, CPU ranks or a measured calibration).
+def one_sided_variants(cands: list[Candidate], topology, cm: CostModel,
+                       transports: tuple[str, ...]) -> list[Candidate]:
+    """The scored plans again on each one-sided transport of ``transports`` that this cluster
+    offers (:mod:`treeattn.sim.onesided`: one NVLink domain, the right GPUs; never with CPU
+    ranks or a measured calibration), scored and named ``…@transport``.
 
     * Collective plans (the baselines, and ``allreduce3`` over collectives) where at least
-      one of their collectives runs on NCCL's symmetric kernels; a max falls back to NCCL's
-      regular algorithms, as NCCL itself does.
+      one of their collectives runs on the transport; the rest of their collectives (a max,
+      an op it has no kernel for) take NCCL's regular path, as the libraries do.
     * Every schedule of messages, treeattn's (trees, butterfly, all-gather of partials) and
       the baselines' (Ring Attention's pass-KV ring, the pass-Q ring, the paper's
-      all-reduces over trees or a ring), each message a store into the peer's window
+      all-reduces over trees or a ring), each message a store into the peer's buffer
       (:mod:`treeattn.sim.nccl.p2p`): the like-for-like comparison on the same transport.
 
-    Why: engines run their merges on symmetric memory inside one NVLink domain (vLLM's
-    pynccl symmetric path, NCCL's registered windows), so there the strongest baseline is
-    the faster of the two transports, and the planner compares against that one.
+    Why: engines run their merges on one-sided transports inside one NVLink domain (vLLM's
+    symmetric-memory paths, SGLang's ``fi_a2a``, TensorRT-LLM's Helix all-to-all), so there
+    the strongest baseline is the fastest on any of them, and the planner compares against
+    that one.
     """
     if cm.backend.calibration is not None or cm.backend.name == "gloo":
         return []
-    symm = CostModel(topology, cm.workload, cm.hardware, cm.backend, transport="nccl-symm")
-    if not symm.p2p.symmetric:
-        return []
     out = []
-    for c in cands:
-        if is_collective(c):
-            steps = (s for rank in c.built.steps for s in rank if isinstance(s, Collective))
-            if not any(symm.symmetric(s.op, s.group) for s in steps):
-                continue  # nothing of it runs there: the same plan at the same price
-        variant = on_transport(c, symm)
-        variant.bound_s = bound(variant, cm)
-        out.append(variant)
+    for transport in transports:
+        if transport == "nccl":
+            continue
+        other = CostModel(topology, cm.workload, cm.hardware, cm.backend, transport=transport)
+        for c in cands:
+            if is_collective(c):
+                steps = (s for rank in c.built.steps for s in rank if isinstance(s, Collective))
+                if not any(other.one_sided(s.op, s.group) for s in steps):
+                    continue  # nothing of it runs there: the same plan at the same price
+            elif other.p2p.one_sided is None:
+                continue  # messages: not offered on this cluster
+            variant = on_transport(c, other)
+            variant.bound_s = bound(variant, cm)
+            out.append(variant)
     return out
 
 
@@ -306,8 +312,15 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     refused = score(cands, topology, cm)
     if not cands:
         raise SimError("; ".join(refused.values()) or "no candidate to plan")
-    if "nccl-symm" in transports:
-        cands += symmetric_variants(cands, topology, cm)
+    cands += one_sided_variants(cands, topology, cm, transports)
+    if "nccl" not in transports:
+        cands = [c for c in cands if c.transport != "nccl"]
+        if not cands:
+            shape = cm._shape(tuple(range(cm.world)))
+            why = [offered(t, shape) or f"{t} runs none of their collectives"
+                   for t in transports]
+            raise SimError(f"no candidate runs on {', '.join(transports)} here: "
+                           + "; ".join(why))
     cands.sort(key=lambda c: (c.bound_s, c.name))
     budget = max_simulated or (8 if cm.world <= 64 else 3 if cm.world <= 2048 else 1)
     best, used = math.inf, 0

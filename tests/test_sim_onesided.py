@@ -1,0 +1,200 @@
+"""The one-sided transports: torch's symm_mem kernels and FlashInfer's MNNVL LL128 all-to-all.
+
+References are worked by hand from the published constants the modules name (NCCL 2.30.7
+``sym_kernels.cc``: Hopper LL all-gather base 4.5 µs, plain 7.8 µs, 65 and 44 GB/s per
+block, 480 and 320 GB/s ceilings, GB = 2**30 bytes; torch's launch caps; the LL128 line of
+120 data bytes in 128), not read back from the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treeattn.cli import main
+from treeattn.sim import DecodeWorkload, plan
+from treeattn.sim.deploy.capacity import Split
+from treeattn.sim.deploy.engines import describe, emit
+from treeattn.sim.deploy.token import predict_token
+from treeattn.sim.nccl.collectives import GroupShape, collective_cost
+from treeattn.sim.network import CostModel
+from treeattn.sim.onesided import ONE_SIDED, TRANSPORTS, offered
+from treeattn.sim.parallel import sub_topology
+from treeattn.sim.payloads import CollectiveOp, SimError
+from treeattn.topo import Topology
+
+ONE_BOX = Topology.from_spec("dgx-h100")
+TWO_BOXES = Topology.from_spec("dgx-h100:nodes=2")
+RACK16 = sub_topology(Topology.from_spec("gb200-nvl72"), list(range(16)))
+GB = 2 ** 30 / 1e6  # bytes per µs of NCCL's "GB/s"
+SYMM, LL128 = ONE_SIDED["symm_mem"], ONE_SIDED["mnnvl_ll128"]
+
+
+def _shape(topology, n):
+    return GroupShape.of(topology, range(n))
+
+
+def test_torch_one_shot_and_two_shot_priced_from_their_sources():
+    shape = _shape(ONE_BOX, 2)  # two ranks: no multimem (it needs more than two)
+    # one-shot of 64 KiB: one block of 512 threads x 16 B = 8 KiB per block, so 8 blocks
+    # (of the 24 allowed) at 65 GB/s each, capped at the 320 GB/s load/store ceiling; it
+    # loads the peer's whole buffer; two barriers
+    nbytes = 65536
+    one_shot = 4.5 + 2 * 1.65 + nbytes / (min(8 * 65, 320) * GB)
+    # two-shot: a 32 KiB shard, 2 blocks of 1024 threads; loads and stores (n-1)/n of it
+    two_shot = 4.5 + 2 * 1.65 + 2 * nbytes / 2 / (min(2 * 65, 320) * GB)
+    got = SYMM.cost("all_reduce", nbytes, shape, "sum")
+    assert got.time_s * 1e6 == pytest.approx(min(one_shot, two_shot))
+    assert got.algorithm == ("symm_mem_one_shot" if one_shot < two_shot else
+                             "symm_mem_two_shot")
+
+
+def test_torch_multimem_all_reduce_on_nvswitch():
+    shape = _shape(ONE_BOX, 8)
+    nbytes = 8 << 20  # 8 MiB: bandwidth-bound, where multimem wins
+    # S + S/n through the switch at min(8 blocks x 65 x n, 480) GB/s
+    want = 4.5 + 2 * 1.65 + (nbytes + nbytes / 8) / (min(8 * 65 * 8, 480) * GB)
+    got = SYMM.cost("all_reduce", nbytes, shape, "sum")
+    assert got.algorithm == "symm_mem_multimem"
+    assert got.time_s * 1e6 == pytest.approx(want)
+
+
+def test_direct_all_to_all_pays_one_signal():
+    shape = _shape(ONE_BOX, 8)
+    nbytes = 8192  # a rank's send buffer; 1 KiB to each peer, one block
+    want = 4.5 + 1.65 + 7 * 1024 / (44 * GB)
+    assert SYMM.cost("all_to_all", nbytes, shape, "sum").time_s * 1e6 == pytest.approx(want)
+
+
+def test_ll128_all_to_all_on_a_gb200_rack():
+    shape = _shape(RACK16, 16)
+    nbytes = 1 << 20
+    # Blackwell's LL all-gather base 8.5 µs; 15/16 of the 600 GB/s load/store ceiling
+    want = 8.5 + 15 / 16 * nbytes / (600 * GB * 120 / 128)
+    got = LL128.cost("all_to_all", nbytes, shape, "sum")
+    assert got.time_s * 1e6 == pytest.approx(want)
+    assert got.protocol == "LL128"
+
+
+@pytest.mark.parametrize("transport,op,topology,match", [
+    ("symm_mem", "all_reduce", TWO_BOXES, "one NVLink domain"),
+    ("mnnvl_ll128", "all_to_all", ONE_BOX, "multi-node NVLink fabric"),
+    ("mnnvl_ll128", "all_reduce", RACK16, "all-to-all"),
+    ("nccl-symm", "all_to_all", ONE_BOX, "no symmetric kernel"),
+])
+def test_what_a_transport_cannot_run_is_named(transport, op, topology, match):
+    reason = ONE_SIDED[transport].unavailable(op, _shape(topology, topology.num_gpus), "sum")
+    assert reason is not None and match in reason
+
+
+def test_sums_only_a_max_falls_back_to_nccl():
+    cm = CostModel(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768), transport="symm_mem")
+    group, n = tuple(range(8)), 16384
+    assert not cm.one_sided(CollectiveOp.ALL_REDUCE_MAX, group)
+    assert cm.one_sided(CollectiveOp.ALL_REDUCE_SUM, group)
+    want = collective_cost("all_reduce", n, _shape(ONE_BOX, 8)).time_s
+    assert cm.collective_time(CollectiveOp.ALL_REDUCE_MAX, group, n) == pytest.approx(want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(op=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]),
+       ranks=st.integers(2, 8), small=st.integers(1, 1 << 22), extra=st.integers(0, 1 << 22))
+def test_symm_mem_costs_grow_with_size_and_never_beat_their_fixed_cost(op, ranks, small,
+                                                                      extra):
+    shape = _shape(ONE_BOX, ranks)
+    a = SYMM.cost(op, small, shape, "sum")
+    b = SYMM.cost(op, small + extra, shape, "sum")
+    floor = 4.5 + (1 if op == "all_to_all" else 2) * 1.65
+    assert a.time_s * 1e6 >= floor - 1e-9
+    # a larger op may launch one more block and so run a little faster (as on the GPU)
+    assert b.time_s >= 0.95 * a.time_s
+    # and never faster than the data it must move out of or into one GPU at the ceiling
+    moved = (ranks - 1) / ranks * small if op != "all_reduce" else small / ranks
+    ceiling = 480 if op == "all_reduce" else 320
+    assert a.time_s * 1e6 >= floor + moved / (ceiling * GB) * (1 - 1e-9)
+
+
+def test_messages_on_symm_mem_are_stores_with_a_signal():
+    cm = CostModel(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768), transport="symm_mem")
+    regular = CostModel(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768))
+    assert cm.p2p.send_s(4096) == pytest.approx(0.5e-6 * (4.5 + 1.65))
+    assert cm.p2p.summary(0, 1, 4096) == regular.p2p.summary(0, 1, 4096)
+    across = CostModel(TWO_BOXES, DecodeWorkload("llama-3.1-8b", 32768), transport="symm_mem")
+    assert across.p2p.one_sided is None  # across InfiniBand: NCCL's send/recv
+
+
+def test_the_planner_prices_every_offered_transport_and_only_those():
+    box = {c.transport for c in plan(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768)).candidates}
+    assert box == {"nccl", "nccl-symm", "symm_mem"}
+    rack = {c.transport for c in plan(RACK16, DecodeWorkload("llama-3.1-8b", 32768)).candidates}
+    assert "mnnvl_ll128" in rack and "symm_mem" in rack
+    only = plan(RACK16, DecodeWorkload("llama-3.1-8b", 32768), transports=("mnnvl_ll128",))
+    assert {c.transport for c in only.candidates} == {"mnnvl_ll128"}
+    with pytest.raises(SimError, match="multi-node NVLink fabric"):
+        plan(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768), transports=("mnnvl_ll128",))
+    assert set(TRANSPORTS) == {"nccl", *ONE_SIDED}
+
+
+def test_offered_names_why_not():
+    assert offered("symm_mem", _shape(ONE_BOX, 8)) is None
+    assert "one NVLink domain" in offered("symm_mem", _shape(TWO_BOXES, 16))
+    assert offered("nccl", _shape(TWO_BOXES, 16)) is None
+
+
+def test_engines_emit_the_switch_of_the_transport_they_run_on():
+    vllm = emit("vllm", ONE_BOX, DecodeWorkload("deepseek-v3", 32768, tp=2))
+    a2a = next(r for r in vllm["backends"] if r["backend"] == "a2a")
+    assert a2a["transport"] in ("nccl", "nccl-symm", "symm_mem")
+    if vllm["best"]["transport"] == "symm_mem":
+        assert vllm["env"] == ["VLLM_USE_DIRECT_DCP_A2A=1"]
+    sglang = emit("sglang", ONE_BOX, DecodeWorkload("deepseek-v3", 32768, tp=2))
+    assert {r["backend"] for r in sglang["backends"]} == {"ag_rs", "a2a"}
+    assert any("fi_a2a" in why and "fabric" in why for why in sglang["not_offered"])
+    rack = emit("sglang", RACK16, DecodeWorkload("deepseek-v3", 32768, tp=4))
+    fi = next(r for r in rack["backends"] if r["backend"] == "fi_a2a")
+    assert fi["transport"] == "mnnvl_ll128" and fi["algorithm"] == "helix"
+    assert "not priced" not in "\n".join(describe(rack))
+
+
+def test_the_token_runs_its_tp_all_reduce_on_the_fastest_transport():
+    split = Split(tp=8)
+    fast = predict_token(ONE_BOX, "llama-3.1-70b", 8192, split)
+    nccl = predict_token(ONE_BOX, "llama-3.1-70b", 8192, split, transports=("nccl",))
+    assert fast.to_json()["tp_all_reduce_transport"] != "nccl"
+    assert nccl.to_json()["tp_all_reduce_transport"] == "nccl"
+    hidden = 8192 * 2  # batch 1 x dim 8192 x bf16
+    one = collective_cost("all_reduce", hidden, _shape(ONE_BOX, 8)).time_s
+    assert nccl.parts_s["tp_all_reduce"] == pytest.approx((2 * 80 + 1) * one)
+    assert fast.parts_s["tp_all_reduce"] < nccl.parts_s["tp_all_reduce"]
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["comm", "--topology", "dgx-h100:nodes=2", "--op", "all_reduce", "--transport",
+      "symm_mem"], "one NVLink domain"),
+    (["comm", "--topology", "dgx-h100", "--op", "all_to_all", "--transport", "mnnvl_ll128"],
+     "fabric"),
+    (["predict", "--topology", "dgx-h100:nodes=2", "--model", "llama-3.1-8b", "--seq-len",
+      "32k", "--transport", "symm_mem"], "--transport symm_mem on dgx-h100:nodes=2"),
+    (["plan", "--topology", "dgx-h100", "--model", "llama-3.1-8b", "--seq-len", "32k",
+      "--transport", "mnnvl_ll128"], "fabric"),
+])
+def test_a_transport_the_cluster_cannot_offer_is_one_error_line(argv, match, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and match in err[0]
+
+
+def test_comm_prices_a_chosen_transport(capsys):
+    import json
+
+    assert main(["comm", "--topology", "dgx-h100", "--op", "all_reduce", "--transport",
+                 "symm_mem", "--min-bytes", "1K", "--max-bytes", "8K", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["bytes"] for r in rows] == [1024, 2048, 4096, 8192]
+    assert all(r["transport"] == "symm_mem" and r["algorithm"].startswith("symm_mem_")
+               for r in rows)
+    assert all(r["time_us"] >= 4.5 + 2 * 1.65 - 1e-9 for r in rows)
+    assert math.isclose(rows[0]["time_us"], 7.8, abs_tol=0.05)

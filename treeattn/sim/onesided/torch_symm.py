@@ -1,0 +1,179 @@
+"""torch's ``symm_mem`` kernels on one NVLink domain: one-shot, two-shot and ``multimem``.
+
+``torch.distributed._symmetric_memory`` maps every rank's buffer into every peer's address
+space, so a kernel reads and writes its peers' memory over NVLink directly, and ranks
+synchronise through *signal pads* (a flag per peer and block in each rank's window). vLLM
+runs its tensor-parallel all-reduce on these kernels inside one NVLink domain
+(``VLLM_ALLREDUCE_USE_SYMM_MEM``), and its direct DCP all-to-all writes partials straight
+into the peers' receive buffers (``VLLM_USE_DIRECT_DCP_A2A=1``, vLLM PR #48897, merged for
+Kimi-K3 in PR #50484). Sources: pytorch/pytorch ``torch/csrc/distributed/c10d/symm_mem/
+CUDASymmetricMemoryOps.cu`` (the kernels), and the vLLM PRs named.
+
+How each kernel moves data, per rank, for an op of ``S`` bytes (nccl-tests' size) on ``n``
+ranks, and how many barriers over the signal pads it takes (each kernel synchronises on
+entry, so its peers' inputs are ready, and on exit, so its buffers may be reused):
+
+=======================  ============================================  ========  ===========
+op / kernel              NVLink traffic of one rank                    barriers  blocks ×
+                                                                                 threads
+=======================  ============================================  ========  ===========
+all-reduce one-shot      loads ``(n−1)·S`` (every peer's whole buffer)  2         24 × 512
+all-reduce two-shot      loads ``(n−1)·S/n``, stores ``(n−1)·S/n``       2         24 × 1024
+all-reduce ``multimem``  ``ld_reduce`` and ``st`` of its ``S/n``        2         8 × 1024
+                         through the NVSwitch: ``S + S/n`` on the
+                         links (NCCL's bus bytes for its ``multimem``
+                         kernel), each block's rate times ``n``
+all-gather               stores ``(n−1)·S/n`` (``multimem``: the same,  2         24 (8) × 1024
+                         each block's rate times ``0.55·n``, NCCL's)
+reduce-scatter           loads ``(n−1)·S/n``                            2         24 × 1024
+all-to-all (direct)      stores ``(n−1)·S/n`` into the peers' buffers   1         24 × 1024
+=======================  ============================================  ========  ===========
+
+The barrier (``sync_remote_blocks``) is per block and pairwise: a thread per peer sets a flag
+in the peer's signal pad and spins on its own. Blocks: ``init_elementwise_launch_config``
+gives a shard that fits one block's threads (16-byte vectors each) one block, else up to
+the kernel's cap (``MAX_BLOCKS`` and ``__launch_bounds__`` of each kernel). The direct
+all-to-all is vLLM's kernel, not torch's; its launch is taken as two-shot's.
+
+Reductions are sums only (the ops take ``reduce_op="sum"``), so a max (``allreduce3``'s)
+takes NCCL's regular path. ``multimem`` needs NVSwitch multicast (NVLS: Hopper and newer)
+and more than two ranks.
+
+**Prices.** torch publishes no cost model, so the fixed costs are our analogy with the
+library that does, NCCL's symmetric kernels on the same GPUs (:mod:`treeattn.sim.nccl.
+symmetric`, NCCL 2.30.7 ``src/sym_kernels.cc``):
+
+* a kernel that exchanges data with its peers, with no barrier (NCCL's LL kernels carry
+  their flags in the data): NCCL's LL all-gather base latency (Hopper 4.5 µs, Blackwell 8.5);
+* one barrier: half of what NCCL's plain kernels (a barrier on entry and on exit) pay over
+  its LL ones, ``(7.8 − 4.5) / 2 = 1.65`` µs on Hopper, ``(13 − 8.5) / 2 = 2.25`` on
+  Blackwell;
+* the traffic at ``min(blocks · smBw, peakBw)``: NCCL's per-block NVLink load/store rate and
+  the ceiling its model gives load/store kernels on that NVLink generation (``multimem``
+  all-reduce: NCCL's ``multimem`` ceiling), with torch's block count for the size.
+
+A one-shot all-reduce on Hopper is so ``4.5 + 2·1.65 = 7.8`` µs plus its traffic, and the
+cheapest of the three kernels for the size is taken (vLLM picks by size among them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from treeattn.sim.nccl.collectives import CollectiveCost
+from treeattn.sim.nccl.group_shape import GroupShape
+from treeattn.sim.nccl.symmetric import ARCH, GBPS
+from treeattn.sim.payloads import SimError
+
+NAME = "symm_mem"
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+SUM_ONLY = ("all_reduce", "reduce_scatter")
+VECTOR_BYTES = 16  # bytes per thread and step (the 16-byte-aligned kernels)
+
+
+def exchange_us(shape: GroupShape) -> float:
+    """A kernel exchanging data with its peers, no barrier: NCCL's LL all-gather base."""
+    return ARCH[shape.arch][1]
+
+
+def barrier_us(shape: GroupShape) -> float:
+    """One barrier over the signal pads: half of NCCL's plain-over-LL all-gather base."""
+    arch = ARCH[shape.arch]
+    return (arch[3] - arch[1]) / 2
+
+
+def domain_unavailable(shape: GroupShape) -> str | None:
+    """Why this group cannot map its buffers into each other (None: it can)."""
+    if shape.family != "nvidia" or shape.arch not in ARCH:
+        return f"torch's symm_mem kernels are priced for Hopper or Blackwell, not {shape.arch}"
+    if shape.nnodes != 1 or shape.intra != "nvlink" or not shape.nvswitch:
+        return ("torch's symm_mem needs every GPU of the group in one NVLink domain "
+                "(NVSwitch); this group is not")
+    return None
+
+
+def unavailable(op: str, shape: GroupShape, reduction: str = "sum") -> str | None:
+    """Why torch's symm_mem would not run ``op`` for this group, or None."""
+    if op not in OPS:
+        return f"torch's symm_mem has no kernel for {op}"
+    reason = domain_unavailable(shape)
+    if reason is not None:
+        return reason
+    if op in SUM_ONLY and reduction != "sum":
+        return f"torch's symm_mem {op} is a sum only, not a {reduction}"
+    return None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One of the kernels above, for one op's size."""
+
+    name: str
+    moved: float  # NVLink bytes of one rank
+    barriers: int
+    shard: float  # bytes one rank's blocks work through (sets the block count)
+    max_blocks: int
+    threads: int
+    multimem_ceiling: bool = False  # NCCL's multimem all-reduce ceiling applies
+    rate_multiplier: float = 1.0  # NCCL's busMultiplier: the switch reduces n streams
+
+    def blocks(self) -> int:
+        per_block = self.threads * VECTOR_BYTES
+        return max(1, min(self.max_blocks, math.ceil(self.shard / per_block)))
+
+
+def _kernels(op: str, nbytes: float, n: int, multimem: bool) -> list[Kernel]:
+    share = nbytes / n
+    if op == "all_reduce":
+        out = [Kernel("one_shot", (n - 1) * nbytes, 2, nbytes, 24, 512),
+               Kernel("two_shot", 2 * (n - 1) * share, 2, share, 24, 1024)]
+        if multimem:
+            out.append(Kernel("multimem", nbytes + share, 2, share, 8, 1024, True, n))
+        return out
+    if op == "all_gather":
+        out = [Kernel("peer_store", (n - 1) * share, 2, share, 24, 1024)]
+        if multimem:
+            # NCCL's bus bytes and multiplier for its multimem all-gather: (n-1) shares
+            # arrive at each GPU, the switch's multicast raising each block's rate 0.55·n
+            out.append(Kernel("multimem", (n - 1) * share, 2, share, 8, 1024, False,
+                              0.55 * n))
+        return out
+    if op == "reduce_scatter":
+        return [Kernel("peer_load", (n - 1) * share, 2, share, 24, 1024)]
+    return [Kernel("direct_a2a", (n - 1) * share, 1, share, 24, 1024)]
+
+
+def symm_mem_cost(op: str, nbytes: int, shape: GroupShape,
+                  reduction: str = "sum") -> CollectiveCost:
+    """The cheapest of torch's symm_mem kernels for ``op`` (raises SimError where none runs).
+
+    >>> from treeattn.topo import Topology
+    >>> shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+    >>> best = symm_mem_cost("all_reduce", 16384, shape)
+    >>> best.algorithm, round(best.latency_s * 1e6, 2)
+    ('symm_mem_multimem', 7.8)
+    """
+    reason = unavailable(op, shape, reduction)
+    if reason is not None:
+        raise SimError(reason)
+    n = shape.nranks
+    _, _, _, _, sm_ar, sm, peak_mc_ar, peak, _ = ARCH[shape.arch]
+    per_block = (sm_ar if op == "all_reduce" else sm) * GBPS * 1e6  # B/s
+    best = None
+    for k in _kernels(op, float(nbytes), n, n > 2):
+        ceiling = (peak_mc_ar if k.multimem_ceiling else peak) * GBPS * 1e6
+        bandwidth = min(k.blocks() * per_block * k.rate_multiplier, ceiling)
+        latency = (exchange_us(shape) + k.barriers * barrier_us(shape)) * 1e-6
+        time_s = latency + k.moved / bandwidth
+        cost = CollectiveCost(op, int(nbytes), f"symm_mem_{k.name}", "symm", latency,
+                              nbytes / max(time_s - latency, 1e-12), time_s)
+        if best is None or cost.time_s < best.time_s:
+            best = cost
+    return best
+
+
+def put_base_us(shape: GroupShape, ll: bool) -> float:
+    """One message written into a peer's window and signalled: an exchange and one signal
+    (the receiver waits on its pad). ``ll`` is ignored: torch has one put path."""
+    return exchange_us(shape) + barrier_us(shape)

@@ -1,0 +1,87 @@
+"""The transports a schedule's collectives and messages can run on: one registry.
+
+``nccl`` is NCCL's (or RCCL's) regular path: its ring, tree and NVLS algorithms, and
+send/recv. Each other transport is one-sided, inside one NVLink domain: ranks load from and
+store into their peers' registered buffers. Each names the library that runs it, the engines'
+paths that use it, the ops it has kernels for, and its prices; an op it has no kernel for (a
+max, an all-to-all on NCCL's symmetric kernels, anything but the all-to-all on the LL128
+fabric kernel) takes NCCL's regular path, as those libraries and engines do.
+
+=============  ===========================================  ==================================
+transport      library and kernels                          engines' paths on it
+=============  ===========================================  ==================================
+nccl-symm      NCCL >= 2.27 symmetric kernels on registered  vLLM ``VLLM_USE_NCCL_SYMM_MEM=1``;
+               windows (:mod:`treeattn.sim.nccl.symmetric`)  SGLang ``--enable-symm-mem``
+symm_mem       torch ``symm_mem`` one-shot, two-shot and     vLLM's symm_mem all-reduce,
+               ``multimem`` kernels, direct peer stores      ``VLLM_USE_DIRECT_DCP_A2A=1``
+               (:mod:`treeattn.sim.onesided.torch_symm`)
+mnnvl_ll128    FlashInfer's MNNVL LL128 all-to-all           SGLang ``--dcp-comm-backend
+               (:mod:`treeattn.sim.onesided.ll128`)          fi_a2a``; TensorRT-LLM Helix
+=============  ===========================================  ==================================
+
+A point-to-point message on a one-sided transport is a store into the peer's buffer: the
+transport's own fixed cost (``put_base_us``) replaces NCCL's enqueue and proxy cost, while the
+per-hop latency and bandwidth stay those of the route (:mod:`treeattn.sim.nccl.p2p`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from treeattn.sim.nccl import symmetric as nccl_symm
+from treeattn.sim.nccl.collectives import CollectiveCost
+from treeattn.sim.nccl.group_shape import GroupShape
+from treeattn.sim.onesided import ll128, torch_symm
+from treeattn.sim.payloads import SimError
+
+
+@dataclass(frozen=True)
+class OneSided:
+    """One one-sided transport: who runs it, where, and what it costs."""
+
+    name: str
+    library: str
+    engines: str
+    unavailable: Callable[[str, GroupShape, str], str | None]  # why not this op, or None
+    domain_unavailable: Callable[[GroupShape], str | None]  # why not this group at all
+    cost: Callable[[str, int, GroupShape, str], CollectiveCost]
+    put_base_us: Callable[[GroupShape, bool], float]  # one message's fixed cost (LL or not)
+
+
+def _nccl_domain(shape: GroupShape) -> str | None:
+    return nccl_symm.unavailable("all_gather", shape)
+
+
+ONE_SIDED: dict[str, OneSided] = {
+    "nccl-symm": OneSided(
+        "nccl-symm", "NCCL >= 2.27 symmetric kernels",
+        "vLLM (VLLM_USE_NCCL_SYMM_MEM=1), SGLang (--enable-symm-mem)",
+        nccl_symm.unavailable, _nccl_domain, nccl_symm.symmetric_cost, nccl_symm.put_base_us),
+    "symm_mem": OneSided(
+        "symm_mem", "torch symm_mem kernels",
+        "vLLM (symm_mem all-reduce, VLLM_USE_DIRECT_DCP_A2A=1)",
+        torch_symm.unavailable, torch_symm.domain_unavailable, torch_symm.symm_mem_cost,
+        torch_symm.put_base_us),
+    "mnnvl_ll128": OneSided(
+        "mnnvl_ll128", "FlashInfer MNNVL LL128 all-to-all",
+        "SGLang (--dcp-comm-backend fi_a2a), TensorRT-LLM Helix",
+        ll128.unavailable, ll128.domain_unavailable, ll128.ll128_cost, ll128.put_base_us),
+}
+TRANSPORTS = ("nccl", *ONE_SIDED)
+
+
+def one_sided(name: str) -> OneSided | None:
+    """The one-sided transport ``name`` (None for ``nccl``); SimError for an unknown name."""
+    if name == "nccl":
+        return None
+    found = ONE_SIDED.get(name)
+    if found is None:
+        raise SimError(f"unknown transport {name!r} (known: {', '.join(TRANSPORTS)})")
+    return found
+
+
+def offered(name: str, shape: GroupShape) -> str | None:
+    """Why a group of ``shape`` cannot use transport ``name`` at all (None: it can)."""
+    transport = one_sided(name)
+    return None if transport is None else transport.domain_unavailable(shape)
