@@ -23,6 +23,7 @@ Writes ``benchmarks/results/fidelity_tpot.{json,md}``.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from results_io import write_results  # noqa: E402
 from treeattn.sim.deploy.capacity import Split, dtype_name
 from treeattn.sim.deploy.token import predict_token
 from treeattn.sim.devices import GPU_LAUNCH_S, MEMORY_EFFICIENCY, HardwareModel
+from treeattn.sim.network import TRANSPORTS
 from treeattn.topo import Topology
 
 ROOT = Path(__file__).resolve().parent
@@ -116,7 +118,8 @@ def score_points() -> list[dict]:
                              weights_dtype=dtype_name(p["weights_dtype"], "bfloat16"),
                              kv_dtype=dtype_name(p["kv_dtype"], "bfloat16"),
                              hardware=_hardware(p, data["gpus"]),
-                             algorithms=tuple(p["algorithms"]) if "algorithms" in p else None)
+                             algorithms=tuple(p["algorithms"]) if "algorithms" in p else None,
+                             transports=tuple(p.get("transports", TRANSPORTS)))
         predicted = pred.tpot_s * 1e3
         ratio = predicted / p["published_tpot_ms"]
         out.append({**{k: p[k] for k in ("id", "url", "hardware", "software", "published_model",
@@ -152,7 +155,48 @@ def rankings(points: list[dict]) -> list[dict]:
     return out
 
 
-def markdown(points: list[dict], ranked: list[dict]) -> str:
+def crossovers() -> list[dict]:
+    """Where TP × DCP starts to beat TP alone, by context: published against predicted.
+
+    A source gives, per context, the two concurrencies between which DCP's throughput passes
+    TP's (``[lo, hi]``: TP ahead at ``lo``, DCP at ``hi``; ``lo = 0``: DCP ahead at every
+    concurrency measured). At equal concurrency the faster TPOT has the higher throughput,
+    and a split whose KV does not fit cannot hold that concurrency, so the predicted
+    crossover is the first concurrency at which DCP's TPOT is lower or TP's does not fit.
+    """
+    data = json.loads(SOURCES.read_text())
+    out = []
+    for x in data.get("crossovers", []):
+        topo = Topology.from_spec(x["topology"])
+        weights = dtype_name(x["weights_dtype"], "bfloat16")
+        for kv in x["kv_dtypes"]:
+            for context, (lo, hi) in x["published"].items():
+                context = int(context)
+                steps = []
+                for b in x["concurrency"]:
+                    tp, dcp = (predict_token(topo, x["model"], context, split, batch=b,
+                                             weights_dtype=weights,
+                                             kv_dtype=dtype_name(kv, "bfloat16"))
+                               for split in (Split(tp=x["tp"]), Split(tp=x["tp"], dcp=x["dcp"])))
+                    dcp_wins = not tp.memory.fits or dcp.tpot_s < tp.tpot_s
+                    steps.append({"concurrency": b, "tp_ms": round(tp.tpot_s * 1e3, 3),
+                                  "dcp_ms": round(dcp.tpot_s * 1e3, 3),
+                                  "tp_fits": tp.memory.fits, "dcp_fits": dcp.memory.fits,
+                                  "dcp_wins": dcp_wins})
+                first = next((s["concurrency"] for s in steps if s["dcp_wins"]), None)
+                ladder = x["concurrency"]
+                predicted = [0, ladder[0]] if first == ladder[0] else (
+                    [ladder[ladder.index(first) - 1], first] if first else [ladder[-1], None])
+                # how many doublings apart the two crossovers lie (0: the same interval)
+                off = None if first is None else round(math.log2(max(predicted[1], 1)
+                                                                 / max(hi, 1)))
+                out.append({"id": x["id"], "url": x["url"], "kv_dtype": kv, "context": context,
+                            "published": [lo, hi], "predicted": predicted,
+                            "doublings_off": off, "steps": steps})
+    return out
+
+
+def markdown(points: list[dict], ranked: list[dict], crossed: list[dict] = ()) -> str:
     lines = ["# Whole-token model vs published decode TPOT", "",
              "Context = prompt + half the output. Error = max(pred/pub, pub/pred) − 1. "
              f"Target for scored points: within ±{TARGET:.0%}.", "",
@@ -169,6 +213,15 @@ def markdown(points: list[dict], ranked: list[dict]) -> str:
                      f"(TPOT ratio {r['published_ratio']}), predicted faster "
                      f"{r['predicted_faster']} ({r['predicted_ratio']}): "
                      f"{'reproduced' if r['reproduced'] else 'NOT reproduced'}.")
+    if crossed:
+        lines += ["", "## Where TP × DCP starts to win: published crossover against predicted",
+                  "", "Crossover `[a, b]`: TP ahead at concurrency a, DCP at b "
+                  "(a = 0: DCP ahead from the first). Off: doublings between the two.", "",
+                  "| source | KV | context | published | predicted | off |",
+                  "|---|---|---|---|---|---|"]
+        for c in crossed:
+            lines.append(f"| [{c['id']}]({c['url']}) | {c['kv_dtype']} | {c['context']:,} | "
+                         f"{c['published']} | {c['predicted']} | {c['doublings_off']} |")
     lines += ["", "## Where the model misses, and why", ""]
     lines += [f"- **{p['id']}**: {p['miss']}" for p in points if p["miss"]]
     lines += ["", "## Points, sources and assumptions", ""]
@@ -183,8 +236,10 @@ def markdown(points: list[dict], ranked: list[dict]) -> str:
 def main() -> int:
     points = score_points()
     ranked = rankings(points)
-    text = markdown(points, ranked)
-    write_results("fidelity_tpot", {"points": points, "rankings": ranked}, text)
+    crossed = crossovers()
+    text = markdown(points, ranked, crossed)
+    write_results("fidelity_tpot", {"points": points, "rankings": ranked,
+                                    "crossovers": crossed}, text)
     sys.stdout.write(text.split("## Where")[0])
     return 0
 

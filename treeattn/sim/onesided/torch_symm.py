@@ -144,6 +144,26 @@ def _kernels(op: str, nbytes: float, n: int, multimem: bool) -> list[Kernel]:
     return [Kernel("direct_a2a", (n - 1) * share, 1, share, 24, 1024)]
 
 
+def symm_mem_kernels(op: str, nbytes: int, shape: GroupShape,
+                     reduction: str = "sum") -> list[CollectiveCost]:
+    """Every torch symm_mem kernel for ``op`` priced (``algorithm`` ``symm_mem_<kernel>``);
+    [] where none runs."""
+    if unavailable(op, shape, reduction) is not None:
+        return []
+    n = shape.nranks
+    _, _, _, _, sm_ar, sm, peak_mc_ar, peak, _ = ARCH[shape.arch]
+    per_block = (sm_ar if op == "all_reduce" else sm) * GBPS * 1e6  # B/s
+    out = []
+    for k in _kernels(op, float(nbytes), n, n > 2):
+        ceiling = (peak_mc_ar if k.multimem_ceiling else peak) * GBPS * 1e6
+        bandwidth = min(k.blocks() * per_block * k.rate_multiplier, ceiling)
+        latency = (exchange_us(shape) + k.barriers * barrier_us(shape)) * 1e-6
+        time_s = latency + k.moved / bandwidth
+        out.append(CollectiveCost(op, int(nbytes), f"symm_mem_{k.name}", "symm", latency,
+                                  nbytes / max(time_s - latency, 1e-12), time_s))
+    return out
+
+
 def symm_mem_cost(op: str, nbytes: int, shape: GroupShape,
                   reduction: str = "sum") -> CollectiveCost:
     """The cheapest of torch's symm_mem kernels for ``op`` (raises SimError where none runs).
@@ -157,20 +177,7 @@ def symm_mem_cost(op: str, nbytes: int, shape: GroupShape,
     reason = unavailable(op, shape, reduction)
     if reason is not None:
         raise SimError(reason)
-    n = shape.nranks
-    _, _, _, _, sm_ar, sm, peak_mc_ar, peak, _ = ARCH[shape.arch]
-    per_block = (sm_ar if op == "all_reduce" else sm) * GBPS * 1e6  # B/s
-    best = None
-    for k in _kernels(op, float(nbytes), n, n > 2):
-        ceiling = (peak_mc_ar if k.multimem_ceiling else peak) * GBPS * 1e6
-        bandwidth = min(k.blocks() * per_block * k.rate_multiplier, ceiling)
-        latency = (exchange_us(shape) + k.barriers * barrier_us(shape)) * 1e-6
-        time_s = latency + k.moved / bandwidth
-        cost = CollectiveCost(op, int(nbytes), f"symm_mem_{k.name}", "symm", latency,
-                              nbytes / max(time_s - latency, 1e-12), time_s)
-        if best is None or cost.time_s < best.time_s:
-            best = cost
-    return best
+    return min(symm_mem_kernels(op, nbytes, shape, reduction), key=lambda c: c.time_s)
 
 
 def put_base_us(shape: GroupShape, ll: bool) -> float:
