@@ -32,6 +32,7 @@ GRID = [  # (topology, model, seq_len, batch)
     ("dgx-h100:nodes=16", "llama-3.1-8b", 1048576, 1),
     ("dgx-h100:nodes=16", "llama-3.1-8b", 131072, 8),
     ("dgx-h100:nodes=16", "llama-3.1-70b", 131072, 1),
+    ("gb200-nvl72", "llama-3.1-8b", 131072, 1),
     ("dgx-a100:nodes=4", "llama-3.1-8b", 131072, 1),
     ("mi300x:nodes=2", "llama-3.1-8b", 131072, 1),
     ("pcie-4090:gpus=8", "llama-3.1-8b", 131072, 1),

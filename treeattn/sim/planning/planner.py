@@ -252,12 +252,16 @@ def one_sided_variants(cands: list[Candidate], topology, cm: CostModel,
     the strongest baseline is the fastest on any of them, and the planner compares against
     that one.
     """
-    if cm.backend.calibration is not None or cm.backend.name == "gloo":
+    if cm.backend.calibration is not None or cm.backend.name == "gloo" or not cm.p2p.library:
         return []
+    world = tuple(range(cm.world))
+    smaller = any(s.group != world for c in cands if is_collective(c)
+                  for rank in c.built.steps for s in rank if isinstance(s, Collective))
     out = []
     for transport in transports:
-        if transport == "nccl":
-            continue
+        if transport == "nccl" or (offered(transport, cm._shape(world)) is not None
+                                   and not smaller):
+            continue  # the cluster cannot offer it (checked before building its costs)
         other = CostModel(topology, cm.workload, cm.hardware, cm.backend, transport=transport)
         for c in cands:
             if is_collective(c):
