@@ -7,9 +7,11 @@ Nothing in the model was fitted to these rows: its constants are NCCL's symmetri
 figures and torch's launch configuration (see ``treeattn/sim/onesided/torch_symm.py``).
 
 vLLM's benchmark times its communicator, which stages the input into the registered buffer
-and copies the result out (``SymmMemCommunicator.all_reduce``): those two copies are added
-as their HBM traffic (read and write of the buffer each, at the GPU's modelled bandwidth),
-without a fixed cost of their own. Rows whose method or hardware the model cannot match
+and copies the result out (``SymmMemCommunicator.all_reduce``): those two copy kernels are
+added, each priced as the hardware model prices every kernel of a step
+(:meth:`treeattn.sim.devices.HardwareModel.compute_time`: a read and a write of the buffer
+at the GPU's modelled bandwidth, plus its fixed cost ``launch_s``, the same 4 µs the whole
+token charges each kernel). Rows whose method or hardware the model cannot match
 (eager calls timed one by one, a world size not stated) are shown, not scored, with the
 reason. The error of a row is ``max(p, m) / min(p, m) - 1``.
 
@@ -44,11 +46,12 @@ def score_rows() -> list[dict]:
     for run in data["runs"]:
         topo = Topology.from_spec(run["topology"])
         shape = GroupShape.of(topo, range(run["ranks"]))
-        hbm = resolve_hardware(topo, None)[0].memory_bandwidth_Bps
+        gpu = resolve_hardware(topo, None)[0]
         for row in run["rows"]:
             kernels = {c.algorithm: c for c in symm_mem_kernels(run["op"], row["bytes"], shape)}
             kernel = kernels[f"symm_mem_{row['kernel']}"]
-            copies = run["staging_copies"] * 2 * row["bytes"] / hbm  # read + write each
+            # each copy reads and writes the buffer once, and is one kernel of the graph
+            copies = run["staging_copies"] * gpu.compute_time(2 * row["bytes"])
             predicted = (kernel.time_s + copies) * 1e6
             ratio = predicted / row["published_us"]
             out.append({"run": run["id"], "url": run["url"], "hardware": run["hardware"],
