@@ -39,6 +39,14 @@ ROOT = Path(__file__).resolve().parent
 SOURCES = ROOT / "data" / "published_onesided.json"
 TARGET = 0.30  # the bound
 
+# Where a scored row misses the target, and why (checked by tests/test_fidelity_onesided.py)
+MISSES = {
+    ("vllm-24111-h100-tp6", "multimem", 524288): (
+        "1.36x: at half a MiB the fixed costs are nearly all of the time; the communicator's "
+        "two copies are priced at the hardware model's 4 us fixed cost each, the figure the "
+        "whole token charges every kernel, which errs high for a copy this small."),
+}
+
 
 def score_rows() -> list[dict]:
     data = json.loads(SOURCES.read_text())
@@ -60,7 +68,8 @@ def score_rows() -> list[dict]:
                         "predicted_us": round(predicted, 3),
                         "kernel_us": round(kernel.time_s * 1e6, 3),
                         "ratio": round(ratio, 4), "error": round(max(ratio, 1 / ratio) - 1, 4),
-                        "scored": run["scored"], "why_not_scored": run.get("why_not_scored")})
+                        "scored": run["scored"], "why_not_scored": run.get("why_not_scored"),
+                        "miss": MISSES.get((run["id"], row["kernel"], row["bytes"]))})
     return out
 
 
@@ -84,6 +93,9 @@ def markdown(rows: list[dict], s: dict, unpriced: list[dict]) -> str:
         lines.append(f"| [{r['run']}]({r['url']}) | {r['ranks']} | {r['kernel']} | "
                      f"{r['bytes']:,} | {r['published_us']:g} | {r['predicted_us']:.1f} | "
                      f"{r['ratio']:.2f} | {'yes' if r['scored'] else 'no'} |")
+    lines += ["", "## Where the model misses, and why", ""]
+    lines += [f"- `{r['run']}` {r['kernel']} {r['bytes']:,} B: {r['miss']}"
+              for r in rows if r["miss"]]
     lines += ["", "## Not scored, and why", ""]
     seen = set()
     for r in rows:

@@ -58,7 +58,7 @@ def test_a_message_on_symmetric_memory_pays_the_kernel_base_latency_not_the_enqu
         _costs(ONE_BOX, "carrier-pigeon")
 
 
-def test_one_box_plans_on_both_transports_and_the_best_baseline_is_the_fastest_of_all():
+def test_one_box_plans_on_every_offered_transport_and_the_best_baseline_is_the_fastest():
     chosen = plan(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768))
     by_transport = {c.transport for c in chosen.candidates}
     assert by_transport == {"nccl", "nccl-symm", "symm_mem"}  # no MNNVL fabric in one DGX

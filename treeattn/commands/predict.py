@@ -150,6 +150,9 @@ def handle_prefill(args: argparse.Namespace) -> int:
 
 def handle_predict(args: argparse.Namespace) -> int:
     if args.prefill:
+        if args.transport:
+            raise SimError("--transport restricts the decode's collectives; the prefill is "
+                           "priced on NCCL's send/recv (drop --transport or --prefill)")
         if args.trace:
             raise SimError("--trace draws decode timelines; the prefill is priced in "
                            "closed form (drop --trace or --prefill)")
@@ -221,8 +224,9 @@ def handle_plan(args: argparse.Namespace) -> int:
     if not memory["fits"]:
         raise SimError(f"{workload.describe()} with --tp {args.tp} does not fit: "
                        f"{memory['memory']}")
-    engine = emit(args.emit, topo, workload, overrides) if args.emit else None
-    chosen = plan(topo, workload, transports=transports_of(args, topo), **overrides)
+    allowed = transports_of(args, topo)
+    engine = emit(args.emit, topo, workload, overrides, allowed) if args.emit else None
+    chosen = plan(topo, workload, transports=allowed, **overrides)
     extras = {k: v for k, v in memory.items() if k != "memory"}
     # one sequence without tensor parallelism: what the prefill pricing covers
     priced = args.batch == 1 and args.tp == 1 and topo.num_gpus <= PLAN_PREFILL_GPUS

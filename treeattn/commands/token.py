@@ -39,20 +39,21 @@ def add_token_flags(parser: argparse.ArgumentParser) -> None:
                              "symm_mem and mnnvl_ll128 run inside one NVLink domain")
 
 
-def transports_of(args, topology) -> tuple[str, ...]:
-    """The transports ``--transport`` allows, each checked against the cluster: one the
-    topology cannot offer (symmetric memory across InfiniBand, LL128 FIFOs without an MNNVL
-    fabric) is an error, not a silent fallback."""
+def transports_of(args, topology, groups: list[list[int]] | None = None) -> tuple[str, ...]:
+    """The transports ``--transport`` allows, each checked against the GPUs it would serve:
+    one that none of ``groups`` (rank lists; default: every GPU) can use is an error, not
+    a silent fallback (symmetric memory across InfiniBand, LL128 FIFOs without an MNNVL
+    fabric)."""
     if not args.transport:
         return TRANSPORTS
     from treeattn.sim.nccl.group_shape import GroupShape
-    from treeattn.sim.onesided import offered
+    from treeattn.sim.onesided import unoffered_reason
 
+    groups = groups or [list(range(topology.num_gpus))]
     for name in args.transport:
-        if name != "nccl":
-            reason = offered(name, GroupShape.of(topology, range(topology.num_gpus)))
-            if reason is not None:
-                raise SimError(f"--transport {name} on {args.topology}: {reason}")
+        reasons = [unoffered_reason(name, GroupShape.of(topology, g)) for g in groups]
+        if all(reasons):
+            raise SimError(f"--transport {name} on {args.topology}: {reasons[0]}")
     return tuple(dict.fromkeys(args.transport))
 
 
@@ -106,10 +107,12 @@ def handle_predict_token(args: argparse.Namespace) -> int:
         raise SimError(f"--tp {args.tp} must divide the {topo.num_gpus} GPUs")
     split = Split(tp=args.tp, cp=topo.num_gpus // args.tp, dcp=args.dcp)
     overrides = plan_overrides(args.profile, topo)
+    # the merge's GPUs, and the TP group whose all-reduces may use a transport on their own
+    allowed = transports_of(args, topo, [list(range(topo.num_gpus)), list(range(args.tp))])
     rows = []
     for seq_len in args.seq_len:
         p = predict_token(topo, model, seq_len, split, batch=args.batch, weights_dtype=weights,
-                          kv_dtype=kv, transports=transports_of(args, topo), **overrides)
+                          kv_dtype=kv, transports=allowed, **overrides)
         row = {"topology": args.topology, **p.to_json()}
         if not p.memory.fits:  # never priced as if it ran
             row.update(tpot_s=None, tokens_per_s=None, batch_tokens_per_s=None,
@@ -150,9 +153,13 @@ def handle_plan_gpus(args: argparse.Namespace) -> int:
     model = ModelConfig.from_name(args.model)
     weights, kv = _dtypes(args, model)
     overrides = plan_overrides(args.profile, topo) if topo.num_gpus == args.gpus else {}
+    # the budget's GPUs, and a TP group inside the first host
+    first_host = len(topo.gpus_on(topo.hosts[0]))
+    groups = [list(range(min(args.gpus, topo.num_gpus))),
+              list(range(min(args.gpus, first_host, topo.num_gpus)))]
     found = search(topo, model, args.seq_len, args.gpus, batch=args.batch,
-                   weights_dtype=weights, kv_dtype=kv, transports=transports_of(args, topo),
-                   **overrides)
+                   weights_dtype=weights, kv_dtype=kv,
+                   transports=transports_of(args, topo, groups), **overrides)
     rows = [{"topology": args.topology, **d.to_json()} for d in found]
     if args.json:
         print(json.dumps(tagged("deployments", {"best": rows[0], "rows": rows}), indent=2,

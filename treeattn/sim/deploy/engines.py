@@ -34,18 +34,20 @@ the switch of the fastest is emitted with the flags:
 ========  ============  ===========  ====================================================
 engine    backend       transport    switch (source)
 ========  ============  ===========  ====================================================
-both      ag_rs, a2a    nccl-symm    vLLM ``VLLM_USE_NCCL_SYMM_MEM=1 NCCL_NVLS_ENABLE=1
+both      ag_rs         nccl-symm    vLLM ``VLLM_USE_NCCL_SYMM_MEM=1 NCCL_NVLS_ENABLE=1
                                      NCCL_CUMEM_ENABLE=1`` (vLLM ``benchmarks/kernels/
                                      benchmark_device_communicators.py``, PR #24532);
-                                     SGLang ``--enable-symm-mem`` (``server_args.py``;
-                                     its a2a runs on it, PR #32560)
+                                     SGLang ``--enable-symm-mem`` (``server_args.py``)
 vLLM      a2a           symm_mem     ``VLLM_USE_DIRECT_DCP_A2A=1``: partials stored into
                                      the peers' buffers (PRs #48897, #50484)
 SGLang    fi_a2a        mnnvl_ll128  FlashInfer's MNNVL LL128 all-to-all; needs an MNNVL
                                      fabric (GB200 NVL72), so it is priced only there
 ========  ============  ===========  ====================================================
 
-Each engine routes a collective to NCCL's symmetric kernels within its own size thresholds
+The a2a backends are priced on NCCL's regular path: NCCL has no symmetric all-to-all kernel
+(SGLang's a2a on registered windows, PR #32560, runs ``ncclAllToAll``, whose grouped
+sends NCCL's model prices as on any buffer). Each engine routes a collective to NCCL's
+symmetric kernels within its own size thresholds
 (vLLM: ``should_nccl_symm_mem_allreduce`` and ``should_nccl_symm_mem_ag_rs``), which are not
 modelled: the backend is priced as if every collective it can run there did.
 
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from treeattn.sim.network import TRANSPORTS
 from treeattn.sim.payloads import SimError
 from treeattn.sim.planning.planner import plan
 
@@ -98,14 +101,14 @@ ENGINES = {
         "https://docs.vllm.ai/en/latest/serving/context_parallel_deployment.html",
         "--decode-context-parallel-size",
         (Backend("ag_rs", "dcp", {"nccl": _PLAIN, "nccl-symm": _VLLM_SYMM}),
-         Backend("a2a", "helix", {"nccl": _PLAIN, "nccl-symm": _VLLM_SYMM,
+         Backend("a2a", "helix", {"nccl": _PLAIN,
                                   "symm_mem": (("VLLM_USE_DIRECT_DCP_A2A=1",), ())})),
         mla_only=False, extra=("--cp-kv-cache-interleave-size", "1")),
     "sglang": Engine(
         "SGLang", "SGLang main (DCP page, issue #19436, PRs #21637 and #32560)",
         "https://docs.sglang.io/docs/advanced_features/dcp.md", "--dcp-size",
         (Backend("ag_rs", "dcp", {"nccl": _PLAIN, "nccl-symm": _SGLANG_SYMM}),
-         Backend("a2a", "helix", {"nccl": _PLAIN, "nccl-symm": _SGLANG_SYMM}),
+         Backend("a2a", "helix", {"nccl": _PLAIN}),
          Backend("fi_a2a", "helix", {"mnnvl_ll128": _PLAIN})),
         mla_only=True, extra=("--dcp-replicate-q-proj",)),
 }
@@ -137,9 +140,11 @@ is violated (tensor-parallel-size 8 // 8 KV heads = 1 < decode-context-parallel-
                        f"{world // kv_heads} < {flag} {dcp})")
 
 
-def emit(target: str, topology, workload, overrides: dict | None = None) -> dict:
+def emit(target: str, topology, workload, overrides: dict | None = None,
+         transports: tuple[str, ...] = TRANSPORTS) -> dict:
     """The engine's flags for ``workload`` on ``topology`` (``workload.tp`` sets the DCP
-    size), the prediction of each backend, and treeattn's own pick beside the best of them."""
+    size), the prediction of each backend, and treeattn's own pick beside the best of them,
+    all on ``transports``."""
     if target not in ENGINES:
         raise SimError(f"unknown --emit target {target!r} (known: {', '.join(ENGINES)})")
     engine, overrides = ENGINES[target], overrides or {}
@@ -149,12 +154,17 @@ def emit(target: str, topology, workload, overrides: dict | None = None) -> dict
     dcp = world // workload.tp
     check_constraints(engine, world, dcp, workload.model.n_kv_heads, workload.model.is_mla)
     sharded = replace(workload, layout="head_sharded")
-    pick = plan(topology, sharded, **overrides)
+    pick = plan(topology, sharded, transports=transports, **overrides)
     rows, unoffered = [], []
     for backend in engine.backends:
+        allowed = tuple(t for t in backend.transports if t in transports)
+        if not allowed:
+            unoffered.append(f"{backend.choice}: runs on {', '.join(backend.transports)}, "
+                             "none of the transports allowed")
+            continue
         try:
             chosen = plan(topology, sharded, algorithms=(backend.algorithm,),
-                          transports=tuple(backend.transports), **overrides)
+                          transports=allowed, **overrides)
         except SimError as exc:  # this backend cannot run here (transport, head split)
             unoffered.append(f"{backend.choice}: {exc}")
             continue

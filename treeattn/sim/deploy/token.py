@@ -159,17 +159,20 @@ def deployment_topology(topology, split: Split):
 
 def _collective(op: str, nbytes: int, topology, ranks: list[int],
                 transports: tuple[str, ...]) -> tuple[float, str]:
-    """(seconds, transport) of the fastest of ``transports`` that runs ``op`` on ``ranks``
-    (NCCL's regular path if none of the one-sided ones does)."""
+    """(seconds, transport) of the fastest of ``transports`` that runs ``op`` on ``ranks``;
+    NCCL's regular path where it is allowed or none of the one-sided ones runs the op (the
+    libraries' own fallback)."""
     if len(ranks) < 2 or nbytes < 1:
         return 0.0, "none"
     shape = GroupShape.of(topology, ranks)
-    best = (collective_cost(op, int(nbytes), shape).time_s, "nccl")
+    options = []
     for name in transports:
         transport = one_sided(name)
         if transport is not None and transport.unavailable(op, shape, "sum") is None:
-            best = min(best, (transport.cost(op, int(nbytes), shape, "sum").time_s, name))
-    return best
+            options.append((transport.cost(op, int(nbytes), shape, "sum").time_s, name))
+    if "nccl" in transports or not options:
+        options.append((collective_cost(op, int(nbytes), shape).time_s, "nccl"))
+    return min(options)
 
 
 def attention_view(model: ModelConfig, split: Split, seq_len: int, batch: int,

@@ -44,8 +44,10 @@ class GroupShape:
     # hosts, "other": ARM, POWER, unknown): it sets the network post overhead of a
     # multi-node ring step and the multi-node LL bandwidth cap (nccl_tables: NCCL-net).
     cpu_vendor: str = "intel"
-    # GPUs of a multi-node NVLink fabric (fabric memory handles across trays: GB200 NVL72),
-    # which FlashInfer's MNNVL kernels need (treeattn.sim.onesided.ll128)
+    # GPUs sold in multi-node NVLink fabrics (fabric memory handles across trays: GB200
+    # NVL72), which FlashInfer's MNNVL kernels need (treeattn.sim.onesided.ll128). Read from
+    # the GPU model: the topology graph does not mark fabric memory; whether the group is
+    # one NVLink domain is ``nnodes`` (a rack is one host)
     mnnvl: bool = False
 
     def scaled(self, lat: float = 1.0, net_lat: float = 1.0, bw: float = 1.0,
@@ -97,7 +99,7 @@ class GroupShape:
         return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
                    speed, inter_speed, p2p_intra, p2p_inter,
                    cpu_vendor=cpu_vendor(topology, per_host),
-                   mnnvl=model in T.MNNVL_MODELS and nnodes == 1)
+                   mnnvl=model in T.MNNVL_MODELS)
 
 
 def _speeds(table: dict, arch: str) -> tuple[float, ...]:

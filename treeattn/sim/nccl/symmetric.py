@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from treeattn.sim.nccl.collectives import CollectiveCost
 from treeattn.sim.nccl.group_shape import GroupShape
@@ -50,10 +51,24 @@ LL_BUS_FACTOR = 9  # LL kernels: 2x the bytes, plus some processing, plus no unr
 SM_PENALTY = 0.025  # ncclSymkPickKernel: 2.5% per block when choosing among kernels
 BLOCK_TOLERANCE = 1.025  # the fewest blocks within 2.5% of the time at the most
 GBPS = (1 << 30) / 1e6  # sym_kernels.cc's "GBps": bytes per microsecond
-# (LL base, LL all-gather base, other all-reduce base, other base, smBw all-reduce,
-#  smBw other, peak multimem all-reduce, peak other, multimem blocks over the ranks)
-ARCH = {"hopper": (4.5, 4.5, 7.8, 7.8, 65, 44, 480, 320, 16),
-        "blackwell": (11.0, 8.5, 19.5, 13.0, 55, 55, 1000, 600, 32)}
+
+
+class ArchCosts(NamedTuple):
+    """``sym_kernels.cc``'s figures for one GPU generation (µs, and NCCL's "GB/s")."""
+
+    ll_base: float  # LL kernels' base latency
+    ll_all_gather_base: float
+    all_reduce_base: float  # plain (barrier-synchronised) all-reduce
+    base: float  # plain kernels otherwise
+    sm_bw_all_reduce: float  # per block
+    sm_bw: float
+    peak_multimem_all_reduce: float
+    peak: float  # load/store ceiling of the other kernels
+    multimem_blocks: int  # over the ranks
+
+
+ARCH = {"hopper": ArchCosts(4.5, 4.5, 7.8, 7.8, 65, 44, 480, 320, 16),
+        "blackwell": ArchCosts(11.0, 8.5, 19.5, 13.0, 55, 55, 1000, 600, 32)}
 SUM_ONLY = ("all_reduce", "reduce_scatter")
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -172,7 +187,7 @@ def put_base_us(shape: GroupShape, ll: bool) -> float:
     collectives.p2p_parts`), so only the library's enqueue and proxy cost is replaced.
     """
     arch = ARCH[shape.arch]
-    return arch[1] if ll else arch[3]
+    return arch.ll_all_gather_base if ll else arch.base
 
 
 def symmetric_cost(op: str, nbytes: int, shape: GroupShape,

@@ -11,21 +11,23 @@ DCP backend; it falls back to NCCL where the MNNVL workspace cannot initialise),
 LL128 line format of NVIDIA/nccl ``src/device/prims_ll128.h`` (``NCCL_LL128_LINEELEMS`` 16
 eight-byte words per line, one of them the flag).
 
-What it runs: the all-to-all only. Every other op of a schedule priced on this transport
-takes NCCL's regular path, as the engines do (they use the kernel for the DCP exchange).
+What it runs: the all-to-all, and, for treeattn's own schedules priced like for like on
+the same fabric, messages written into a peer's FIFO. Every other collective of a schedule
+priced on this transport takes NCCL's regular path, as the engines do (they use the kernel
+for the DCP exchange).
 
-**Price** (our analogy, as for torch's symm_mem in :mod:`treeattn.sim.onesided.torch_symm`):
-an exchange with flags in the data and no barrier costs NCCL's LL all-gather base latency on
-the same GPUs; a rank's ``(n−1)·S/n`` bytes travel at 120/128 of the load/store ceiling NCCL
-gives its symmetric kernels on that NVLink generation.
+**Price** (:mod:`treeattn.sim.onesided.fixed_costs`, our analogy with NCCL's symmetric
+kernels): an exchange with flags in the data and no barrier; a rank's ``(n−1)·S/n`` bytes at
+120/128 of the load/store ceiling NCCL gives its symmetric kernels on that NVLink
+generation.
 """
 
 from __future__ import annotations
 
 from treeattn.sim.nccl.collectives import CollectiveCost
 from treeattn.sim.nccl.group_shape import GroupShape
-from treeattn.sim.nccl.symmetric import ARCH, GBPS
-from treeattn.sim.onesided.torch_symm import exchange_us
+from treeattn.sim.nccl.symmetric import ARCH
+from treeattn.sim.onesided.fixed_costs import arch_costs, bytes_per_s, exchange_us
 from treeattn.sim.payloads import SimError
 
 NAME = "mnnvl_ll128"
@@ -39,7 +41,8 @@ def domain_unavailable(shape: GroupShape) -> str | None:
         return ("FlashInfer's MNNVL all-to-all needs a multi-node NVLink fabric (fabric "
                 "memory, e.g. GB200 NVL72); this group has none")
     if shape.nnodes != 1 or shape.intra != "nvlink" or shape.arch not in ARCH:
-        return "FlashInfer's MNNVL all-to-all needs one NVLink domain; this group is not"
+        return ("FlashInfer's MNNVL all-to-all needs one NVLink domain; this group spans "
+                f"{shape.nnodes} of them")
     return None
 
 
@@ -63,7 +66,7 @@ def ll128_cost(op: str, nbytes: int, shape: GroupShape,
     if reason is not None:
         raise SimError(reason)
     n = shape.nranks
-    ceiling = ARCH[shape.arch][7] * GBPS * 1e6 * LL128_PAYLOAD  # B/s of data
+    ceiling = bytes_per_s(arch_costs(shape).peak) * LL128_PAYLOAD  # B/s of data
     latency = exchange_us(shape) * 1e-6
     time_s = latency + (n - 1) * nbytes / n / ceiling
     return CollectiveCost(op, int(nbytes), "mnnvl_ll128_a2a", "LL128", latency,

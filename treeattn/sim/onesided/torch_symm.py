@@ -39,18 +39,10 @@ Reductions are sums only (the ops take ``reduce_op="sum"``), so a max (``allredu
 takes NCCL's regular path. ``multimem`` needs NVSwitch multicast (NVLS: Hopper and newer)
 and more than two ranks.
 
-**Prices.** torch publishes no cost model, so the fixed costs are our analogy with the
-library that does, NCCL's symmetric kernels on the same GPUs (:mod:`treeattn.sim.nccl.
-symmetric`, NCCL 2.30.7 ``src/sym_kernels.cc``):
-
-* a kernel that exchanges data with its peers, with no barrier (NCCL's LL kernels carry
-  their flags in the data): NCCL's LL all-gather base latency (Hopper 4.5 µs, Blackwell 8.5);
-* one barrier: half of what NCCL's plain kernels (a barrier on entry and on exit) pay over
-  its LL ones, ``(7.8 − 4.5) / 2 = 1.65`` µs on Hopper, ``(13 − 8.5) / 2 = 2.25`` on
-  Blackwell;
-* the traffic at ``min(blocks · smBw, peakBw)``: NCCL's per-block NVLink load/store rate and
-  the ceiling its model gives load/store kernels on that NVLink generation (``multimem``
-  all-reduce: NCCL's ``multimem`` ceiling), with torch's block count for the size.
+**Prices** (:mod:`treeattn.sim.onesided.fixed_costs`: our analogy with NCCL's symmetric
+kernels on the same GPUs, which publish a cost model): an exchange, plus each barrier, plus
+the traffic at torch's block count times NCCL's per-block rate, capped at NCCL's load/store
+ceiling (``multimem`` all-reduce: NCCL's ``multimem`` ceiling).
 
 A one-shot all-reduce on Hopper is so ``4.5 + 2·1.65 = 7.8`` µs plus its traffic, and the
 cheapest of the three kernels for the size is taken (vLLM picks by size among them).
@@ -63,24 +55,14 @@ from dataclasses import dataclass
 
 from treeattn.sim.nccl.collectives import CollectiveCost
 from treeattn.sim.nccl.group_shape import GroupShape
-from treeattn.sim.nccl.symmetric import ARCH, GBPS
+from treeattn.sim.nccl.symmetric import ARCH
+from treeattn.sim.onesided.fixed_costs import arch_costs, barrier_us, bytes_per_s, exchange_us
 from treeattn.sim.payloads import SimError
 
 NAME = "symm_mem"
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 SUM_ONLY = ("all_reduce", "reduce_scatter")
 VECTOR_BYTES = 16  # bytes per thread and step (the 16-byte-aligned kernels)
-
-
-def exchange_us(shape: GroupShape) -> float:
-    """A kernel exchanging data with its peers, no barrier: NCCL's LL all-gather base."""
-    return ARCH[shape.arch][1]
-
-
-def barrier_us(shape: GroupShape) -> float:
-    """One barrier over the signal pads: half of NCCL's plain-over-LL all-gather base."""
-    arch = ARCH[shape.arch]
-    return (arch[3] - arch[1]) / 2
 
 
 def domain_unavailable(shape: GroupShape) -> str | None:
@@ -151,11 +133,12 @@ def symm_mem_kernels(op: str, nbytes: int, shape: GroupShape,
     if unavailable(op, shape, reduction) is not None:
         return []
     n = shape.nranks
-    _, _, _, _, sm_ar, sm, peak_mc_ar, peak, _ = ARCH[shape.arch]
-    per_block = (sm_ar if op == "all_reduce" else sm) * GBPS * 1e6  # B/s
+    arch = arch_costs(shape)
+    per_block = bytes_per_s(arch.sm_bw_all_reduce if op == "all_reduce" else arch.sm_bw)
     out = []
     for k in _kernels(op, float(nbytes), n, n > 2):
-        ceiling = (peak_mc_ar if k.multimem_ceiling else peak) * GBPS * 1e6
+        ceiling = bytes_per_s(arch.peak_multimem_all_reduce if k.multimem_ceiling
+                              else arch.peak)
         bandwidth = min(k.blocks() * per_block * k.rate_multiplier, ceiling)
         latency = (exchange_us(shape) + k.barriers * barrier_us(shape)) * 1e-6
         time_s = latency + k.moved / bandwidth

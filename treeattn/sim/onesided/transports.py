@@ -81,7 +81,7 @@ def one_sided(name: str) -> OneSided | None:
     return found
 
 
-def offered(name: str, shape: GroupShape) -> str | None:
+def unoffered_reason(name: str, shape: GroupShape) -> str | None:
     """Why a group of ``shape`` cannot use transport ``name`` at all (None: it can)."""
     transport = one_sided(name)
     return None if transport is None else transport.domain_unavailable(shape)

@@ -52,7 +52,7 @@ from treeattn.sim.closed_form import closed_form, collective_schedule, ring_pass
 from treeattn.sim.engine import simulate
 from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import TRANSPORTS, CostModel
-from treeattn.sim.onesided import offered
+from treeattn.sim.onesided import unoffered_reason
 from treeattn.sim.parallel import cp_group, cp_view
 from treeattn.sim.payloads import SimError
 from treeattn.sim.planning.candidates import (
@@ -233,6 +233,16 @@ def run_candidate(c: Candidate, topology, cm: CostModel) -> None:
     c.result = simulate(schedule, topology, cm.workload, costs=cm, timeline=cm.world <= 4096)
 
 
+def one_sided_refusal(cm: CostModel) -> str | None:
+    """Why no plan here is priced on a one-sided transport at all (None: they may be)."""
+    if cm.backend.calibration is not None:
+        return ("a measured calibration prices NCCL's regular algorithms only, not the "
+                "one-sided transports")
+    if cm.backend.name == "gloo" or not cm.p2p.library:
+        return "CPU ranks (gloo) have no one-sided transport"
+    return None
+
+
 def one_sided_variants(cands: list[Candidate], topology, cm: CostModel,
                        transports: tuple[str, ...]) -> list[Candidate]:
     """The scored plans again on each one-sided transport of ``transports`` that this cluster
@@ -252,15 +262,15 @@ def one_sided_variants(cands: list[Candidate], topology, cm: CostModel,
     the strongest baseline is the fastest on any of them, and the planner compares against
     that one.
     """
-    if cm.backend.calibration is not None or cm.backend.name == "gloo" or not cm.p2p.library:
+    wanted = [t for t in transports if t != "nccl"]
+    if not wanted or one_sided_refusal(cm) is not None:
         return []
     world = tuple(range(cm.world))
     smaller = any(s.group != world for c in cands if is_collective(c)
                   for rank in c.built.steps for s in rank if isinstance(s, Collective))
     out = []
-    for transport in transports:
-        if transport == "nccl" or (offered(transport, cm._shape(world)) is not None
-                                   and not smaller):
+    for transport in wanted:
+        if unoffered_reason(transport, cm._shape(world)) is not None and not smaller:
             continue  # the cluster cannot offer it (checked before building its costs)
         other = CostModel(topology, cm.workload, cm.hardware, cm.backend, transport=transport)
         for c in cands:
@@ -320,11 +330,13 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     if "nccl" not in transports:
         cands = [c for c in cands if c.transport != "nccl"]
         if not cands:
-            shape = cm._shape(tuple(range(cm.world)))
-            why = [offered(t, shape) or f"{t} runs none of their collectives"
-                   for t in transports]
-            raise SimError(f"no candidate runs on {', '.join(transports)} here: "
-                           + "; ".join(why))
+            refusal = one_sided_refusal(cm)
+            if refusal is None:
+                shape = cm._shape(tuple(range(cm.world)))
+                why = [unoffered_reason(t, shape) or f"{t} runs none of their collectives"
+                       for t in transports]
+                refusal = "; ".join(why)
+            raise SimError(f"no candidate runs on {', '.join(transports)} here: {refusal}")
     cands.sort(key=lambda c: (c.bound_s, c.name))
     budget = max_simulated or (8 if cm.world <= 64 else 3 if cm.world <= 2048 else 1)
     best, used = math.inf, 0
