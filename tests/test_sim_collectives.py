@@ -6,11 +6,10 @@ test), not printed by the code under test.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
+from benchmark_module import load_benchmark
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +24,6 @@ from treeattn.sim.nccl.collectives import (
 )
 from treeattn.sim.payloads import busbw_factor
 from treeattn.topo import Topology
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -177,10 +174,7 @@ def _topology(spec: str) -> Topology:
 
 
 def _fidelity():
-    spec = importlib.util.spec_from_file_location("fidelity", ROOT / "benchmarks" / "fidelity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("fidelity")
 
 
 def test_fidelity_against_published_measurements():

@@ -3,13 +3,12 @@ CP search, their CLI contracts and refusals, and fidelity against published TPOT
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from benchmark_module import load_benchmark
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +28,6 @@ from treeattn.sim.deploy.token import check_token_model, kernels_per_step, predi
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.topo import Topology
 
-ROOT = Path(__file__).resolve().parents[1]
 DGX = Topology.from_spec("dgx-h100")
 
 
@@ -215,11 +213,7 @@ def test_a_model_without_the_token_shapes_is_refused():
 
 # -- fidelity ----------------------------------------------------------------------------
 def _fidelity():
-    spec = importlib.util.spec_from_file_location("fidelity_tpot",
-                                                  ROOT / "benchmarks" / "fidelity_tpot.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("fidelity_tpot")
 
 
 def test_fidelity_against_published_tpot():
