@@ -56,7 +56,20 @@ def test_tp_must_be_a_multiple_of_dcp():
 def test_an_inexpressible_pick_is_said_with_the_ratio():
     topo = Topology.from_spec("dgx-h100:nodes=2")
     record = emit("vllm", topo, DecodeWorkload("llama-3.1-8b", 131072, tp=8))
-    record.update(pick="tree/binomial@0", pick_algorithm="tree", pick_expressible=False,
+    record.update(pick="tree/binomial@0", pick_algorithm="tree", pick_backend=None,
                   pick_latency_s=record["best"]["latency_s"] / 1.5, ratio=1.5)
     text = "\n".join(describe(record))
     assert "cannot be expressed in vLLM" in text and "1.50× the pick's time" in text
+
+
+def test_an_expressible_pick_names_the_backend_that_runs_it():
+    """On a GB200 rack SGLang's a2a and fi_a2a are both Helix; the pick, Helix on the LL128
+    fabric (one flag-carrying exchange against NCCL's grouped sends), is fi_a2a's."""
+    from treeattn.sim.parallel import sub_topology
+
+    rack = sub_topology(Topology.from_spec("gb200-nvl72"), list(range(16)))
+    record = emit("sglang", rack, DecodeWorkload("deepseek-v3", 32768, tp=4))
+    assert record["pick"] == "helix@mnnvl_ll128" and record["pick_backend"] == "fi_a2a"
+    row = next(r for r in record["backends"] if r["backend"] == "fi_a2a")
+    assert (row["algorithm"], row["transport"]) == ("helix", "mnnvl_ll128")
+    assert "runs with --dcp-comm-backend fi_a2a." in "\n".join(describe(record))

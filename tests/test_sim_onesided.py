@@ -146,7 +146,7 @@ def test_unoffered_reason_names_why_not():
     assert unoffered_reason("nccl", _shape(TWO_BOXES, 16)) is None
     two_racks = Topology.from_spec("gb200-nvl72:racks=2")
     reason = unoffered_reason("mnnvl_ll128", _shape(two_racks, 144))
-    assert "one NVLink domain" in reason and "spans 2" in reason
+    assert "one NVLink domain" in reason and "spans 2 hosts" in reason
 
 
 def test_engines_emit_the_switch_of_the_transport_they_run_on():
@@ -232,6 +232,28 @@ def test_a_transport_serves_the_gpus_it_would_run_on(capsys):
     assert main(["plan", "--topology", "dgx-h100:nodes=2", "--model", "llama-3.1-70b",
                  "--seq-len", "8k", "--gpus", "8", "--transport", "symm_mem", "--transport",
                  "nccl", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert best["tp_all_reduce_transport"] == "symm_mem"
+    # on one-node transports alone, the splits that merge across nodes are refused, each
+    # with its reason, and the search goes on
+    assert main(["plan", "--topology", "dgx-h100:nodes=2", "--model", "llama-3.1-70b",
+                 "--seq-len", "8k", "--gpus", "16", "--transport", "symm_mem", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert any("symm_mem" in (r.get("refused") or "") for r in rows)
+
+
+def test_transports_of_cpu_ranks():
+    """NCCL's regular path needs no check; a one-sided transport on CPU ranks is refused
+    with the reason, not a traceback."""
+    from argparse import Namespace
+
+    from treeattn.commands.token import transports_of
+
+    cpu = Topology.from_spec("local:ranks=4")
+    assert transports_of(Namespace(transport=["nccl"], topology="local:ranks=4"),
+                         cpu) == ("nccl",)
+    with pytest.raises(SimError, match="--transport symm_mem on local:ranks=4: no NCCL"):
+        transports_of(Namespace(transport=["symm_mem"], topology="local:ranks=4"), cpu)
 
 
 def test_comm_prices_a_chosen_transport(capsys):

@@ -271,7 +271,9 @@ def handle_plan(args: argparse.Namespace) -> int:
         rest = ", ".join(f"{p.algorithm} {_ttft(p.ttft_s)}" for p in others)
         console.print(f"Prefill of {args.seq_len:,} tokens: [bold]{pick.algorithm}[/bold] "
                       f"({SOURCES_PREFILL[pick.algorithm]}), time to first token "
-                      f"{_ttft(pick.ttft_s)} (then {rest})")
+                      f"{_ttft(pick.ttft_s)} (then {rest})"
+                      + ("; priced on NCCL's send/recv, --transport applies to the decode"
+                         if args.transport else ""))
     if runnable is not chosen:
         console.print(f"{args.output} holds the best plan treeattn's runtime executes, on "
                       f"regular NCCL: {runnable.name}, {_time(runnable.latency_s)} per layer "

@@ -49,11 +49,19 @@ def transports_of(args, topology, groups: list[list[int]] | None = None) -> tupl
     from treeattn.sim.nccl.group_shape import GroupShape
     from treeattn.sim.onesided import unoffered_reason
 
-    groups = groups or [list(range(topology.num_gpus))]
+    groups = [g for g in groups or [list(range(topology.num_gpus))] if len(g) > 1]
     for name in args.transport:
-        reasons = [unoffered_reason(name, GroupShape.of(topology, g)) for g in groups]
-        if all(reasons):
-            raise SimError(f"--transport {name} on {args.topology}: {reasons[0]}")
+        if name == "nccl":
+            continue
+        reasons = []
+        for group in groups:
+            try:
+                reasons.append(unoffered_reason(name, GroupShape.of(topology, group)))
+            except SimError as exc:  # GPUs the library model does not know, CPU ranks
+                reasons.append(str(exc))
+        if not groups or all(reasons):
+            why = reasons[0] if reasons else "a transport needs at least two GPUs"
+            raise SimError(f"--transport {name} on {args.topology}: {why}")
     return tuple(dict.fromkeys(args.transport))
 
 

@@ -99,10 +99,14 @@ def search(topology, model: ModelConfig | str, seq_len: int, gpus: int, *, batch
         elif not memory.fits:
             d.refused = "does not fit: " + memory.describe()
         else:
-            d.prediction = predict_token(topo, model, seq_len, split, batch=batch,
-                                         weights_dtype=weights_dtype, kv_dtype=kv_dtype,
-                                         hardware=hardware, backend=backend,
-                                         max_simulated=MAX_SIMULATED, transports=transports)
+            try:
+                d.prediction = predict_token(topo, model, seq_len, split, batch=batch,
+                                             weights_dtype=weights_dtype, kv_dtype=kv_dtype,
+                                             hardware=hardware, backend=backend,
+                                             max_simulated=MAX_SIMULATED,
+                                             transports=transports)
+            except SimError as exc:  # e.g. a merge across nodes on a one-node transport
+                d.refused = str(exc)
         found.append(d)
     fitting = sorted((d for d in found if d.fits),
                      key=lambda d: (d.tpot_s, d.split.seq_ranks, d.split.label))

@@ -183,8 +183,9 @@ def emit(target: str, topology, workload, overrides: dict | None = None,
             "backends": rows, "not_offered": unoffered,
             "best": best, "pick": pick.name, "pick_algorithm": pick.algorithm,
             "pick_latency_s": pick.latency_s,
-            "pick_expressible": (pick.algorithm, pick.winner.transport) in
-            {(b.algorithm, t) for b in engine.backends for t in b.transports},
+            "pick_backend": next((r["backend"] for r in rows
+                                  if (r["algorithm"], r["transport"])
+                                  == (pick.algorithm, pick.winner.transport)), None),
             "ratio": best["latency_s"] / pick.latency_s}
 
 
@@ -201,9 +202,10 @@ def describe(record: dict) -> list[str]:
                      f"{r['transport']}: {us(r['latency_s'])} per layer ({r['method']})")
     for why in record["not_offered"]:
         lines.append(f"  not priced: {why}")
-    if record["pick_expressible"]:
+    if record["pick_backend"] is not None:
         lines.append(f"treeattn's pick (head-sharded output), {record['pick']}, is what "
-                     f"{record['engine']} runs with --dcp-comm-backend {best['backend']}.")
+                     f"{record['engine']} runs with --dcp-comm-backend "
+                     f"{record['pick_backend']}.")
     else:
         lines.append(f"treeattn's pick (head-sharded output), {record['pick']} "
                      f"({us(record['pick_latency_s'])} per layer), cannot be expressed in "

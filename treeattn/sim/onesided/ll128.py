@@ -40,9 +40,11 @@ def domain_unavailable(shape: GroupShape) -> str | None:
     if not shape.mnnvl:
         return ("FlashInfer's MNNVL all-to-all needs a multi-node NVLink fabric (fabric "
                 "memory, e.g. GB200 NVL72); this group has none")
-    if shape.nnodes != 1 or shape.intra != "nvlink" or shape.arch not in ARCH:
+    if shape.nnodes != 1:
         return ("FlashInfer's MNNVL all-to-all needs one NVLink domain; this group spans "
-                f"{shape.nnodes} of them")
+                f"{shape.nnodes} hosts (racks)")
+    if shape.intra != "nvlink" or shape.arch not in ARCH:
+        return "FlashInfer's MNNVL all-to-all needs Blackwell or Hopper GPUs on NVLink"
     return None
 
 
