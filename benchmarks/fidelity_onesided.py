@@ -49,8 +49,8 @@ MISSES = {
 }
 
 
-def score_rows() -> list[dict]:
-    data = json.loads(SOURCES.read_text())
+def score_rows(data: dict | None = None) -> list[dict]:
+    data = data or json.loads(SOURCES.read_text())
     out = []
     for run in data["runs"]:
         topo = Topology.from_spec(run["topology"])
@@ -109,9 +109,10 @@ def markdown(rows: list[dict], s: dict, unpriced: list[dict]) -> str:
 
 
 def main() -> int:
-    rows = score_rows()
+    data = json.loads(SOURCES.read_text())
+    rows = score_rows(data)
     s = summary(rows)
-    text = markdown(rows, s, json.loads(SOURCES.read_text())["unpriced"])
+    text = markdown(rows, s, data["unpriced"])
     write_results("fidelity_onesided", {"rows": rows, "summary": s}, text)
     sys.stdout.write(text)
     return 0

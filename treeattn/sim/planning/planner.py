@@ -265,13 +265,14 @@ def one_sided_variants(cands: list[Candidate], topology, cm: CostModel,
     wanted = [t for t in transports if t != "nccl"]
     if not wanted or one_sided_refusal(cm) is not None:
         return []
-    world = tuple(range(cm.world))
-    smaller = any(s.group != world for c in cands if is_collective(c)
-                  for rank in c.built.steps for s in rank if isinstance(s, Collective))
+    world = cm._shape(tuple(range(cm.world)))
     out = []
     for transport in wanted:
-        if unoffered_reason(transport, cm._shape(world)) is not None and not smaller:
-            continue  # the cluster cannot offer it (checked before building its costs)
+        # every schedule's collectives and messages span all ranks (serving.py,
+        # allreduce3.py, passq.py): a transport the whole cluster cannot offer serves none,
+        # which this tells before building its costs
+        if unoffered_reason(transport, world) is not None:
+            continue
         other = CostModel(topology, cm.workload, cm.hardware, cm.backend, transport=transport)
         for c in cands:
             if is_collective(c):
