@@ -14,7 +14,7 @@ For world 2 and 4 (gloo on loopback, one torch thread per rank), one process gro
 Reported per point: measured median, p10 and p90, predicted value and band, error, and
 whether the prediction lies in the measured band widened by ``MAX_ERROR``; per (world,
 seq_len): the planner's pick and its measured time against the fastest measured baseline
-(``treeattn.sim.algorithms.BASELINES``), as a ratio (> 1: the pick was faster).
+(``treeattn.schedule.algorithms.BASELINES``), as a ratio (> 1: the pick was faster).
 
 The tree is measured with the shape the planner picked when the planner picks a tree.
 
@@ -47,7 +47,7 @@ from treeattn.runtime.measure.check import (  # noqa: E402
     run_points,
 )
 from treeattn.runtime.plans import shard_lengths, workload_for  # noqa: E402
-from treeattn.sim.algorithms import ALGORITHM_NAMES, BASELINES, SOURCES  # noqa: E402
+from treeattn.schedule.algorithms import ALGORITHM_NAMES, BASELINES, SOURCES  # noqa: E402
 
 K = 1024
 SEQ_LENS = (16 * K, 64 * K, 256 * K)

@@ -28,9 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import write_results  # noqa: E402
 
+from treeattn.schedule.payloads import busbw_factor
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.nccl.nccltests import read_nccl_tests
-from treeattn.sim.payloads import busbw_factor
 from treeattn.topo import Topology
 
 ROOT = Path(__file__).resolve().parent

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 from treeattn import atomic
+from treeattn.schedule.algorithms import OWN
 from treeattn.sim import DecodeWorkload, plan
-from treeattn.sim.algorithms import OWN
 from treeattn.topo import Topology
 
 OUT = Path(__file__).resolve().parent / "results"

@@ -24,7 +24,7 @@ import treeattn
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import broadcast_object
 from treeattn.runtime.launch import LaunchOptions, launch
-from treeattn.sim.algorithms import ALGORITHM_NAMES
+from treeattn.schedule.algorithms import ALGORITHM_NAMES
 
 pytestmark = pytest.mark.timeout(600)
 ATOL = 2e-5
@@ -249,8 +249,8 @@ def test_a_schedule_needing_a_strict_subgroup_of_a_subgroup_is_refused():
     not running in step with: such a schedule is refused by name before any group is made."""
     from treeattn.runtime.collectives import Groups
     from treeattn.runtime.group import RankContext
-    from treeattn.sim.payloads import CollectiveOp
-    from treeattn.sim.schedule import Collective, Schedule
+    from treeattn.schedule.ir import Collective, Schedule
+    from treeattn.schedule.payloads import CollectiveOp
 
     ctx = RankContext(0, 4, 0, torch.device("cpu"), "gloo", group=object(), ranks=(0, 2, 4, 6))
     pair = Collective(CollectiveOp.ALL_REDUCE_SUM, (0, 1), 64)

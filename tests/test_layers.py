@@ -1,6 +1,6 @@
 """The package layers and the import graph of ``treeattn``, read from the source with ``ast``.
 
-Imports flow one way: ``topo -> sim -> runtime -> llm -> commands`` (``kernels`` beside,
+Imports flow one way: ``topo -> schedule -> sim -> runtime -> llm -> commands`` (``kernels`` beside,
 used by ``runtime`` and ``llm``; ``sweep`` on top of the planner). Every import counts, at the
 top of a file or inside a function, and no two modules may import each other, directly or
 round a longer loop.
@@ -21,17 +21,19 @@ SHARED = {"errors", "treeattn"}  # treeattn.errors and treeattn/__init__: leaves
 WRITERS_LEAF = "atomic"
 # treeattn.inputs (bounded reads, checked JSON fields of received files) is its reading twin.
 READERS_LEAF = "inputs"
-ANYTHING = {"topo", "sim", "kernels", "runtime", "llm", "hf", "sweep", "commands", "cli"}
+ANYTHING = {"topo", "schedule", "sim", "kernels", "runtime", "llm", "hf", "sweep", "commands",
+            "cli"}
 
 # The packages a package may import (besides itself and SHARED). topo is the bottom layer.
 ALLOWED = {
     "topo": set(),
-    "sim": {"topo"},
+    "schedule": {"topo"},  # the IR: steps, payloads, workload, generators
+    "sim": {"topo", "schedule"},
     "kernels": set(),
-    "runtime": {"topo", "sim", "kernels"},
-    "llm": {"topo", "sim", "kernels", "runtime"},
-    "hf": {"topo", "sim", "kernels", "runtime"},  # transformers integration, beside llm
-    "sweep": {"topo", "sim"},
+    "runtime": {"topo", "schedule", "sim", "kernels"},
+    "llm": {"topo", "schedule", "sim", "kernels", "runtime"},
+    "hf": {"topo", "schedule", "sim", "kernels", "runtime"},  # transformers integration, beside llm
+    "sweep": {"topo", "schedule", "sim"},
     "commands": ANYTHING,
     "cli": ANYTHING,
     "__main__": {"cli"},  # `python -m treeattn`: the entry point, nothing but the CLI

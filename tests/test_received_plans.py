@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from treeattn.cli import main
 from treeattn.errors import UserError
+from treeattn.schedule.algorithms import ALGORITHM_NAMES
 from treeattn.sim import DecodeWorkload, SimError, build_schedule
-from treeattn.sim.algorithms import ALGORITHM_NAMES
 from treeattn.sim.files.export import schedule_to_json, tagged
 from treeattn.sim.files.plan_file import plan_from_json, read_plan
 from treeattn.topo import Topology
@@ -73,7 +73,7 @@ def test_deadlock_names_the_ranks_and_steps():
 
 def test_generate_refuses_a_plan_for_another_model_shape(tmp_path, capsys):
     from treeattn.commands.generate import planned_schedule
-    from treeattn.sim.workload import ModelConfig
+    from treeattn.schedule.workload import ModelConfig
 
     w = DecodeWorkload("smollm2-135m", 64)
     schedule = build_schedule("tree", Topology.from_spec("local:ranks=2"), w)

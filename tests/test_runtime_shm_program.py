@@ -30,7 +30,7 @@ from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.local import shm, shm_program
 from treeattn.runtime.plans import build, local_topology, shard_offsets, workload_for
 from treeattn.runtime.wire import AttnDims, unpack_partial
-from treeattn.sim.schedule import Compute, Merge, Recv, Send
+from treeattn.schedule.ir import Compute, Merge, Recv, Send
 
 pytestmark = pytest.mark.skipif(shm_program.unavailable_reason() != "",
                                 reason="no C compiler: the executor keeps its Python steps")

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from treeattn.cli import main
-from treeattn.sim.algorithms import ALGORITHM_NAMES
+from treeattn.schedule.algorithms import ALGORITHM_NAMES
 
 
 def run(capsys, *argv):

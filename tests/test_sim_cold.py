@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeattn.schedule.ir import Collective, Compute, Merge, Recv, Schedule, Send
+from treeattn.schedule.payloads import CollectiveOp, ComputeLabel, Payload
 from treeattn.sim import DecodeWorkload, HardwareModel, SimError, build_schedule, simulate
 from treeattn.sim.devices import BackendModel
 from treeattn.sim.host.cold import ColdSteps, cold_from_profile
 from treeattn.sim.host.profiles import hardware_from_profile
-from treeattn.sim.payloads import CollectiveOp, ComputeLabel, Payload
-from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send
 from treeattn.topo import Topology
 
 BW, LAUNCH, SEND, RECV = 1e10, 1e-6, 2e-6, 3e-6

@@ -13,6 +13,7 @@ from benchmark_module import load_benchmark
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeattn.schedule.payloads import busbw_factor
 from treeattn.sim import SimError
 from treeattn.sim.nccl import tables as T
 from treeattn.sim.nccl.collectives import (
@@ -22,7 +23,6 @@ from treeattn.sim.nccl.collectives import (
     collective_cost,
     p2p_cost,
 )
-from treeattn.sim.payloads import busbw_factor
 from treeattn.topo import Topology
 
 

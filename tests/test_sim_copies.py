@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeattn.schedule.ir import Compute, Recv
 from treeattn.sim import DecodeWorkload, HardwareModel, build_schedule, simulate
 from treeattn.sim.devices import BackendModel
 from treeattn.sim.host.profiles import hardware_from_profile
 from treeattn.sim.network import LinkCalendar
-from treeattn.sim.schedule import Compute, Recv
 from treeattn.topo import Topology
 
 SEND_S = 3e-5

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeattn.schedule.ir import Recv, Schedule, Send
 from treeattn.sim import DecodeWorkload
 from treeattn.sim.engine import simulate
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost, p2p_cost, p2p_protocol
 from treeattn.sim.network import CostModel
 from treeattn.sim.parallel import cp_view, group_workload
 from treeattn.sim.planning.planner import plan
-from treeattn.sim.schedule import Recv, Schedule, Send
 from treeattn.topo import Topology
 
 KIB = 1024
@@ -175,8 +175,8 @@ def test_helix_and_dcp_are_refused_where_the_heads_do_not_split():
 
 
 def test_oneshot_merge_reads_p_partials_and_writes_one():
-    from treeattn.sim.algorithms import build_schedule
-    from treeattn.sim.schedule import Merge
+    from treeattn.schedule.algorithms import build_schedule
+    from treeattn.schedule.ir import Merge
 
     w = DecodeWorkload("llama-3.1-8b", 4096)
     s = build_schedule("oneshot", Topology.from_spec("dgx-h100"), w)
@@ -185,9 +185,9 @@ def test_oneshot_merge_reads_p_partials_and_writes_one():
 
 
 def test_dcp_reduce_scatters_the_attention_dtype():
-    from treeattn.sim.algorithms import build_schedule
-    from treeattn.sim.payloads import CollectiveOp
-    from treeattn.sim.schedule import Collective
+    from treeattn.schedule.algorithms import build_schedule
+    from treeattn.schedule.ir import Collective
+    from treeattn.schedule.payloads import CollectiveOp
 
     w = DecodeWorkload("llama-3.1-8b", 4096, batch=2)
     s = build_schedule("dcp", Topology.from_spec("dgx-h100"), w)

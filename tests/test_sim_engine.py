@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeattn.schedule.algorithms.tree import make_trees
 from treeattn.sim import DecodeWorkload, HardwareModel, build_schedule, simulate
-from treeattn.sim.algorithms.tree import make_trees
 from treeattn.sim.closed_form import closed_form
 from treeattn.sim.devices import BackendModel
 from treeattn.sim.network import CostModel

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from treeattn.cli import main
+from treeattn.schedule.payloads import SimError
+from treeattn.schedule.workload import DecodeWorkload
 from treeattn.sim.deploy.engines import ENGINES, check_constraints, describe, emit
-from treeattn.sim.payloads import SimError
-from treeattn.sim.workload import DecodeWorkload
 from treeattn.topo import Topology
 
 BASE = ["plan", "--model", "llama-3.1-8b", "--seq-len", "128k"]

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.cli import main
+from treeattn.schedule.algorithms import ALGORITHM_NAMES
 from treeattn.sim import DecodeWorkload, SimError, build_schedule
-from treeattn.sim.algorithms import ALGORITHM_NAMES
 from treeattn.sim.files.export import check_tag, schedule_from_json, schedule_to_json, trace_json
 from treeattn.topo import Topology
 

@@ -11,7 +11,7 @@ import json
 import pytest
 from golden.update import GOLDEN, predictions
 
-from treeattn.sim.algorithms import ALGORITHM_NAMES
+from treeattn.schedule.algorithms import ALGORITHM_NAMES
 
 
 def test_predictions_match_golden_file():

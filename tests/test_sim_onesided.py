@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.cli import main
+from treeattn.schedule.payloads import CollectiveOp, SimError
 from treeattn.sim import DecodeWorkload, plan
 from treeattn.sim.deploy.capacity import Split
 from treeattn.sim.deploy.engines import describe, emit
@@ -25,7 +26,6 @@ from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import CostModel
 from treeattn.sim.onesided import ONE_SIDED, TRANSPORTS, unoffered_reason
 from treeattn.sim.parallel import sub_topology
-from treeattn.sim.payloads import CollectiveOp, SimError
 from treeattn.topo import Topology
 
 ONE_BOX = Topology.from_spec("dgx-h100")

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from test_sim_engine import bound, predict
 from test_sim_profile import PROFILE  # a valid world-2 profile
 
+from treeattn.schedule.ir import Compute, Merge, Recv, Schedule, Send
+from treeattn.schedule.payloads import ComputeLabel
 from treeattn.sim import DecodeWorkload, HardwareModel, SimError, build_schedule, simulate
 from treeattn.sim.devices import BackendModel
 from treeattn.sim.host.cold import ColdSteps
@@ -22,8 +24,6 @@ from treeattn.sim.host.partial_reduction import (
     reduction_ops,
 )
 from treeattn.sim.host.profiles import backend_from_profile, program_costs
-from treeattn.sim.payloads import ComputeLabel
-from treeattn.sim.schedule import Compute, Merge, Recv, Schedule, Send
 from treeattn.topo import Topology
 
 SEND_S, RECV_S = 20e-6, 30e-6  # the Python steps' costs

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeattn.schedule.ir import Compute
+from treeattn.schedule.reference import execute, full_attention
 from treeattn.sim import DecodeWorkload, build_schedule
 from treeattn.sim.closed_form import ring_passq
 from treeattn.sim.engine import simulate
 from treeattn.sim.network import CostModel
 from treeattn.sim.planning.planner import plan
-from treeattn.sim.reference import execute, full_attention
-from treeattn.sim.schedule import Compute
 from treeattn.topo import Topology
 
 

@@ -47,8 +47,8 @@ def test_the_pair_matrix_is_the_runs_causal_pairs(world, context, prompt):
 @pytest.mark.parametrize("nbytes", [512, 1 << 20])
 def test_all_pairs_message_summaries_equal_the_per_pair_ones(spec, nbytes):
     """P2PModel.summary_matrices (one pass over the routes) gives each pair's summary."""
+    from treeattn.schedule.workload import DecodeWorkload
     from treeattn.sim.network import CostModel
-    from treeattn.sim.workload import DecodeWorkload
 
     topo = Topology.load(spec)
     cm = CostModel(topo, DecodeWorkload("llama-3.1-8b", 4096))
@@ -159,7 +159,7 @@ def test_a_slower_attention_rate_prices_only_the_attention():
 def test_pass_q_is_priced_step_by_step_as_the_runtime_runs_it(spec, prompt, context):
     """A scalar walk of the pass-Q ring (per-pair messages, per-pair work), against the
     pricing's vectorised one: query blocks from r - 1, partials back from r + s - 1."""
-    from treeattn.sim.workload import FP32
+    from treeattn.schedule.workload import FP32
 
     topo = Topology.load(spec)
     p = _Prefill(topo, "llama-3.1-8b", prompt, context=context)

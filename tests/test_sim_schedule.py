@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeattn.schedule.algorithms import ALGORITHM_NAMES
+from treeattn.schedule.algorithms.trees import double_binary, hierarchical, simple_shape
+from treeattn.schedule.ir import Collective, Compute, Merge, Recv, Schedule, Send
+from treeattn.schedule.payloads import shard_bounds
+from treeattn.schedule.reference import execute, full_attention
 from treeattn.sim import DecodeWorkload, ScheduleError, build_schedule
-from treeattn.sim.algorithms import ALGORITHM_NAMES
-from treeattn.sim.algorithms.trees import double_binary, hierarchical, simple_shape
-from treeattn.sim.payloads import shard_bounds
-from treeattn.sim.reference import execute, full_attention
-from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send
 from treeattn.topo import Topology
 
 SHAPES = ("chain", "flat", "binary", "kary", "binomial", "double_binary", "hierarchical",
@@ -164,7 +164,7 @@ def test_hierarchical_reduces_within_hosts_first():
 def test_step_names_and_str():
     schedule = build_schedule("ring", local(3), DecodeWorkload("debug", 9))
     assert "Schedule(ring, world=3" in str(schedule)
-    from treeattn.sim.schedule import step_name
+    from treeattn.schedule.ir import step_name
     names = {step_name(s) for s in schedule.steps[0]}
     assert names == {"send", "recv", "attention", "attention_block", "merge:partial"}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from treeattn.schedule.algorithms.trees import fnf_tree
 from treeattn.sim import DecodeWorkload, build_schedule, simulate
-from treeattn.sim.algorithms.trees import fnf_tree
 from treeattn.topo import Topology
 
 
@@ -52,7 +52,7 @@ def test_fnf_uses_up_to_date_sender_times():
 def test_butterfly_takes_ceil_log2_rounds_for_any_world(world):
     import math
 
-    from treeattn.sim.schedule import Recv
+    from treeattn.schedule.ir import Recv
 
     topology = Topology.from_spec(f"local:ranks={world}")
     workload = DecodeWorkload("debug", 4 * world)

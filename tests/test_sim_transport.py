@@ -14,13 +14,13 @@ import json
 import pytest
 
 from treeattn.cli import main
+from treeattn.schedule.algorithms import BASELINES
+from treeattn.schedule.payloads import CollectiveOp, SimError
 from treeattn.sim import DecodeWorkload, plan
-from treeattn.sim.algorithms import BASELINES
 from treeattn.sim.deploy.engines import describe, emit
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost, p2p_parts
 from treeattn.sim.nccl.symmetric import symmetric_cost
 from treeattn.sim.network import CostModel
-from treeattn.sim.payloads import CollectiveOp, SimError
 from treeattn.topo import Topology
 
 ONE_BOX = Topology.from_spec("dgx-h100")

@@ -10,7 +10,7 @@ import pytest
 from matplotlib.image import imread
 
 from treeattn.cli import main
-from treeattn.sim.algorithms import ALGORITHM_NAMES, BASELINES
+from treeattn.schedule.algorithms import ALGORITHM_NAMES, BASELINES
 from treeattn.sweep import plots
 from treeattn.sweep.grid import SweepPoint, expand_grid, memory_rows, predict_point, with_nodes
 from treeattn.topo import Topology

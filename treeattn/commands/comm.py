@@ -25,11 +25,11 @@ from rich.console import Console
 
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
+from treeattn.schedule.payloads import busbw_factor
 from treeattn.sim.files.export import tagged
 from treeattn.sim.nccl.collectives import OPS, GroupShape, collective_cost
 from treeattn.sim.network import TRANSPORTS
 from treeattn.sim.onesided import one_sided
-from treeattn.sim.payloads import busbw_factor
 
 SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_BYTES = 1 << 44  # 16 TiB: far past any real buffer, small enough to stay exact

@@ -35,7 +35,7 @@ from treeattn.commands.generate_cluster import (
 )
 from treeattn.commands.run import dumps, guarded
 from treeattn.errors import UserError
-from treeattn.sim.algorithms import CLI_CHOICES
+from treeattn.schedule.algorithms import CLI_CHOICES
 
 ALGORITHMS = CLI_CHOICES
 PREFILL_CHOICES = ("pass-kv", "pass-q", "all-gather-kv")  # treeattn.sim.prefill.pricing's

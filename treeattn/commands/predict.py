@@ -24,8 +24,8 @@ from treeattn.commands.token import (
     memory_rows_check,
     transports_of,
 )
+from treeattn.schedule.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim import DecodeWorkload, SimError, plan
-from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
 from treeattn.sim.host.profiles import plan_overrides

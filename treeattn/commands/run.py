@@ -21,9 +21,9 @@ from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.local.binding import BIND_CHOICES
-from treeattn.sim.algorithms import CLI_CHOICES
+from treeattn.schedule.algorithms import CLI_CHOICES
+from treeattn.schedule.workload import DTYPE_BYTES
 from treeattn.sim.files.export import tagged
-from treeattn.sim.workload import DTYPE_BYTES
 
 DEMO_SEQ_LENS = (16384, 65536, 262144)
 # The parser's choices come from the torch-free registries, so that `treeattn --help` does not

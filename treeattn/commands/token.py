@@ -18,10 +18,10 @@ import json
 from rich.console import Console
 
 from treeattn.commands.tables import Column, print_table
+from treeattn.schedule.payloads import SimError
+from treeattn.schedule.workload import ModelConfig
 from treeattn.sim.deploy.capacity import Split, dtype_name, memory_check
 from treeattn.sim.network import TRANSPORTS
-from treeattn.sim.payloads import SimError
-from treeattn.sim.workload import ModelConfig
 
 
 def add_token_flags(parser: argparse.ArgumentParser) -> None:

@@ -2,7 +2,7 @@
 
 Rank ``r`` holds one contiguous run of positions, its *shard*. Shards may have uneven lengths;
 the default split (:func:`treeattn.runtime.plans.shard_lengths`) matches
-:class:`treeattn.sim.workload.DecodeWorkload` (the first ``seq_len % world`` ranks get one
+:class:`treeattn.schedule.workload.DecodeWorkload` (the first ``seq_len % world`` ranks get one
 extra token).
 
 Where a new token's K/V go (the *append policy*), decided identically on every rank from the

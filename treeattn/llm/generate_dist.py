@@ -51,8 +51,8 @@ from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.plans import build, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims
+from treeattn.schedule.ir import Schedule
 from treeattn.sim.files.export import schedule_to_json
-from treeattn.sim.schedule import Schedule
 
 GENERATE_TIMEOUT_S = 60.0  # per wait on a peer: ranks load the model at different speeds
 

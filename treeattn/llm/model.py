@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeattn.llm.errors import ModelError
-from treeattn.sim.workload import MODELS, ModelConfig
+from treeattn.schedule.workload import MODELS, ModelConfig
 
 
 @dataclass
@@ -79,7 +79,7 @@ class LlamaConfig:
 
     @classmethod
     def from_shape(cls, shape: ModelConfig, **numerics) -> LlamaConfig:
-        """The config of a model in THE shape registry (:data:`treeattn.sim.workload.MODELS`,
+        """The config of a model in THE shape registry (:data:`treeattn.schedule.workload.MODELS`,
         which the planner reads too), plus the numerics shapes do not carry (RoPE base,
         epsilon, context length)."""
         config = cls(dim=shape.dim, n_layers=shape.n_layers, n_heads=shape.n_heads,

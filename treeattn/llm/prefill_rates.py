@@ -31,9 +31,9 @@ import torch.nn.functional as F
 
 from treeattn.runtime.group import RankContext, all_gather_objects
 from treeattn.runtime.prefill_ring import causal_partial, merge_partials
+from treeattn.schedule.workload import ModelConfig
 from treeattn.sim.devices import CPU_LAUNCH_S, HardwareModel
 from treeattn.sim.prefill.layout import PrefillLayout, causal_pairs
-from treeattn.sim.workload import ModelConfig
 
 
 def typical_time(fn, repeats: int) -> float:

@@ -4,7 +4,7 @@
   timeouts that name the peer.
 - :mod:`treeattn.runtime.launch`: a local launcher that spawns ``N`` ranks, watches them and
   stops the whole group when one fails.
-- :mod:`treeattn.runtime.executor`: executes a :class:`treeattn.sim.schedule.Schedule`
+- :mod:`treeattn.runtime.executor`: executes a :class:`treeattn.schedule.ir.Schedule`
   (:mod:`treeattn.runtime.wire`: its message layout; :mod:`treeattn.runtime.native`: the
   backend's own all-reduce).
 - :mod:`treeattn.runtime.prefill_ring`: one layer's context-parallel prefill attention, a

@@ -1,6 +1,6 @@
 """Run the schedule's ``Collective`` steps with torch.distributed (gloo on CPU, NCCL on GPU).
 
-Semantics are those of :mod:`treeattn.sim.schedule`. This module owns three things:
+Semantics are those of :mod:`treeattn.schedule.ir`. This module owns three things:
 
 * **Subgroups, created once.** ``dist.new_group`` is itself a collective over the whole
   world, so every rank creates every group of the schedule, in the same order (the order
@@ -28,8 +28,8 @@ from treeattn.runtime.group import RankContext
 from treeattn.runtime.local.shm import ShmChannel
 from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.wire import AttnDims
-from treeattn.sim.payloads import PAYLOAD_LAYOUTS, CollectiveOp, MergeOp, Payload, shard_bounds
-from treeattn.sim.schedule import Collective, Schedule
+from treeattn.schedule.ir import Collective, Schedule
+from treeattn.schedule.payloads import PAYLOAD_LAYOUTS, CollectiveOp, MergeOp, Payload, shard_bounds
 
 _REDUCE_OPS = {CollectiveOp.ALL_REDUCE_SUM: "sum", CollectiveOp.ALL_REDUCE_MAX: "max"}
 

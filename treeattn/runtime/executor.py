@@ -1,6 +1,6 @@
-"""Execute one rank's part of a :class:`~treeattn.sim.schedule.Schedule` with torch.distributed.
+"""Execute one rank's part of a :class:`~treeattn.schedule.ir.Schedule` with torch.distributed.
 
-The semantics are those of ``treeattn/sim/schedule.py``, step for step:
+The semantics are those of ``treeattn/schedule/ir.py``, step for step:
 
 - ``Compute``: local work through :mod:`treeattn.kernels` (``attention``, ``attention_block``)
   or small fp32 arithmetic (``init_max``, ``rescale``, ``finalize``);
@@ -56,7 +56,7 @@ from treeattn.runtime.wire import (
     message_numel,
     unpack_partial,
 )
-from treeattn.sim.schedule import (
+from treeattn.schedule.ir import (
     Recv,
     Schedule,
     step_name,

@@ -5,7 +5,7 @@ sends and receives, so the simulator can cost them. This module runs the same co
 with three calls to ``torch.distributed.all_reduce`` instead, so the two can be measured side
 by side. Its timeline has seven entries: ``attention``, ``init_max``, ``all_reduce:max``,
 ``rescale``, ``all_reduce:num``, ``all_reduce:den``, ``finalize`` (step names as in
-:func:`treeattn.sim.schedule.step_name`). Bytes sent are counted as a ring all-reduce would
+:func:`treeattn.schedule.ir.step_name`). Bytes sent are counted as a ring all-reduce would
 send them, ``2·(p−1)/p`` of each buffer (the backend does not report its own).
 """
 

@@ -3,7 +3,7 @@ labels and its two collectives on the outbox.
 
 Kept out of :mod:`treeattn.runtime.executor`, which calls in here for the ``"qblock"`` and
 ``"outbox"`` payloads and the ``attention_qblock`` / ``place_rows`` labels. Semantics are
-those of :mod:`treeattn.sim.schedule`:
+those of :mod:`treeattn.schedule.ir`:
 
 * ``"qblock"`` is a flat (Bq, Hq, D) tensor in the cache dtype. Rank ``k`` starts with its
   own block, slot ``i`` holding query ``b = i·p + k``, or a zero dummy when ``b ≥ B``
@@ -24,8 +24,8 @@ from treeattn.kernels import merge, partial_attention
 from treeattn.runtime.group import RankContext
 from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.wire import AttnDims
-from treeattn.sim.payloads import CollectiveOp
-from treeattn.sim.schedule import Collective
+from treeattn.schedule.ir import Collective
+from treeattn.schedule.payloads import CollectiveOp
 
 LABELS = ("attention_qblock", "place_rows")
 

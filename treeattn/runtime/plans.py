@@ -1,7 +1,7 @@
 """From a request to a schedule: the simulator's model of our attention shape, and one step.
 
-The runtime runs the very schedules :func:`treeattn.sim.algorithms.build_schedule` builds, on
-a :class:`~treeattn.sim.workload.DecodeWorkload` whose model has this run's shape (one layer;
+The runtime runs the very schedules :func:`treeattn.schedule.algorithms.build_schedule` builds, on
+a :class:`~treeattn.schedule.workload.DecodeWorkload` whose model has this run's shape (one layer;
 ``Hq``, ``Hkv``, ``D`` and dtype from :class:`~treeattn.runtime.wire.AttnDims`). A world of
 one rank has nothing to reduce; it runs a one-step ``local`` schedule.
 
@@ -21,9 +21,9 @@ from treeattn.runtime.group import RankContext
 from treeattn.runtime.native import run_allreduce3_native
 from treeattn.runtime.run_state import RunStats
 from treeattn.runtime.wire import AttnDims
-from treeattn.sim.algorithms import CLI_CHOICES
-from treeattn.sim.schedule import Compute, Schedule
-from treeattn.sim.workload import DecodeWorkload, ModelConfig
+from treeattn.schedule.algorithms import CLI_CHOICES
+from treeattn.schedule.ir import Compute, Schedule
+from treeattn.schedule.workload import DecodeWorkload, ModelConfig
 
 ALGORITHMS = CLI_CHOICES
 MEMORY_HEADROOM = 0.9  # use at most this share of what the system reports as available

@@ -1,5 +1,5 @@
 """The state of one execution of a rank's schedule: its buffers, the messages in flight, and
-what each step does to them (the semantics of ``treeattn/sim/schedule.py``, in torch).
+what each step does to them (the semantics of ``treeattn/schedule/ir.py``, in torch).
 
 :class:`~treeattn.runtime.executor.Executor` owns what lives across runs (bound steps,
 reused receive buffers, the KV pool, process subgroups) and makes one :class:`RunState` per
@@ -32,7 +32,7 @@ from treeattn.runtime.wire import (
     unpack_heads,
     unpack_partial,
 )
-from treeattn.sim.schedule import (
+from treeattn.schedule.ir import (
     Collective,
     Compute,
     Merge,

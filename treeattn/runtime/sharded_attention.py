@@ -44,9 +44,9 @@ from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects
 from treeattn.runtime.plans import ALGORITHMS, build, dtype_name, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims, pack_partial, unpack_partial
-from treeattn.sim.algorithms import ALIASES
+from treeattn.schedule.algorithms import ALIASES
+from treeattn.schedule.ir import Compute, Schedule, Send
 from treeattn.sim.files.export import schedule_to_json
-from treeattn.sim.schedule import Compute, Schedule, Send
 
 DEFAULT_TIMEOUT_S = 60.0
 KV_PAYLOADS = ("kv", "qblock", "outbox")  # payloads that carry KV or queries, not partials

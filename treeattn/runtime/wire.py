@@ -21,14 +21,14 @@ from dataclasses import dataclass
 import torch
 
 from treeattn.runtime.errors import RuntimeFailure
-from treeattn.sim.payloads import (
+from treeattn.schedule.ir import Recv, Schedule, Send
+from treeattn.schedule.payloads import (
     PAYLOAD_LAYOUTS,
     Payload,
     payload_numel,
     query_slots,
     shard_bounds,
 )
-from treeattn.sim.schedule import Recv, Schedule, Send
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ order (the schedule generators' docstrings) and propagate per-rank ready times:
   On a homogeneous network this is ``attn + depth · 2(α + n/β) + merges`` for a binomial tree.
 * butterfly: ``⌈log2 p⌉`` rounds of ``max(own sends, partner's arrivals) + recv + merge``;
   when p is not a power of two some rounds carry two partials (see
-  :mod:`treeattn.sim.algorithms.butterfly`).
+  :mod:`treeattn.schedule.algorithms.butterfly`).
 * allgather: the ``j``-th message from ``r`` leaves at ``attn_r + j·send``; ``r`` merges its
   ``p − 1`` arrivals in order.
 * ring: rank r's step ``i + 1`` starts at
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from treeattn.sim.algorithms.trees import Tree
+from treeattn.schedule.algorithms.trees import Tree
 from treeattn.sim.network import CostModel
 
 
@@ -231,8 +231,8 @@ def ring_passq(cm: CostModel, schedule) -> float:
     gather and placement as
     :func:`collective_schedule` resolves them (exact for that part).
     """
-    from treeattn.sim.payloads import ComputeLabel, Payload
-    from treeattn.sim.schedule import Collective, Compute
+    from treeattn.schedule.ir import Collective, Compute
+    from treeattn.schedule.payloads import ComputeLabel, Payload
 
     p = cm.world
     attends = [[s for s in steps if isinstance(s, Compute)
@@ -266,8 +266,8 @@ def collective_schedule(cm: CostModel, schedule) -> float:
 
 def collective_steps(cm: CostModel, rank_steps: list[list], clock: list[float]) -> float:
     """:func:`collective_schedule` of per-rank step lists from per-rank start times."""
-    from treeattn.sim.payloads import GroupIds
-    from treeattn.sim.schedule import Collective, Compute, Merge
+    from treeattn.schedule.ir import Collective, Compute, Merge
+    from treeattn.schedule.payloads import GroupIds
 
     world = len(rank_steps)
     clock, pc = list(clock), [0] * world

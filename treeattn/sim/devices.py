@@ -61,9 +61,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from treeattn.schedule.payloads import SimError
 from treeattn.sim.host.cold import ColdSteps
 from treeattn.sim.host.partial_reduction import ProgramCosts
-from treeattn.sim.payloads import SimError
 from treeattn.topo.hardware import GPU_SPECS
 
 

@@ -1,4 +1,4 @@
-"""The simpy engine: execute a :class:`~treeattn.sim.schedule.Schedule` on a topology, and what
+"""The simpy engine: execute a :class:`~treeattn.schedule.ir.Schedule` on a topology, and what
 it returns (:class:`SimResult`, the critical path, the peak-memory model).
 
 * Each rank is a simpy process that runs its steps in order (semantics in schedule.py),
@@ -34,12 +34,7 @@ from __future__ import annotations
 
 import simpy
 
-from treeattn.sim.host.model import HostModel
-from treeattn.sim.memory import peak_memory
-from treeattn.sim.network import CostModel, LinkCalendar
-from treeattn.sim.payloads import GroupIds, ScheduleError
-from treeattn.sim.result import SimResult, critical_path
-from treeattn.sim.schedule import (
+from treeattn.schedule.ir import (
     Collective,
     Compute,
     Merge,
@@ -49,7 +44,12 @@ from treeattn.sim.schedule import (
     sent_bytes,
     step_name,
 )
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.payloads import GroupIds, ScheduleError
+from treeattn.schedule.workload import DecodeWorkload
+from treeattn.sim.host.model import HostModel
+from treeattn.sim.memory import peak_memory
+from treeattn.sim.network import CostModel, LinkCalendar
+from treeattn.sim.result import SimResult, critical_path
 
 
 class _Run:

@@ -24,9 +24,9 @@ allocates a fresh tensor instead of overwriting it. Ring therefore peaks at
 
 from __future__ import annotations
 
-from treeattn.sim.payloads import COMPUTE_SETS, ComputeLabel, MergeOp, Payload
-from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.ir import Collective, Compute, Merge, Recv, Schedule
+from treeattn.schedule.payloads import COMPUTE_SETS, ComputeLabel, MergeOp, Payload
+from treeattn.schedule.workload import DecodeWorkload
 
 
 def _set_by_compute(label: str, workload: DecodeWorkload, world: int) -> dict[str, int]:

@@ -31,6 +31,8 @@ from bisect import bisect_right
 
 import numpy as np
 
+from treeattn.schedule.payloads import CollectiveOp, SimError
+from treeattn.schedule.workload import DecodeWorkload
 from treeattn.sim.devices import (
     BackendModel,
     HardwareModel,
@@ -41,8 +43,6 @@ from treeattn.sim.devices import (
 from treeattn.sim.nccl.p2p import P2PModel
 from treeattn.sim.onesided import TRANSPORTS as ONE_SIDED_TRANSPORTS
 from treeattn.sim.onesided import one_sided
-from treeattn.sim.payloads import CollectiveOp, SimError
-from treeattn.sim.workload import DecodeWorkload
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_MAX_CHUNKS = 64

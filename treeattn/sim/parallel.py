@@ -15,7 +15,7 @@ so: traffic of the other CP groups on links they share with group 0 (none on a
 rail-optimised fabric with one rail per GPU index; some on PCIe or shared NICs).
 
 >>> from treeattn.topo import Topology
->>> from treeattn.sim.workload import DecodeWorkload
+>>> from treeattn.schedule.workload import DecodeWorkload
 >>> topo, w = cp_view(Topology.from_spec("dgx-h100:nodes=4"), DecodeWorkload("llama-3.1-8b",
 ...                                                                          65536, tp=8))
 >>> topo.num_gpus, w.model.n_heads, w.model.n_kv_heads, w.tp
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from treeattn.sim.payloads import SimError
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.payloads import SimError
+from treeattn.schedule.workload import DecodeWorkload
 
 
 def cp_group(world: int, tp: int, index: int = 0) -> list[int]:

@@ -15,12 +15,12 @@ True
 
 from __future__ import annotations
 
-from treeattn.sim.algorithms import ALGORITHM_NAMES
+from treeattn.schedule.algorithms import ALGORITHM_NAMES
+from treeattn.schedule.payloads import SimError
+from treeattn.schedule.workload import DTYPE_BYTES, DecodeWorkload, ModelConfig
 from treeattn.sim.host.profiles import plan_overrides
-from treeattn.sim.payloads import SimError
 from treeattn.sim.planning.planner import Plan
 from treeattn.sim.planning.planner import plan as plan_workload
-from treeattn.sim.workload import DTYPE_BYTES, DecodeWorkload, ModelConfig
 
 __all__ = ["ALGORITHM_NAMES", "attention_model", "plan"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Send
+from treeattn.schedule.ir import Collective, Compute, Merge, Recv, Send
 
 
 @dataclass

@@ -9,7 +9,7 @@ Speedups are reported two ways:
 
 * ``speedup_vs_best_baseline``: against the fastest algorithm a practitioner runs today at
   this point (every registry entry but treeattn's own; see
-  :data:`treeattn.sim.algorithms.BASELINES`). This is the honest headline figure; below 1
+  :data:`treeattn.schedule.algorithms.BASELINES`). This is the honest headline figure; below 1
   the baseline wins, and the planner then picks it.
 * ``speedup_vs_ring``: against Ring Attention's pass-KV ring, the paper's comparison; kept
   for reference, labelled as such in tables.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from treeattn.schedule.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim import Plan
-from treeattn.sim.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim.planning.candidates import Candidate
 from treeattn.sim.planning.planner import closed_form_result
 

@@ -45,7 +45,7 @@ from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.local.shm import MAX_TAGS, SLOT_BYTES, max_world
 from treeattn.runtime.plans import build, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims, kv_message_lengths, message_numel
-from treeattn.sim.schedule import Compute, Merge, Recv, Send
+from treeattn.schedule.ir import Compute, Merge, Recv, Send
 
 VARIANTS = ("executor", "program", "raw", "raw+kernels", "raw-gloo")
 TINY = AttnDims(1, 1, 1, 8)  # data costs nothing: what is left is the per-step host cost

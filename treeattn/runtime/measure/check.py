@@ -51,7 +51,7 @@ from treeattn.runtime.plans import (
     workload_for,
 )
 from treeattn.runtime.wire import AttnDims
-from treeattn.sim.schedule import Send
+from treeattn.schedule.ir import Send
 
 NAIVE_LIMIT_BYTES = 256 << 20  # float64 oracle only while its (B, Hq, T, D) copy is this small
 

@@ -35,8 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from treeattn.sim.payloads import SimError
-from treeattn.sim.workload import STORAGE_DTYPE_BYTES, ModelConfig
+from treeattn.schedule.payloads import SimError
+from treeattn.schedule.workload import STORAGE_DTYPE_BYTES, ModelConfig
 
 #: vLLM's default ``--gpu-memory-utilization``: the pool for weights and KV (source above).
 MEMORY_UTILIZATION = 0.9

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from treeattn.schedule.payloads import SimError
+from treeattn.schedule.workload import ModelConfig
 from treeattn.sim.deploy.capacity import MemoryCheck, Split, check_split, memory_check
 from treeattn.sim.deploy.token import (
     TokenPrediction,
@@ -26,8 +28,6 @@ from treeattn.sim.deploy.token import (
     predict_token,
 )
 from treeattn.sim.network import TRANSPORTS, resolve_hardware
-from treeattn.sim.payloads import SimError
-from treeattn.sim.workload import ModelConfig
 
 MAX_SIMULATED = 2  # simulations per split's attention plan (see the module docstring)
 

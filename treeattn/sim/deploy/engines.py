@@ -62,8 +62,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from treeattn.schedule.payloads import SimError
 from treeattn.sim.network import TRANSPORTS
-from treeattn.sim.payloads import SimError
 from treeattn.sim.planning.planner import plan
 
 
@@ -123,7 +123,7 @@ def check_constraints(engine: Engine, world: int, dcp: int, kv_heads: int,
     >>> check_constraints(ENGINES["vllm"], 8, 4, 8)
     Traceback (most recent call last):
     ...
-    treeattn.sim.payloads.SimError: vLLM cannot express this plan: tp // num_kv_heads >= dcp \
+    treeattn.schedule.payloads.SimError: vLLM cannot express this plan: tp // num_kv_heads >= dcp \
 is violated (tensor-parallel-size 8 // 8 KV heads = 1 < decode-context-parallel-size 4)
     """
     flag = engine.dcp_flag.lstrip("-")

@@ -65,6 +65,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from treeattn.schedule.payloads import SimError
+from treeattn.schedule.workload import STORAGE_DTYPE_BYTES, DecodeWorkload, ModelConfig
 from treeattn.sim.deploy.capacity import (
     MemoryCheck,
     Split,
@@ -76,8 +78,6 @@ from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import TRANSPORTS, resolve_hardware
 from treeattn.sim.onesided import one_sided
 from treeattn.sim.parallel import cp_group, group_workload, sub_topology
-from treeattn.sim.payloads import SimError
-from treeattn.sim.workload import STORAGE_DTYPE_BYTES, DecodeWorkload, ModelConfig
 
 #: Kernels per layer outside attention, and once per step (see the module docstring).
 KERNELS_PER_LAYER = {"gqa_attention": 5, "mla_attention": 11, "dense_mlp": 3,
@@ -198,7 +198,7 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     >>> p.merge, round(p.tpot_s * 1e3, 1) > 0
     ('none', True)
     """
-    from treeattn.sim.algorithms import SOURCES
+    from treeattn.schedule.algorithms import SOURCES
     from treeattn.sim.planning.planner import plan
 
     model = ModelConfig.from_name(model) if isinstance(model, str) else model

@@ -12,7 +12,7 @@
 
 Plain data: no simpy, no torch.
 
->>> from treeattn.sim.schedule import Compute, Schedule
+>>> from treeattn.schedule.ir import Compute, Schedule
 >>> s = Schedule("x", [[Compute("attention", 8)], [Compute("attention", 8)]])
 >>> schedule_from_json(schedule_to_json(s)).steps == s.steps
 True
@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 
 from treeattn.inputs import kind_of
-from treeattn.sim.payloads import COLLECTIVE_OPS, COMPUTE_LABELS, MERGE_OPS, PAYLOADS, SimError
-from treeattn.sim.schedule import OUTPUT_LAYOUTS, Collective, Compute, Merge, Recv, Schedule, Send
+from treeattn.schedule.ir import OUTPUT_LAYOUTS, Collective, Compute, Merge, Recv, Schedule, Send
+from treeattn.schedule.payloads import COLLECTIVE_OPS, COMPUTE_LABELS, MERGE_OPS, PAYLOADS, SimError
 
 FORMAT_VERSION = 1
 SCHEDULE_FORMAT = "treeattn.schedule"

@@ -29,10 +29,10 @@ import os
 from dataclasses import dataclass
 
 from treeattn.inputs import Fields, InputError, read_json
+from treeattn.schedule.ir import OUTPUT_LAYOUTS, Collective, Compute, Merge, Recv, Schedule, Send
+from treeattn.schedule.payloads import PAYLOAD_LAYOUTS, SimError, shard_sizes
+from treeattn.schedule.workload import MODELS, DecodeWorkload, ModelConfig
 from treeattn.sim.files.export import MAX_WORLD, check_tag, schedule_from_json
-from treeattn.sim.payloads import PAYLOAD_LAYOUTS, SimError, shard_sizes
-from treeattn.sim.schedule import OUTPUT_LAYOUTS, Collective, Compute, Merge, Recv, Schedule, Send
-from treeattn.sim.workload import MODELS, DecodeWorkload, ModelConfig
 
 MAX_PLAN_BYTES = 256 << 20  # a 16k-rank tree's plan is a few MB; anything far larger is junk
 MAX_SEQ_LEN = 1 << 40

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from treeattn.sim.payloads import ComputeLabel, SimError
+from treeattn.schedule.payloads import ComputeLabel, SimError
 
 STREAMING = frozenset({ComputeLabel.ATTENTION, ComputeLabel.ATTENTION_BLOCK,
                        ComputeLabel.ATTENTION_QBLOCK})

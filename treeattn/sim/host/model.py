@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import simpy
 
+from treeattn.schedule.ir import Collective, Compute
+from treeattn.schedule.payloads import CollectiveOp
 from treeattn.sim.host.cold import KINDS
-from treeattn.sim.payloads import CollectiveOp
-from treeattn.sim.schedule import Collective, Compute
 
 
 class HostModel:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from treeattn.sim.schedule import Compute, Merge, Recv, Send
+from treeattn.schedule.ir import Compute, Merge, Recv, Send
 
 SEND, RECV_MERGE, RECV_REPLACE = "send", "recv+merge", "recv"
 
@@ -54,7 +54,7 @@ def reduction_ops(steps) -> list[tuple[str, int, int, int, int]] | None:
     """The ops of a plain reduction, ``(kind, first step index, peer, tag, nbytes)``, one per
     Send, Recv or Recv-and-Merge pair, in step order; None when ``steps`` is not one.
 
-    >>> from treeattn.sim.schedule import Compute, Merge, Recv, Send
+    >>> from treeattn.schedule.ir import Compute, Merge, Recv, Send
     >>> steps = [Compute("attention", 0, 0), Recv(1, 8, 0), Merge(8, "partial", 0),
     ...          Send(1, 8, 0)]
     >>> reduction_ops(steps)

@@ -50,11 +50,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from treeattn.inputs import InputError, read_json
+from treeattn.schedule.payloads import SimError
 from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
 from treeattn.sim.files.profile_schema import NCCL_TESTS_KIND, check_profile, refuse_if_foreign
 from treeattn.sim.host.cold import cold_from_profile
 from treeattn.sim.host.partial_reduction import ProgramCosts
-from treeattn.sim.payloads import SimError
 
 VERSION = 1
 # Decode attention on a CPU is memory-bound; when the profile has no FLOP rate we take one

@@ -40,9 +40,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from treeattn.schedule.payloads import SimError
 from treeattn.sim.nccl import tables as T
 from treeattn.sim.nccl.group_shape import GroupShape
-from treeattn.sim.payloads import SimError
 
 __all__ = ["OPS", "CollectiveCost", "GroupShape", "candidates", "check_op", "collective_cost",
            "net_overhead_us", "p2p_cost", "p2p_parts", "p2p_protocol"]

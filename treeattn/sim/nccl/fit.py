@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from treeattn.schedule.payloads import SimError
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.nccl.nccltests import NcclTestsTable
-from treeattn.sim.payloads import SimError
 
 SCALE_NAMES = ("lat", "net_lat", "bw", "net_bw")
 _GRID = [2.0 ** (k / 4) for k in range(-12, 13)]  # 1/8 .. 8 in quarter-octave steps

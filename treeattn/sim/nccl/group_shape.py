@@ -12,8 +12,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from treeattn.schedule.payloads import SimError
 from treeattn.sim.nccl import tables as T
-from treeattn.sim.payloads import SimError
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from treeattn.sim.payloads import SimError
+from treeattn.schedule.payloads import SimError
 
 NCCL_TESTS_OPS = {
     "all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf",

@@ -42,9 +42,9 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from treeattn.schedule.payloads import SimError
 from treeattn.sim.nccl.collectives import CollectiveCost
 from treeattn.sim.nccl.group_shape import GroupShape
-from treeattn.sim.payloads import SimError
 
 MAX_BLOCKS = 64  # ncclSymkMaxBlocks (sym_kernels.h); MAXCHANNELS caps maxCTAs at 64 too
 LL_BUS_FACTOR = 9  # LL kernels: 2x the bytes, plus some processing, plus no unrolling

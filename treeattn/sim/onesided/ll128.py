@@ -24,11 +24,11 @@ generation.
 
 from __future__ import annotations
 
+from treeattn.schedule.payloads import SimError
 from treeattn.sim.nccl.collectives import CollectiveCost
 from treeattn.sim.nccl.group_shape import GroupShape
 from treeattn.sim.nccl.symmetric import ARCH
 from treeattn.sim.onesided.fixed_costs import arch_costs, bytes_per_s, exchange_us
-from treeattn.sim.payloads import SimError
 
 NAME = "mnnvl_ll128"
 OPS = ("all_to_all",)

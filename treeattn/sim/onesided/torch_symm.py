@@ -53,11 +53,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from treeattn.schedule.payloads import SimError
 from treeattn.sim.nccl.collectives import CollectiveCost
 from treeattn.sim.nccl.group_shape import GroupShape
 from treeattn.sim.nccl.symmetric import ARCH
 from treeattn.sim.onesided.fixed_costs import arch_costs, barrier_us, bytes_per_s, exchange_us
-from treeattn.sim.payloads import SimError
 
 NAME = "symm_mem"
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")

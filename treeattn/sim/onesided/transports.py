@@ -29,11 +29,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from treeattn.schedule.payloads import SimError
 from treeattn.sim.nccl import symmetric as nccl_symm
 from treeattn.sim.nccl.collectives import CollectiveCost
 from treeattn.sim.nccl.group_shape import GroupShape
 from treeattn.sim.onesided import ll128, torch_symm
-from treeattn.sim.payloads import SimError
 
 
 @dataclass(frozen=True)

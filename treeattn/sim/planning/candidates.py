@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from treeattn.sim.algorithms.trees import Tree
+from treeattn.schedule.algorithms.trees import Tree
+from treeattn.schedule.ir import Schedule
 from treeattn.sim.result import SimResult
-from treeattn.sim.schedule import Schedule
 
 # -- candidates --------------------------------------------------------------------------
 HUGE = 4096  # beyond this many ranks only a short list of shapes is scored

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from treeattn.sim.algorithms import SOURCES
+from treeattn.schedule.algorithms import SOURCES
 
 
 def us(seconds: float) -> str:

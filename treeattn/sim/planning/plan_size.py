@@ -18,7 +18,7 @@ import math
 import sys
 from collections.abc import Iterator
 
-from treeattn.sim.payloads import SimError
+from treeattn.schedule.payloads import SimError
 from treeattn.topo.fabric import build_limits
 
 NOTE_GPUS = 2048

@@ -44,17 +44,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from treeattn.sim.algorithms import BASELINES, SOURCES, build_schedule
-from treeattn.sim.algorithms.serving import LayoutRefused, check_head_split
-from treeattn.sim.algorithms.tree import make_trees
-from treeattn.sim.algorithms.trees import Tree
+from treeattn.schedule.algorithms import BASELINES, SOURCES, build_schedule
+from treeattn.schedule.algorithms.serving import LayoutRefused, check_head_split
+from treeattn.schedule.algorithms.tree import make_trees
+from treeattn.schedule.algorithms.trees import Tree
+from treeattn.schedule.ir import Collective, Schedule, sent_bytes
+from treeattn.schedule.payloads import SimError
+from treeattn.schedule.workload import DecodeWorkload
 from treeattn.sim.closed_form import closed_form, collective_schedule, ring_passq
 from treeattn.sim.engine import simulate
 from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import TRANSPORTS, CostModel
 from treeattn.sim.onesided import unoffered_reason
 from treeattn.sim.parallel import cp_group, cp_view
-from treeattn.sim.payloads import SimError
 from treeattn.sim.planning.candidates import (
     Candidate,
     enumerate_candidates,
@@ -63,8 +65,6 @@ from treeattn.sim.planning.candidates import (
 )
 from treeattn.sim.planning.explain import explain_plan, size_text
 from treeattn.sim.result import SimResult
-from treeattn.sim.schedule import Collective, Schedule, sent_bytes
-from treeattn.sim.workload import DecodeWorkload
 
 MAX_CHUNK_MESSAGES = 100_000
 # The candidate with the best bound is simulated up to this size, so that on very large

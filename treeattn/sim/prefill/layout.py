@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from treeattn.sim.payloads import SimError
+from treeattn.schedule.payloads import SimError
 
 Run = tuple[int, int]  # positions start .. stop-1
 

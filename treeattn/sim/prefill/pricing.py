@@ -46,10 +46,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from treeattn.schedule.payloads import CollectiveOp, SimError
+from treeattn.schedule.workload import FP32, DecodeWorkload
 from treeattn.sim.network import CostModel
-from treeattn.sim.payloads import CollectiveOp, SimError
 from treeattn.sim.prefill.layout import PrefillLayout
-from treeattn.sim.workload import FP32, DecodeWorkload
 
 PREFILL_ALGORITHMS = ("pass-kv", "pass-q", "all-gather-kv")
 # The pricing holds a handful of (W, W) float64 arrays and every pair's route: 4096 GPUs is

@@ -35,9 +35,9 @@ is therefore replicated whatever ``DecodeWorkload.layout`` asks.
 
 from __future__ import annotations
 
-from treeattn.sim.payloads import CollectiveOp, ComputeLabel, MergeOp, Payload
-from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send, Tags
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.ir import Collective, Compute, Merge, Recv, Schedule, Send, Tags
+from treeattn.schedule.payloads import CollectiveOp, ComputeLabel, MergeOp, Payload
+from treeattn.schedule.workload import DecodeWorkload
 
 
 def build_ring_passq(topology, workload: DecodeWorkload) -> Schedule:

@@ -1,7 +1,7 @@
 """The names and shapes of the schedule IR: payload buffers, compute labels, merge and
 collective ops, the one table of payload layouts, and the one sharding rule.
 
-Split from :mod:`treeattn.sim.schedule` (which defines the steps and their semantics) so
+Split from :mod:`treeattn.schedule.ir` (which defines the steps and their semantics) so
 that every executor, the memory model and the wire format read one table without pulling in
 the validator. Plain data: no simpy, no torch.
 """
@@ -72,7 +72,7 @@ class MergeOp(_Name):
 
 
 class CollectiveOp(_Name):
-    """Which collective a :class:`~treeattn.sim.schedule.Collective` step runs."""
+    """Which collective a :class:`~treeattn.schedule.ir.Collective` step runs."""
 
     ALL_REDUCE_SUM = "all_reduce_sum"
     ALL_REDUCE_MAX = "all_reduce_max"

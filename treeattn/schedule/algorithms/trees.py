@@ -10,7 +10,7 @@ to start at the root: ``root, root+1, …, root-1``) and connect positions:
 * ``binomial``: parent of i is i with its lowest set bit cleared (depth ≤ ⌈log2 p⌉);
 * ``double_binary``: NCCL's pair of in-order binary trees, the second mirrored (even p) or
   shifted by one (odd p), so most inner nodes of one tree are leaves of the other. Each tree
-  carries half of the payload (see :mod:`treeattn.sim.algorithms.tree`);
+  carries half of the payload (see :mod:`treeattn.schedule.algorithms.tree`);
 * ``hierarchical``: a tree inside each host rooted at a host leader (the root on its own
   host, the lowest rank elsewhere), and a tree across the leaders;
 * ``searched``: the greedy Fastest-Node-First tree, below.
@@ -45,15 +45,13 @@ whole construction O(p²) with numpy; the planner only searches up to a few hund
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
-from treeattn.sim.devices import BackendModel
-from treeattn.sim.network import resolve_backend, resolve_hardware
-from treeattn.sim.payloads import SimError
-from treeattn.sim.workload import FP32
+from treeattn.schedule.payloads import SimError
 
 SHAPES = ("chain", "flat", "binary", "kary", "binomial", "double_binary", "hierarchical",
           "searched")
@@ -275,35 +273,9 @@ def simple_shape(shape: str, world: int, root: int = 0, k: int = 2,
 
 # -- the searched tree -------------------------------------------------------------------
 
-def cost_matrix(topology, message_bytes: float, backend: BackendModel) -> np.ndarray:
-    """``C[u, v]``: seconds to deliver one message from ``u`` to ``v`` (∞ on the diagonal)."""
-    return message_prices(topology, message_bytes, backend)[0]
-
-
-def message_prices(topology, message_bytes: float,
-                   backend: BackendModel) -> tuple[np.ndarray, float]:
-    """``(C, send + recv)``: :func:`cost_matrix` and the two ends' software cost, priced as
-    the engine prices a message (:mod:`treeattn.sim.nccl.p2p`: on NCCL/RCCL the protocol's
-    per-class hop latency and the pair's bandwidth capped at the library's figure)."""
-    from treeattn.sim.nccl.collectives import p2p_parts
-    from treeattn.sim.nccl.p2p import P2PModel
-    from treeattn.sim.network import Network
-
-    lat = np.asarray(topology.latency_matrix(), dtype=float)
-    bw = np.asarray(topology.bandwidth_matrix(), dtype=float)
-    model = P2PModel(topology, backend, Network(topology, backend),
-                     resolve_hardware(topology, None))
-    send, recv = model.send_s(message_bytes), model.recv_s(message_bytes)
-    if model.library:
-        hosts = np.array([topology.host_of(r) for r in range(topology.num_gpus)])
-        across = hosts[:, None] != hosts[None, :]
-        parts = [p2p_parts(message_bytes, model.shape, a) for a in (False, True)]
-        lat = np.where(across, parts[1][2], parts[0][2]) * 1e-6
-        bw = np.minimum(bw, np.where(across, parts[1][3], parts[0][3]) * 1e9)
-    with np.errstate(divide="ignore"):
-        cost = send + lat + message_bytes / bw + recv
-    np.fill_diagonal(cost, np.inf)
-    return cost, send + recv
+# Cost-based tree searches by shape name. The IR has no cost model, so the layer that prices
+# messages registers its search here (:mod:`treeattn.sim.tree_search` adds ``searched``).
+TREE_SEARCHES: dict[str, Callable[..., Tree]] = {}
 
 
 def fnf_tree(cost: np.ndarray, root: int, per_child_s: float) -> Tree:
@@ -343,22 +315,3 @@ def fnf_tree(cost: np.ndarray, root: int, per_child_s: float) -> Tree:
         best = np.where(improved, ready[v] + cost[v], best)
         source = np.where(improved, v, source)
     return Tree(root, tuple(int(x) for x in parent), "searched")
-
-
-def searched_tree(topology, root: int = 0, backend=None, message_bytes: float | None = None,
-                  model=None) -> Tree:
-    """The FNF tree rooted at ``root`` for messages of ``message_bytes`` (a partial).
-
-    >>> from treeattn.topo import Topology
-    >>> t = searched_tree(Topology.from_spec("dgx-h100:nodes=2"), root=0)
-    >>> t.world, t.root, t.shape
-    (16, 0, 'searched')
-    """
-    backend = resolve_backend(topology, backend)
-    if message_bytes is None:
-        heads, dim = (model.n_heads, model.head_dim) if model is not None else (32, 128)
-        message_bytes = FP32 * heads * (dim + 1)
-    cost, ends = message_prices(topology, message_bytes, backend)
-    merge_s = resolve_hardware(topology, None)[root].compute_time(3 * message_bytes)
-    per_child = ends + merge_s
-    return fnf_tree(cost, root, per_child)

@@ -7,11 +7,11 @@ Sizes (all in bytes, ``B`` the batch, ``n`` a shard's token count):
 * ``max`` and ``den``: ``4 · B · Hq``; ``num``: ``4 · B · Hq · D``;
 * attention FLOPs over ``n`` tokens: ``4 · B · Hq · n · D`` (q·Kᵀ and p·V, 2 per MAC).
 
-Sharding rule (:func:`treeattn.sim.schedule.shard_sizes`): the sequence is split into
+Sharding rule (:func:`treeattn.schedule.ir.shard_sizes`): the sequence is split into
 contiguous shards, rank ``r`` holding a shard of ``seq_len // p`` tokens, and the first
 ``seq_len % p`` ranks one token more. Explicit ``shard_lengths`` (which must sum to
 ``seq_len``) override the rule. Payload sizes come from the IR's one table of payload
-layouts (:data:`treeattn.sim.schedule.PAYLOAD_LAYOUTS`).
+layouts (:data:`treeattn.schedule.ir.PAYLOAD_LAYOUTS`).
 
 :class:`ModelConfig` is THE registry of model shapes (:data:`MODELS`); values are copied
 from each model's published ``config.json`` on the Hugging Face Hub:
@@ -50,7 +50,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from treeattn.sim.payloads import (
+from treeattn.schedule.ir import Compute
+from treeattn.schedule.payloads import (
     PAYLOAD_LAYOUTS,
     ComputeLabel,
     Payload,
@@ -59,7 +60,6 @@ from treeattn.sim.payloads import (
     query_slots,
     shard_sizes,
 )
-from treeattn.sim.schedule import Compute
 
 
 def real_slots(batch: int, world: int, origin: int) -> int:
@@ -249,7 +249,7 @@ class DecodeWorkload:
 
     # -- sizes -----------------------------------------------------------------------------
     def dims(self, tokens: int = 0, world: int = 1) -> dict[str, int]:
-        """The symbol values of :data:`~treeattn.sim.schedule.PAYLOAD_LAYOUTS` for a block of
+        """The symbol values of :data:`~treeattn.schedule.ir.PAYLOAD_LAYOUTS` for a block of
         ``tokens`` tokens on ``world`` ranks (``P``, and ``Bq`` the pass-Q query slots)."""
         m = self.model
         return {"B": self.batch, "Hq": m.n_heads, "Hkv": m.n_kv_heads, "D": m.head_dim,

@@ -1,8 +1,8 @@
 """A numpy reference executor of the schedule IR: the clearest statement of its semantics.
 
-It runs a :class:`~treeattn.sim.schedule.Schedule` with real arrays, following the semantics
-in :mod:`treeattn.sim.schedule` to the letter (sends snapshot, receives replace or wait for a
-Merge, chunks are :func:`~treeattn.sim.schedule.shard_bounds` slices, and a payload whose
+It runs a :class:`~treeattn.schedule.ir.Schedule` with real arrays, following the semantics
+in :mod:`treeattn.schedule.ir` to the letter (sends snapshot, receives replace or wait for a
+Merge, chunks are :func:`~treeattn.schedule.ir.shard_bounds` slices, and a payload whose
 layout has ``chunk_axis="Hq"`` is sliced along the head axis), so the tests can check that
 every generator leaves softmax attention over the whole sequence on every rank. Numpy only:
 the torch executor in :mod:`treeattn.runtime.executor` is checked against the same semantics.
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from treeattn.sim.payloads import (
+from treeattn.schedule.ir import Collective, Compute, Merge, Recv, Schedule, Send
+from treeattn.schedule.payloads import (
     PAYLOAD_LAYOUTS,
     CollectiveOp,
     ComputeLabel,
@@ -32,7 +33,6 @@ from treeattn.sim.payloads import (
     Payload,
     shard_bounds,
 )
-from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send
 
 
 def partial(q, k, v):

@@ -15,16 +15,16 @@ half of the payload (``chunk=(0, 2)`` and ``(1, 2)``): up A, up B, down A, down 
 
 from __future__ import annotations
 
-from treeattn.sim.algorithms.trees import (
+from treeattn.schedule.algorithms.trees import (
+    TREE_SEARCHES,
     Tree,
     double_binary,
     hierarchical,
-    searched_tree,
     simple_shape,
 )
-from treeattn.sim.payloads import MergeOp, Payload, SimError
-from treeattn.sim.schedule import Merge, Recv, Schedule, Send, Step, Tags
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.ir import Merge, Recv, Schedule, Send, Step, Tags
+from treeattn.schedule.payloads import MergeOp, Payload, SimError
+from treeattn.schedule.workload import DecodeWorkload
 
 
 def reduce_phase(steps: list[list[Step]], tree: Tree, nbytes: int, tags: Tags,
@@ -78,7 +78,10 @@ def make_trees(topology, shape: str, root: int = 0, k: int = 4, inner: str = "bi
     if shape == "hierarchical":
         return [hierarchical(topology, root, inner, outer, k)]
     if shape == "searched":
-        return [searched_tree(topology, root, backend, message_bytes)]
+        search = TREE_SEARCHES.get(shape)
+        if search is None:  # only the simulator can price the messages the search compares
+            raise SimError("the searched tree shape needs the simulator: import treeattn.sim")
+        return [search(topology, root, backend, message_bytes)]
     return [simple_shape(shape, world, root, k)]
 
 

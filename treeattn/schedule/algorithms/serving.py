@@ -1,7 +1,7 @@
 """What serving systems run today: one-shot gathers and the head-scatter merges.
 
 Every generator here is built from library collectives (see the ``Collective`` step in
-:mod:`treeattn.sim.schedule`) over all ranks, in the order the systems issue them:
+:mod:`treeattn.schedule.ir`) over all ranks, in the order the systems issue them:
 
 ``oneshot``  Star Attention's decode phase and the symmetric-memory one-shot kernels
              (arXiv 2411.17116, NVIDIA/Star-Attention): all-gather every rank's
@@ -27,9 +27,9 @@ the all-gather of the head shards that a practitioner would add; with ``layout=
 
 from __future__ import annotations
 
-from treeattn.sim.payloads import CollectiveOp, ComputeLabel, MergeOp, Payload, SimError
-from treeattn.sim.schedule import Collective, Compute, Merge, Schedule, Tags
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.ir import Collective, Compute, Merge, Schedule, Tags
+from treeattn.schedule.payloads import CollectiveOp, ComputeLabel, MergeOp, Payload, SimError
+from treeattn.schedule.workload import DecodeWorkload
 
 
 class LayoutRefused(SimError):

@@ -24,10 +24,10 @@ collectives do the work of three: the max, then one sum.
 
 from __future__ import annotations
 
-from treeattn.sim.algorithms.tree import allreduce_phase, make_trees
-from treeattn.sim.payloads import CollectiveOp, ComputeLabel, MergeOp, Payload, SimError
-from treeattn.sim.schedule import Collective, Compute, Merge, Recv, Schedule, Send, Tags
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.algorithms.tree import allreduce_phase, make_trees
+from treeattn.schedule.ir import Collective, Compute, Merge, Recv, Schedule, Send, Tags
+from treeattn.schedule.payloads import CollectiveOp, ComputeLabel, MergeOp, Payload, SimError
+from treeattn.schedule.workload import DecodeWorkload
 
 
 def ring_allreduce_phase(steps, workload: DecodeWorkload, tags: Tags, payload: str,

@@ -7,9 +7,9 @@ first target), then receives from ``r−1, r−2, …`` and merges each. One rou
 
 from __future__ import annotations
 
-from treeattn.sim.payloads import MergeOp
-from treeattn.sim.schedule import Merge, Recv, Schedule, Send
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.ir import Merge, Recv, Schedule, Send
+from treeattn.schedule.payloads import MergeOp
+from treeattn.schedule.workload import DecodeWorkload
 
 
 def build_allgather(topology, workload: DecodeWorkload) -> Schedule:

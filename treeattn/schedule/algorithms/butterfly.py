@@ -20,7 +20,7 @@ then ``P ← P ⊕ P(r + 2^j)``. Round ``K``: ``r`` receives ``S(r + 2^K) = [r+2
 where bit ``j`` is set carry two partials.
 
 >>> from treeattn.topo import Topology
->>> from treeattn.sim.workload import DecodeWorkload
+>>> from treeattn.schedule.workload import DecodeWorkload
 >>> s = build_butterfly(Topology.from_spec("local:ranks=7"), DecodeWorkload("debug", 14))
 >>> s.params["rounds"], sum(1 for x in s.steps[0] if type(x).__name__ == "Send")
 (3, 4)
@@ -28,9 +28,9 @@ where bit ``j`` is set carry two partials.
 
 from __future__ import annotations
 
-from treeattn.sim.payloads import MergeOp, Payload
-from treeattn.sim.schedule import Merge, Recv, Schedule, Send, Step, Tags
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.ir import Merge, Recv, Schedule, Send, Step, Tags
+from treeattn.schedule.payloads import MergeOp, Payload
+from treeattn.schedule.workload import DecodeWorkload
 
 
 def build_butterfly(topology, workload: DecodeWorkload) -> Schedule:

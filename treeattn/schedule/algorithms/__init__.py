@@ -3,7 +3,8 @@
 =============  ==========================================================================
 ``tree``       ``shape`` (chain, flat, binary, kary, binomial, double_binary, hierarchical,
                searched), ``root``, ``k`` (kary, hierarchical), ``inner``/``outer``
-               (hierarchical), ``tree`` (an explicit :class:`~treeattn.sim.algorithms.trees.Tree`)
+               (hierarchical), ``tree`` (an explicit
+               :class:`~treeattn.schedule.algorithms.trees.Tree`)
 ``butterfly``  no parameters
 ``allreduce3`` ``inner`` ("tree" or "ring"), and for the tree ``shape``, ``root``, ``k``
 ``allgather``  no parameters
@@ -24,16 +25,16 @@ from __future__ import annotations
 
 import inspect
 
-from treeattn.sim.algorithms.allgather import build_allgather
-from treeattn.sim.algorithms.allreduce3 import build_allreduce2, build_allreduce3
-from treeattn.sim.algorithms.butterfly import build_butterfly
-from treeattn.sim.algorithms.passq import build_ring_passq
-from treeattn.sim.algorithms.ring import build_ring
-from treeattn.sim.algorithms.serving import build_dcp, build_helix, build_oneshot
-from treeattn.sim.algorithms.tree import build_tree
-from treeattn.sim.payloads import SimError
-from treeattn.sim.schedule import Schedule
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.algorithms.allgather import build_allgather
+from treeattn.schedule.algorithms.allreduce3 import build_allreduce2, build_allreduce3
+from treeattn.schedule.algorithms.butterfly import build_butterfly
+from treeattn.schedule.algorithms.passq import build_ring_passq
+from treeattn.schedule.algorithms.ring import build_ring
+from treeattn.schedule.algorithms.serving import build_dcp, build_helix, build_oneshot
+from treeattn.schedule.algorithms.tree import build_tree
+from treeattn.schedule.ir import Schedule
+from treeattn.schedule.payloads import SimError
+from treeattn.schedule.workload import DecodeWorkload
 
 # THE algorithm registry, in the order reports list them: every algorithm list in the code
 # base (prediction rows, golden file, sweeps, runtime, CLI choices) derives from it.

@@ -16,7 +16,8 @@ Each rank owns a few named buffers, the *payloads*:
 * ``"num"``     a running sum of shape (B, Hq, D) (``allreduce3``);
 * ``"den"``     a running sum of shape (B, Hq) (``allreduce3``);
 * ``"residue"`` a second running partial, laid out like ``"partial"`` (``butterfly`` when p is
-  not a power of two; see :mod:`treeattn.sim.algorithms.butterfly`). Unset until a Merge sets it.
+  not a power of two; see :mod:`treeattn.schedule.algorithms.butterfly`). Unset until a Merge
+  sets it.
 * ``"numden"``  ``num`` and ``den`` packed like a partial (``allreduce2``: one all-reduce).
 * ``"qblock"``  (``ring-passq``) the query block a rank holds, (Bq, Hq, D) in the cache
   dtype, ``Bq = ceil(B / p)``. At the start rank ``k`` holds its *own* block (origin ``k``):
@@ -117,7 +118,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-from treeattn.sim.payloads import (
+from treeattn.schedule.payloads import (
     COLLECTIVE_OPS,
     COMPUTE_LABELS,
     MERGE_OPS,

@@ -19,9 +19,9 @@ a block of ``n`` tokens being ``2·B·n·Hkv·D·dtype_bytes`` bytes (K and V). 
 
 from __future__ import annotations
 
-from treeattn.sim.payloads import ComputeLabel, MergeOp, Payload
-from treeattn.sim.schedule import Merge, Recv, Schedule, Send
-from treeattn.sim.workload import DecodeWorkload
+from treeattn.schedule.ir import Merge, Recv, Schedule, Send
+from treeattn.schedule.payloads import ComputeLabel, MergeOp, Payload
+from treeattn.schedule.workload import DecodeWorkload
 
 
 def block_compute(workload: DecodeWorkload, tokens: int) -> list:
