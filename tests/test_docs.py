@@ -91,3 +91,11 @@ def test_docs_name_no_path_outside_the_repository(doc: Path):
     text = doc.read_text()
     for outside in ("/work/", "../shared", "/tmp/", "/home/"):
         assert outside not in text, f"{doc.name} names {outside}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_paths_the_docs_name_exist(doc: Path):
+    named = re.findall(r"`((?:treeattn|tests|benchmarks|docs|notebooks)/[^`\s]*)`",
+                       doc.read_text())
+    for path in (n.split("::")[0] for n in named if not re.search(r"[{<*]", n)):
+        assert (ROOT / path).exists(), f"{doc.name} names {path}, which does not exist"
