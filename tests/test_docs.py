@@ -1,6 +1,6 @@
 """The docs as reference: the README's example runs, design.md's printed schedule is what the
-code prints, both stay within their caps, and every link between the repository's docs
-resolves inside it."""
+code prints, both stay within their caps, every link between the repository's docs resolves
+inside it, and every repository path they name exists."""
 
 from __future__ import annotations
 
