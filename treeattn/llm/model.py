@@ -42,8 +42,10 @@ class LlamaConfig:
     rope_base: float = 10000.0
     max_seq_len: int = 8192
     tie_embeddings: bool = True
-    # Llama 3 rope scaling: factor, low_freq_factor, high_freq_factor,
-    # original_max_position_embeddings. None means plain RoPE.
+    # RoPE scaling as transformers names it: {"rope_type": "linear", "factor"} or Llama 3's
+    # {"rope_type": "llama3", factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings} (a dict without rope_type is llama3, as GGUF gives it).
+    # None means plain RoPE.
     rope_scaling: dict | None = None
     name: str = "custom"
     head_dim: int = field(init=False)
@@ -115,13 +117,15 @@ class AttentionBackend(Protocol):
 
 
 def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
-    """Per-pair rotation frequencies (D/2,), with Llama 3 scaling when configured."""
+    """Per-pair rotation frequencies (D/2,), with linear or Llama 3 scaling when configured."""
     d = config.head_dim
     inv_freq = 1.0 / config.rope_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     scaling = config.rope_scaling
     if not scaling:
         return inv_freq.float()
     factor = float(scaling["factor"])
+    if scaling.get("rope_type", "llama3") == "linear":  # every frequency slowed by `factor`
+        return (inv_freq / factor).float()
     low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
     original = float(scaling["original_max_position_embeddings"])
     wavelen = 2 * math.pi / inv_freq

@@ -10,11 +10,11 @@ rendered in jinja2's immutable *sandboxed* environment.
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 
 from treeattn.llm.errors import ModelError
+from treeattn.llm.formats.hf_folder import read_tokenizer_config
 
 # llama.cpp's names for the pre-tokenizer (GGUF tokenizer.ggml.pre) -> the regex split that
 # goes before the byte-level mapping. None means GPT-2's own regex (ByteLevel use_regex).
@@ -177,22 +177,25 @@ def tokenizer_from_hf_dir(path: Path) -> Tokenizer:
     file = path / "tokenizer.json"
     if not file.is_file():
         raise ModelError(f"{path} has no tokenizer.json")
+    conf = read_tokenizer_config(path)
     try:
         backend = HFTokenizer.from_file(str(file))
-        extra = path / "tokenizer_config.json"
-        conf = json.loads(extra.read_text()) if extra.is_file() else {}
     except Exception as exc:
         raise ModelError(f"cannot read the tokenizer in {path}: {exc}") from None
 
     def token_id(key):
         value = conf.get(key)
         value = value.get("content") if isinstance(value, dict) else value
-        return backend.token_to_id(value) if value else None
+        return backend.token_to_id(value) if isinstance(value, str) and value else None
+
+    template = conf.get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise ModelError(f"tokenizer config in {path}: field chat_template: expected a string")
 
     return Tokenizer(
         backend,
         bos_id=token_id("bos_token"),
         eos_id=token_id("eos_token"),
-        chat_template=conf.get("chat_template"),
-        add_bos=bool(conf.get("add_bos_token", False)),
+        chat_template=template,
+        add_bos=conf.get("add_bos_token", False) is True,
     )

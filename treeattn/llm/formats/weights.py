@@ -14,7 +14,6 @@ Every format is read into a name -> tensor dict and built by :func:`treeattn.llm
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +21,10 @@ import torch
 
 from treeattn.llm.errors import ModelError
 from treeattn.llm.formats.fetch import DEFAULT_ALIASES, fetch_default_model
+from treeattn.llm.formats.hf_folder import read_llama_folder
 from treeattn.llm.formats.snapshot import is_snapshot, load_snapshot
 from treeattn.llm.formats.tokenizer import Tokenizer
-from treeattn.llm.model import LlamaConfig, Transformer, assemble, random_model
+from treeattn.llm.model import LlamaConfig, Transformer, assemble, check_finite, random_model
 
 
 @dataclass
@@ -66,31 +66,6 @@ def load_gguf(path: Path) -> LoadedModel:
     return LoadedModel(model, tokenizer, str(path))
 
 
-def config_from_hf(conf: dict, source: str) -> LlamaConfig:
-    """A :class:`LlamaConfig` from a Hugging Face ``config.json`` of a Llama model."""
-    if conf.get("model_type") != "llama":
-        raise ModelError(f"unsupported architecture {conf.get('model_type')!r} in {source} "
-                         "(supported: llama)")
-    scaling = conf.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type")) != "llama3":
-        raise ModelError(f"unsupported rope_scaling {scaling} in {source} (supported: llama3)")
-    heads = int(conf["num_attention_heads"])
-    return LlamaConfig(
-        dim=int(conf["hidden_size"]),
-        n_layers=int(conf["num_hidden_layers"]),
-        n_heads=heads,
-        n_kv_heads=int(conf.get("num_key_value_heads") or heads),
-        hidden_dim=int(conf["intermediate_size"]),
-        vocab_size=int(conf["vocab_size"]),
-        norm_eps=float(conf.get("rms_norm_eps", 1e-5)),
-        rope_base=float(conf.get("rope_theta", 10000.0)),
-        max_seq_len=int(conf.get("max_position_embeddings", 4096)),
-        tie_embeddings=bool(conf.get("tie_word_embeddings", False)),
-        rope_scaling=dict(scaling) if scaling else None,
-        name=Path(source).name,
-    )
-
-
 _HF_LAYER = {
     "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm",
     "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
@@ -112,31 +87,36 @@ def _hf_name(name: str) -> str:
 
 
 def load_hf_dir(path: Path) -> LoadedModel:
+    """A Llama folder, validated whole (:mod:`treeattn.llm.formats.hf_folder`) before any
+    weight is read."""
     from safetensors.torch import load_file
 
     from treeattn.llm.formats.tokenizer import tokenizer_from_hf_dir
 
-    try:
-        config = config_from_hf(json.loads((path / "config.json").read_text()), str(path))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ModelError(f"bad config.json in {path}: {exc}") from None
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelError(f"{path} has config.json but no *.safetensors weights")
+    config, files = read_llama_folder(path)
+    tokenizer = tokenizer_from_hf_dir(path)
+    tokens = tokenizer.backend.get_vocab_size()
+    if tokens > config.vocab_size:  # a token past the embedding would index out of range
+        raise ModelError(f"{path}: the tokenizer has {tokens} tokens but the embedding only "
+                         f"{config.vocab_size} rows")
     state: dict[str, torch.Tensor] = {}
     for file in files:
         try:
             loaded = load_file(str(file))
         except Exception as exc:
             raise ModelError(f"cannot read {file}: {exc}") from None
-        state.update({_hf_name(k): v.float() for k, v in loaded.items()})
+        if config.tie_embeddings:  # transformers ties the head to the embedding
+            loaded.pop("lm_head.weight", None)
+        check_finite(loaded, str(file))  # named as the file names it
+        state.update({_hf_name(k): v.float() for k, v in loaded.items()
+                      if not k.endswith("rotary_emb.inv_freq")})
     for key, heads in (("wq", config.n_heads), ("wk", config.n_kv_heads)):
         for i in range(config.n_layers):
             name = f"layers.{i}.attention.{key}.weight"
             if name in state:
                 state[name] = hf_to_interleaved(state[name], heads)
     model = assemble(config, state, str(path))
-    return LoadedModel(model, tokenizer_from_hf_dir(path), str(path))
+    return LoadedModel(model, tokenizer, str(path))
 
 
 def debug_model(seed: int = 0) -> LoadedModel:
