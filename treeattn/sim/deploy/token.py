@@ -66,7 +66,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from treeattn.schedule.payloads import SimError
-from treeattn.schedule.workload import STORAGE_DTYPE_BYTES, DecodeWorkload, ModelConfig
+from treeattn.schedule.workload import (
+    DTYPE_BYTES,
+    STORAGE_DTYPE_BYTES,
+    DecodeWorkload,
+    ModelConfig,
+)
 from treeattn.sim.deploy.capacity import (
     MemoryCheck,
     Split,
@@ -158,10 +163,10 @@ def deployment_topology(topology, split: Split):
 
 
 def _collective(op: str, nbytes: int, topology, ranks: list[int],
-                transports: tuple[str, ...]) -> tuple[float, str]:
-    """(seconds, transport) of the fastest of ``transports`` that runs ``op`` on ``ranks``;
-    NCCL's regular path where it is allowed or none of the one-sided ones runs the op (the
-    libraries' own fallback)."""
+                transports: tuple[str, ...], dtype: str = "bfloat16") -> tuple[float, str]:
+    """(seconds, transport) of the fastest of ``transports`` that runs ``op`` on ``ranks``
+    (``dtype`` data, summed); NCCL's regular path where it is allowed or none of the
+    one-sided ones runs the op (the libraries' own fallback)."""
     if len(ranks) < 2 or nbytes < 1:
         return 0.0, "none"
     shape = GroupShape.of(topology, ranks)
@@ -171,7 +176,7 @@ def _collective(op: str, nbytes: int, topology, ranks: list[int],
         if transport is not None and transport.unavailable(op, shape, "sum") is None:
             options.append((transport.cost(op, int(nbytes), shape, "sum").time_s, name))
     if "nccl" in transports or not options:
-        options.append((collective_cost(op, int(nbytes), shape).time_s, "nccl"))
+        options.append((collective_cost(op, int(nbytes), shape, dtype=dtype).time_s, "nccl"))
     return min(options)
 
 
@@ -221,7 +226,10 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
 
     tp_ranks = list(range(split.tp))
     hidden = batch * model.dim * act
-    all_reduce_s, tp_transport = _collective("all_reduce", hidden, topo, tp_ranks, transports)
+    # the activations are summed in the model's compute dtype (bf16 for an fp8 checkpoint)
+    act_dtype = model.dtype if model.dtype in DTYPE_BYTES else "bfloat16"
+    all_reduce_s, tp_transport = _collective("all_reduce", hidden, topo, tp_ranks, transports,
+                                             act_dtype)
     parts["tp_all_reduce"] = (2 * model.n_layers + 1) * all_reduce_s
     parts["lm_head_gather"] = _collective("all_gather", batch * model.vocab_size * act, topo,
                                           tp_ranks, transports)[0]
