@@ -79,10 +79,12 @@ from treeattn.sim.deploy.capacity import (
     memory_check,
     step_weight_reads,
 )
+from treeattn.sim.devices import weight_read_factor
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import TRANSPORTS, resolve_hardware
 from treeattn.sim.onesided import one_sided
 from treeattn.sim.parallel import cp_group, group_workload, sub_topology
+from treeattn.topo.hardware import normalize_model
 
 #: Kernels per layer outside attention, and once per step (see the module docstring).
 KERNELS_PER_LAYER = {"gqa_attention": 5, "mla_attention": 11, "dense_mlp": 3,
@@ -220,7 +222,9 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     parts: dict[str, float] = {}
 
     reads = step_weight_reads(model, split.tp, STORAGE_DTYPE_BYTES[wdt], batch)
-    parts["weights"] = sum(count * (hw.compute_time(nbytes, flops) - hw.launch_s)
+    # FP8 GEMMs read their weights below the bf16 rate (sim.devices.FP8_GEMM_EFFICIENCY)
+    slower = weight_read_factor(normalize_model(topo.gpu_model(0)), wdt, hw.name)
+    parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
                            for _, count, nbytes, flops in reads)
     parts["kernels"] = kernels_per_step(model) * hw.launch_s
 
