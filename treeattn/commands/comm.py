@@ -169,7 +169,7 @@ def handle(args: argparse.Namespace) -> int:
         backend = plan_overrides(args.profile, topology).get("backend")
         calibration = getattr(backend, "calibration", None)
         if calibration is None:
-            raise UserError(f"{args.profile} calibrates CPU ranks, not a GPU cluster's "
+            raise UserError(f"{args.profile} does not calibrate a GPU cluster's "
                             "collectives (use calibrate --nccl-tests)")
     ranks = group_ranks(topology, args.gpus, args.ranks)
     rows = comm_rows(topology, args.op, args.min_bytes, args.max_bytes, calibration,

@@ -98,6 +98,9 @@ class HardwareModel:
     # not the matmul peak: CPUs, where the softmax's exponentials cost as much as the products
     # (benchmarks/prefill_check.py measures it); 0: peak_flops
     attention_flops: float = 0.0
+    # ((weight dtype, bytes/s), ...): the rate decode GEMMs read weights of that dtype, from a
+    # measured kernel table (treeattn.sim.deploy.kernel_table); empty: the sourced defaults
+    gemm_bandwidth: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth_Bps <= 0 or self.peak_flops <= 0 or self.launch_s < 0:

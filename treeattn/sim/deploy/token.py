@@ -79,6 +79,7 @@ from treeattn.sim.deploy.capacity import (
     memory_check,
     step_weight_reads,
 )
+from treeattn.sim.deploy.kernel_table import CANONICAL
 from treeattn.sim.devices import weight_read_factor
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import TRANSPORTS, resolve_hardware
@@ -222,10 +223,14 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     parts: dict[str, float] = {}
 
     reads = step_weight_reads(model, split.tp, STORAGE_DTYPE_BYTES[wdt], batch)
-    # FP8 GEMMs read their weights below the bf16 rate (sim.devices.FP8_GEMM_EFFICIENCY)
-    slower = weight_read_factor(normalize_model(topo.gpu_model(0)), wdt, hw.name)
-    parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
-                           for _, count, nbytes, flops in reads)
+    measured = dict(hw.gemm_bandwidth).get(CANONICAL.get(wdt, wdt))
+    if measured:  # the user's kernel table (calibrate --kernels) has this dtype's GEMMs
+        parts["weights"] = sum(count * max(nbytes / measured, flops / hw.peak_flops)
+                               for _, count, nbytes, flops in reads)
+    else:  # FP8 GEMMs read their weights below the bf16 rate (devices.FP8_GEMM_EFFICIENCY)
+        slower = weight_read_factor(normalize_model(topo.gpu_model(0)), wdt, hw.name)
+        parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
+                               for _, count, nbytes, flops in reads)
     parts["kernels"] = kernels_per_step(model) * hw.launch_s
 
     tp_ranks = list(range(split.tp))
