@@ -164,7 +164,8 @@ def nvls_graph(arch: str, ngpus: int, total: float) -> tuple[int, float, float]:
     """(channels, intra GB/s, inter GB/s) of NCCL's NVLS graph on one node of ``ngpus`` GPUs
     that each carry ``total`` GB/s of NVLink (search.cc; nccl_tables: NVLS). (0, 0, 0): none.
 
-    One channel per GPU, every GPU carrying ``(ngpus + 1) × speed``; pass 2 raises the inter
+    One channel per GPU up to 32 (a head each), every GPU carrying ``(channels + 1) ×
+    speed`` (its share of every channel, twice on the one it heads); pass 2 raises the inter
     speed while it is below twice the intra one. 8 H100s: 8 × 40, inter 60 (NCCL's logs);
     4 H100s: 4 × 60, inter 60; 2: 2 × 60.
 
@@ -175,7 +176,7 @@ def nvls_graph(arch: str, ngpus: int, total: float) -> tuple[int, float, float]:
     if ngpus < 2 or nch < 2:
         return 0, 0.0, 0.0
     speeds = _speeds(T.NCCL_SPEEDS_INTRA, arch)
-    fitting = [s for s in speeds if (ngpus + 1) * s <= total]
+    fitting = [s for s in speeds if (nch + 1) * s <= total]
     if not fitting:
         return 0, 0.0, 0.0
     intra = float(fitting[0])

@@ -137,7 +137,7 @@ NCCL_COMPUTE_CHANNELS_PER_SEARCH = 2
 # NVLS (search.cc): one channel per GPU of the node (``maxChannels = min(NCCL_MAX_NVLS_ARITY
 # = 32, ngpus)``, ``minChannels = maxChannels`` on one node); a channel's head GPU carries
 # twice the channel's speed on its NVLinks (``ncclTopoSearchTryNvls``: ``d == g ? 2 : 1``),
-# so every GPU carries ``(ngpus + 1) × speed``. Pass 2 raises ``bwInter`` while it is below
+# so every GPU carries ``(channels + 1) × speed``. Pass 2 raises ``bwInter`` while it is below
 # twice ``bwIntra``. NVLS needs at least 2 GPUs (nvls.cc ``ncclNvlsInit``: ``gpuCount < 2``)
 # and 2 channels (tuning.cc), multicast (NVSwitch, sm90+).
 NCCL_MAX_NVLS_ARITY = 32
