@@ -288,3 +288,15 @@ def test_fp8_gemm_prices_against_deepgemms_held_out_rows():
     assert {p["m"] for p in points if not p["scored"]} == {64}
     assert all(0.6 <= p["ratio"] <= 1.4 for p in scored)
     assert fidelity.geo_error([p["ratio"] for p in scored]) <= 0.20
+
+
+def test_blackwell_reads_hbm_at_its_sourced_fraction_of_the_datasheet():
+    """MEMORY_EFFICIENCY's Blackwell row: 6.0 of the B200's 8.0 TB/s (a published CUDA
+    bandwidthTest copy), not the datasheet rate."""
+    from treeattn.sim.devices import HARDWARE, MEMORY_EFFICIENCY
+    from treeattn.topo.hardware import GPU_SPECS
+
+    assert MEMORY_EFFICIENCY["B200"] == pytest.approx(6.0 / 8.0)
+    for name in ("B200", "GB200"):
+        assert HARDWARE[name].memory_bandwidth_Bps == pytest.approx(
+            GPU_SPECS[name].memory_bandwidth * 0.75)

@@ -147,7 +147,11 @@ CPU_LAUNCH_S = 20e-6  # placeholder: `treeattn calibrate` measures it
 # bf16, B=1, Hq=32, Hkv=8, D=128, CUDA-graph replays): 0.82 at T=64k, 0.88 at 128k, 0.90 at
 # 256k, 0.93 at 512k, 0.94 at 1M; we take the median, 0.90. The H100 has the same SM, memory
 # controller design and kernel, so it takes the H200's figure until it is measured itself.
-MEMORY_EFFICIENCY = {"H200": 0.90, "H100": 0.90}
+# Blackwell (B200, and the GB200's same GPU): CUDA's bandwidthTest sample on 8 B200s (HGX,
+# CUDA 12.8) measured device-to-device copies at "over 6,000 GB/s" (newmind.ai journal 18,
+# "Unlocking Next-Generation AI Performance: Inside NVIDIA's Blackwell B200 Architecture"),
+# the sample counting each byte read and written: 6.0 of the 8.0 TB/s datasheet, 0.75.
+MEMORY_EFFICIENCY = {"H200": 0.90, "H100": 0.90, "B200": 0.75, "GB200": 0.75}
 # Fraction of the datasheet HBM rate at which a decode GEMM reads FP8 weights, by GPU
 # generation (the token model's weight reads; bf16 weights read at MEMORY_EFFICIENCY).
 # Hopper: DeepGEMM's README at commit 7a70b43 (deepseek-ai/DeepGEMM, "Normal GEMMs for dense
