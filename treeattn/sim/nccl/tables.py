@@ -50,6 +50,15 @@ MSCCL     ROCm/rccl ``src/misc/msccl/msccl_lifecycle.cc`` (``mscclEnqueueCheck``
           already set ``ENABLE_MSCCL_KERNEL=OFF``).
 logs      Channel counts NCCL's search reports on a DGX H100 (ring/tree ``nChannels 12,
           bw 30``, NVLS ``nChannels 8, bw 40/60``) in NVIDIA/nccl issues #1197 and #1410.
+NCCL-grp  The group's channels and NVLS, same commit: ``src/graph/search.cc``
+          (``ncclTopoCompute``: speed arrays per generation, the lower-speed retry, the NVLS
+          graph's one channel per GPU up to ``NCCL_MAX_NVLS_ARITY``, ``ncclTopoSearchTryNvls``,
+          ``ncclTopoDupChannels``); ``src/init.cc`` (ring graph ``maxChannels``);
+          ``src/graph/connect.cc`` (compute channels = twice the search channels);
+          ``src/graph/paths.cc`` (p2p channels per peer); ``src/enqueue.cc`` (an all-to-all's
+          per-peer channels, fp8 reductions: refused below sm90, deep rings ×1024);
+          ``src/include/device.h`` ``ncclNvlsSupported`` (the dtypes and ops NVLS reduces);
+          ``src/transport/nvls.cc`` (NVLS needs 2 GPUs).
 ========  =============================================================================
 
 Units: latencies in µs and bandwidths in GB/s (1e9 B/s), as in the sources; the model in
