@@ -92,8 +92,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("-o", "--output", default=None, help="write the profile here (JSON)")
     cal.add_argument("--nccl-tests", nargs="+", metavar="FILE", default=None,
                      help="calibrate a GPU cluster from nccl-tests/rccl-tests outputs instead")
+    cal.add_argument("--kernels", metavar="FILE", default=None,
+                     help="calibrate a GPU's kernels from a measured table (CSV: GEMM shapes "
+                          "and attention points with times; format in docs/token.md)")
     cal.add_argument("--topology", default=None,
-                     help="with --nccl-tests: the cluster (spec or file) they were run on")
+                     help="with --nccl-tests or --kernels: the cluster (spec or file) they "
+                          "were run on")
     cal.add_argument("--max-bytes", type=parse_bytes, default=None, metavar="SIZE",
                      help="measure the concurrent exchange up to messages of SIZE (e.g. 1G; "
                           "default 64M, at most 1G): a profile for runs whose schedules move "
@@ -355,6 +359,12 @@ class CalibrateJob:
 
 
 def handle_calibrate(args: argparse.Namespace) -> int:
+    if args.kernels and args.nccl_tests:
+        raise UserError("--kernels and --nccl-tests calibrate different things; give one")
+    if args.kernels:  # a GPU's kernels, from a measured table: no ranks, no torch
+        from treeattn.commands import kernel_calibrate
+
+        return kernel_calibrate.handle(args)
     if args.nccl_tests:  # a GPU cluster, from its nccl-tests tables: no ranks, no torch
         from treeattn.commands import nccl_calibrate
 

@@ -373,7 +373,10 @@ class CostModel:
         if self.one_sided(op, group):
             return self.one_sided_transport.cost(op.library_op, max(1, nbytes), shape,
                                                  _reduction(op)).time_s
-        return collective_cost(op.library_op, max(1, nbytes), shape).time_s
+        # the merges' collectives carry fp32 (PAYLOAD_LAYOUTS): NCCL's NVLS sums them but
+        # has no fp32 max, so a max all-reduce takes the ring or the tree
+        return collective_cost(op.library_op, max(1, nbytes), shape, dtype="float32",
+                               reduction=_reduction(op)).time_s
 
     def one_sided(self, op: CollectiveOp | str, group: tuple[int, ...]) -> bool:
         """Whether ``op`` on ``group`` runs on this cost model's one-sided transport (it has

@@ -52,7 +52,12 @@ from pathlib import Path
 from treeattn.inputs import InputError, read_json
 from treeattn.schedule.payloads import SimError
 from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
-from treeattn.sim.files.profile_schema import NCCL_TESTS_KIND, check_profile, refuse_if_foreign
+from treeattn.sim.files.profile_schema import (
+    KERNELS_KIND,
+    NCCL_TESTS_KIND,
+    check_profile,
+    refuse_if_foreign,
+)
 from treeattn.sim.host.cold import cold_from_profile
 from treeattn.sim.host.partial_reduction import ProgramCosts
 
@@ -134,6 +139,10 @@ def plan_overrides(profile, topology) -> dict:
         raise SimError(str(exc)) from None
     if profile.get("kind") == NCCL_TESTS_KIND:
         return {"backend": backend_from_profile(profile)}
+    if profile.get("kind") == KERNELS_KIND:
+        from treeattn.sim.deploy.kernel_table import hardware_from_kernels
+
+        return {"hardware": [hardware_from_kernels(profile)] * topology.num_gpus}
     return {"hardware": hardware_from_profile(profile), "backend": backend_from_profile(profile)}
 
 
@@ -142,6 +151,8 @@ def hardware_from_profile(profile: dict) -> HardwareModel:
     profile = load_profile(profile)
     if profile.get("kind") == NCCL_TESTS_KIND:
         raise SimError("an nccl-tests profile calibrates collectives, not the CPU ranks")
+    if profile.get("kind") == KERNELS_KIND:
+        raise SimError("a kernel-table profile calibrates a GPU's kernels, not the CPU ranks")
     attention = profile["attention"]
     bandwidth = float(attention["bandwidth_Bps"])
     flops = float(attention.get("flops_per_s", bandwidth * FLOPS_PER_BYTE_UNBOUND))
@@ -184,6 +195,8 @@ def backend_from_profile(profile: dict) -> BackendModel:
         lat = calibration.scales["lat"]  # p2p shares the collectives' base latency
         return replace(base, send_s=base.send_s * lat, recv_s=base.recv_s * lat,
                        calibration=calibration)
+    if profile.get("kind") == KERNELS_KIND:
+        raise SimError("a kernel-table profile calibrates a GPU's kernels, not messages")
     alpha = float(profile["p2p"]["latency_s"])
     step = executor_step_overhead(profile)
     return BackendModel(str(profile.get("backend", "gloo")), alpha / 2 + step, alpha / 2 + step,
