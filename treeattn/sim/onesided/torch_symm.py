@@ -32,8 +32,12 @@ all-to-all (direct)      stores ``(n−1)·S/n`` into the peers' buffers   1    
 The barrier (``sync_remote_blocks``) is per block and pairwise: a thread per peer sets a flag
 in the peer's signal pad and spins on its own. Blocks: ``init_elementwise_launch_config``
 gives a shard that fits one block's threads (16-byte vectors each) one block, else up to
-the kernel's cap (``MAX_BLOCKS`` and ``__launch_bounds__`` of each kernel). The direct
-all-to-all is vLLM's kernel, not torch's; its launch is taken as two-shot's.
+the kernel's cap (read at pytorch/pytorch commit 03a4032b: one-shot 24 blocks of at most
+512 threads, "register-intensive", so capped below two-shot's 24 × 1024; ``multimem`` and
+its all-gather 8 × 1024; reduce-scatter runs the two-shot kernel's first half, so 24 × 1024).
+The in-place two-shot vLLM calls (``two_shot_all_reduce_``) stores each reduced vector of
+its shard into every peer's buffer, so its stores are the ``(n−1)·S/n`` of the table. The
+direct all-to-all is vLLM's kernel, not torch's; its launch is taken as two-shot's.
 
 Reductions are sums only (the ops take ``reduce_op="sum"``), so a max (``allreduce3``'s)
 takes NCCL's regular path. ``multimem`` needs NVSwitch multicast (NVLS: Hopper and newer)
