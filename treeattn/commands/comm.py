@@ -4,7 +4,8 @@
 
 prints, for each size from ``--min-bytes`` to ``--max-bytes`` (doubling, like nccl-tests'
 ``-f 2``), the predicted time (µs), algorithm and bus bandwidth (GB/s, with nccl-tests'
-busbw factor), and the algorithm and protocol NCCL (or RCCL) would choose. The group is
+busbw factor), and the algorithm and protocol NCCL (or RCCL) would choose (``--op sendrecv``
+between hosts is Simple unless ``--nccl-env NCCL_ALLOC_P2P_NET_LL_BUFFERS=1``). The group is
 every GPU of the topology, in rank order, as ``mpirun -np N`` of an nccl-tests binary.
 ``--transport NAME`` prices the op on a one-sided transport instead (:mod:`treeattn.sim.
 onesided`: NCCL's symmetric kernels, torch's ``symm_mem``, the MNNVL LL128 all-to-all, each
@@ -23,11 +24,13 @@ from dataclasses import replace
 
 from rich.console import Console
 
+from treeattn.commands._args import add_nccl_env_flag
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
 from treeattn.schedule.payloads import busbw_factor
 from treeattn.sim.files.export import tagged
 from treeattn.sim.nccl.collectives import OPS, GroupShape, collective_cost
+from treeattn.sim.nccl.env import parse_nccl_env, with_env
 from treeattn.sim.network import TRANSPORTS
 from treeattn.sim.onesided import one_sided
 
@@ -63,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "symmetric kernels (NCCL >= 2.27); symm_mem: torch's one-shot, "
                              "two-shot and multimem kernels; mnnvl_ll128: FlashInfer's LL128 "
                              "all-to-all (MNNVL fabric). One NVLink domain; sums only")
+    add_nccl_env_flag(parser)
     parser.add_argument("--json", action="store_true", help="print JSON rows instead")
     add_wide_flag(parser)
     parser.add_argument("--rccl-msccl", action="store_true",
@@ -73,7 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def comm_rows(topology, op: str, min_bytes: int, max_bytes: int,
-              calibration=None, rccl_msccl: bool = False, transport: str = "nccl") -> list[dict]:
+              calibration=None, rccl_msccl: bool = False, transport: str = "nccl",
+              nccl_env=()) -> list[dict]:
     """One row per doubling size, with the keys the issue's JSON contract names."""
     if min_bytes < 1:
         raise UserError(f"--min-bytes must be at least 1, got {min_bytes}")
@@ -82,7 +87,8 @@ def comm_rows(topology, op: str, min_bytes: int, max_bytes: int,
     if topology.num_gpus < 2:
         raise UserError(f"topology {topology.name!r} has {topology.num_gpus} GPU(s); "
                         "a collective needs at least 2")
-    shape = replace(GroupShape.of(topology, range(topology.num_gpus)), rccl_msccl=rccl_msccl)
+    shape = replace(with_env(GroupShape.of(topology, range(topology.num_gpus)),
+                             parse_nccl_env(nccl_env)), rccl_msccl=rccl_msccl)
     onesided = one_sided(transport)
     if onesided is not None:
         reason = onesided.unavailable(op, shape, "sum")
@@ -122,7 +128,7 @@ def handle(args: argparse.Namespace) -> int:
             raise UserError(f"{args.profile} calibrates CPU ranks, not a GPU cluster's "
                             "collectives (use calibrate --nccl-tests)")
     rows = comm_rows(topology, args.op, args.min_bytes, args.max_bytes, calibration,
-                     args.rccl_msccl, args.transport)
+                     args.rccl_msccl, args.transport, args.nccl_env)
     if args.json:
         sys.stdout.write(json.dumps(tagged("comm", rows), indent=2, allow_nan=False) + "\n")
         return 0

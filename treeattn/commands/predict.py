@@ -15,7 +15,7 @@ from rich.console import Console
 
 from treeattn import atomic
 from treeattn.atomic import check_distinct, check_output_path
-from treeattn.commands._args import parse_tokens
+from treeattn.commands._args import add_nccl_env_flag, parse_tokens
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.commands.token import (
     add_token_flags,
@@ -54,6 +54,7 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
                              "tensor-parallel output projection follows)")
     parser.add_argument("--profile", help="calibration profile JSON: CPU ranks (calibrate) or "
                                           "a GPU cluster (calibrate --nccl-tests)")
+    add_nccl_env_flag(parser)
     parser.add_argument("--include-model", action="store_true",
                         help="add the replicated non-attention weights read to token latency")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -104,7 +105,7 @@ def _load(args: argparse.Namespace, seq_len: int):
         sys.stderr.write(note + "\n")
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
                               include_model=args.include_model, layout=args.layout, tp=args.tp)
-    return topo, workload, plan_overrides(args.profile, topo)
+    return topo, workload, plan_overrides(args.profile, topo, args.nccl_env)
 
 
 def _prefill(args: argparse.Namespace, seq_len: int) -> list:
@@ -117,7 +118,7 @@ def _prefill(args: argparse.Namespace, seq_len: int) -> list:
                        "--batch 1 --tp 1")
     with planning_limits():
         topo = Topology.load(args.topology)
-    overrides = plan_overrides(args.profile, topo)
+    overrides = plan_overrides(args.profile, topo, args.nccl_env)
     return predict_prefill(topo, args.model, seq_len, overrides.get("hardware"),
                            overrides.get("backend"),
                            context=getattr(args, "context_tokens", 0))

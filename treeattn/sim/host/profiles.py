@@ -120,10 +120,27 @@ def is_gpu_profile(profile: dict) -> bool:
     return load_profile(profile).get("kind") == NCCL_TESTS_KIND
 
 
-def plan_overrides(profile, topology) -> dict:
+def plan_overrides(profile, topology, nccl_env=()) -> dict:
     """``plan()``'s ``hardware``/``backend`` from a calibration profile (a path or a dict):
     this CPU's ranks (``calibrate``), or a GPU cluster's collectives (``calibrate
-    --nccl-tests``), which must have been measured on as many GPUs as ``topology`` has."""
+    --nccl-tests``), which must have been measured on as many GPUs as ``topology`` has.
+    ``nccl_env`` (``NAME=VALUE`` strings, :mod:`treeattn.sim.nccl.env`) sets the variables
+    the library runs with on the backend, the profile's or the topology's default."""
+    from treeattn.sim.nccl.env import parse_nccl_env
+
+    env = parse_nccl_env(nccl_env)
+    found = _profile_overrides(profile, topology)
+    if env:
+        from dataclasses import replace
+
+        from treeattn.sim.devices import default_backend
+
+        backend = found.get("backend") or default_backend(topology.gpu_model(0))
+        found["backend"] = replace(backend, nccl_env=env)
+    return found
+
+
+def _profile_overrides(profile, topology) -> dict:
     if not profile:
         return {}
     name = "calibration profile" if isinstance(profile, dict) else f"profile {profile}"

@@ -49,6 +49,9 @@ class GroupShape:
     # the GPU model: the topology graph does not mark fabric memory; whether the group is
     # one NVLink domain is ``nnodes`` (a rack is one host)
     mnnvl: bool = False
+    # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (treeattn.sim.nccl.env): send/recv across hosts may
+    # use LL. Off, NCCL's default: network p2p connections have no LL buffer, so Simple.
+    p2p_net_ll: bool = False
 
     def scaled(self, lat: float = 1.0, net_lat: float = 1.0, bw: float = 1.0,
                net_bw: float = 1.0) -> GroupShape:

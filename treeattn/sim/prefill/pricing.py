@@ -270,9 +270,9 @@ def _pair_summaries(p: _Prefill, nbytes: np.ndarray) -> tuple[np.ndarray, np.nda
     per protocol, :meth:`~treeattn.sim.nccl.p2p.P2PModel.summary_matrices`)."""
     w = p.world
     lat, inv = np.zeros((w, w)), np.zeros((w, w))
-    by_protocol: dict[int, list[float]] = {}
+    by_protocol: dict[tuple, list[float]] = {}
     for n in np.unique(nbytes[nbytes > 0]):
-        by_protocol.setdefault(p.cm.p2p.protocol(float(n)), []).append(float(n))
+        by_protocol.setdefault(p.cm.p2p.regime(float(n)), []).append(float(n))
     for sizes in by_protocol.values():
         pick = np.isin(nbytes, sizes)
         route_lat, route_inv = p.cm.p2p.summary_matrices(sizes[0])
