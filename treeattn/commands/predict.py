@@ -25,6 +25,7 @@ from treeattn.commands.token import (
     transports_of,
 )
 from treeattn.schedule.algorithms import ALGORITHM_NAMES, SOURCES
+from treeattn.schedule.payloads import PARTIAL_DTYPES
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
@@ -55,6 +56,10 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
     parser.add_argument("--profile", help="calibration profile JSON: CPU ranks (calibrate) or "
                                           "a GPU cluster (calibrate --nccl-tests)")
     add_nccl_env_flag(parser)
+    parser.add_argument("--partial-dtype", choices=PARTIAL_DTYPES, default=None,
+                        help="how partials travel for every algorithm: fp32, or bf16 (o in "
+                             "bf16, lse in fp32); default: treeattn's schedules fp32, each "
+                             "baseline its engine's format (bf16 o for a 16-bit model)")
     parser.add_argument("--include-model", action="store_true",
                         help="add the replicated non-attention weights read to token latency")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -104,7 +109,8 @@ def _load(args: argparse.Namespace, seq_len: int):
     if note:
         sys.stderr.write(note + "\n")
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
-                              include_model=args.include_model, layout=args.layout, tp=args.tp)
+                              include_model=args.include_model, layout=args.layout, tp=args.tp,
+                              partial_dtype=args.partial_dtype)
     return topo, workload, plan_overrides(args.profile, topo, args.nccl_env)
 
 
@@ -149,7 +155,17 @@ def handle_prefill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _decode_merge_only(args: argparse.Namespace, flag: str) -> None:
+    """``--partial-dtype`` prices the decode's merge; the whole-step searches do not take it."""
+    if args.partial_dtype:
+        raise SimError(f"--partial-dtype sets how the decode's partials travel; {flag} does "
+                       "not take it (drop one)")
+
+
 def handle_predict(args: argparse.Namespace) -> int:
+    for flag, on in (("--prefill", args.prefill), ("--token", args.token)):
+        if on:
+            _decode_merge_only(args, flag)
     if args.prefill:
         if args.transport:
             raise SimError("--transport restricts the decode's collectives; the prefill is "
@@ -215,6 +231,7 @@ def handle_predict(args: argparse.Namespace) -> int:
 
 def handle_plan(args: argparse.Namespace) -> int:
     if args.gpus is not None:
+        _decode_merge_only(args, "--gpus")
         return handle_plan_gpus(args)
     check_distinct(args.output, args.trace)
     for path in (args.output, args.trace):
