@@ -131,3 +131,30 @@ def test_comm_prints_the_protocol_the_option_picks(capsys):
     assert (plain["protocol"], ll["protocol"]) == ("Simple", "LL")
     assert plain["time_us"] == pytest.approx(ACROSS_SIMPLE * 1e6, abs=1e-3)
     assert ll["time_us"] == pytest.approx(ACROSS_LL * 1e6, abs=1e-3)
+
+
+def test_an_nccl_tests_profile_carries_the_variables_its_run_had(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    from treeattn.sim.host.profiles import plan_overrides
+
+    table = (Path(__file__).parent / "fixtures" / "nccl-tests"
+             / "h100-2node-all-reduce-perf-8B-16G-issue309.txt")
+    path = tmp_path / "p.json"
+    assert main(["calibrate", "--nccl-tests", str(table), "--topology", "dgx-h100:nodes=2",
+                 "-o", str(path)]) == 0
+    capsys.readouterr()
+    profile = json.loads(path.read_text())
+    topo = Topology.from_spec("dgx-h100:nodes=2")
+    assert plan_overrides(profile, topo)["backend"].nccl_env == ()
+    profile["nccl_env"] = {"NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1"}
+    on = plan_overrides(profile, topo)["backend"]
+    assert on.nccl_env == (("NCCL_ALLOC_P2P_NET_LL_BUFFERS", "1"),)
+    # the flag wins over the profile
+    off = plan_overrides(profile, topo, ["NCCL_ALLOC_P2P_NET_LL_BUFFERS=0"])["backend"]
+    assert off.nccl_env == (("NCCL_ALLOC_P2P_NET_LL_BUFFERS", "0"),)
+    assert off.calibration is not None
+    profile["nccl_env"] = {"NCCL_PROTO": "LL"}
+    with pytest.raises(ValueError, match="NCCL_PROTO"):
+        plan_overrides(profile, topo)

@@ -103,7 +103,8 @@ def load_profile(source: str | Path | dict) -> dict:
 # A profile of a GPU cluster, calibrated from nccl-tests output (``calibrate --nccl-tests``):
 #   {"version": 1, "kind": "nccl-tests", "backend": "nccl"|"rccl", "topology": NAME,
 #    "gpu_model": MODEL, "hosts": H, "world": N,
-#    "nccl_tests": {"world", "scales", "tables", "residuals", "sources"}}
+#    "nccl_tests": {"world", "scales", "tables", "residuals", "sources"},
+#    "nccl_env": {NAME: VALUE} (optional: the NCCL variables the run had, sim/nccl/env.py)}
 
 
 def _nccl_calibration(profile: dict):
@@ -136,7 +137,8 @@ def plan_overrides(profile, topology, nccl_env=()) -> dict:
         from treeattn.sim.devices import default_backend
 
         backend = found.get("backend") or default_backend(topology.gpu_model(0))
-        found["backend"] = replace(backend, nccl_env=env)
+        found["backend"] = replace(backend, nccl_env=parse_nccl_env(
+            [*backend.nccl_env, *env]))  # the flag's value wins over the profile's
     return found
 
 
@@ -200,7 +202,8 @@ def backend_from_profile(profile: dict) -> BackendModel:
         base = BACKENDS.get(str(profile.get("backend", "nccl")), BACKENDS["nccl"])
         lat = calibration.scales["lat"]  # p2p shares the collectives' base latency
         return replace(base, send_s=base.send_s * lat, recv_s=base.recv_s * lat,
-                       calibration=calibration)
+                       calibration=calibration,
+                       nccl_env=tuple(profile.get("nccl_env", {}).items()))
     alpha = float(profile["p2p"]["latency_s"])
     step = executor_step_overhead(profile)
     return BackendModel(str(profile.get("backend", "gloo")), alpha / 2 + step, alpha / 2 + step,

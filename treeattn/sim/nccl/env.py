@@ -3,7 +3,8 @@
 A deployment sets NCCL (and RCCL) variables that change how the library moves a message.
 The cost model reads the ones below from the backend (:attr:`treeattn.sim.devices.
 BackendModel.nccl_env`, set by ``--nccl-env NAME=VALUE`` on ``plan``, ``predict`` and
-``comm``); any other name is refused rather than silently ignored.
+``comm``, or by an nccl-tests profile's ``nccl_env`` object, the variables its measurement
+ran with; the flag wins); any other name is refused rather than silently ignored.
 
 =================================  =========================================================
 name                               what it changes in the model
