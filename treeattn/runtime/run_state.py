@@ -366,11 +366,15 @@ class RunState:
 
     def _merge_partial(self, other: torch.Tensor, chunk: tuple[int, int] | None = None,
                        src: int | None = None) -> None:
-        """``partial ← partial ⊕ other``. With the sender ``src`` known, the lower rank's
-        partial goes first, so two ranks that merge each other's partials (a butterfly
-        round) run the same floating-point operations and keep the same bits."""
+        """``partial ← partial ⊕ other``. On a bf16 wire, with the sender ``src`` known, the
+        lower rank's partial goes first, so two ranks that merge each other's partials (a
+        butterfly round) run the same floating-point operations and keep the same bits (the
+        merge kernels fuse a multiply-add, so operand order shows in the last bit). An fp32
+        wire keeps (mine, theirs), the order the compiled program
+        (:mod:`treeattn.runtime.local.shm_program`) merges in, bit for bit."""
         dims, mine = self.ex.dims, self.bufs["partial"]
-        first = src is None or self.ex.ctx.rank < src
+        first = (src is None or self.ex.schedule.partial_dtype == "fp32"
+                 or self.ex.ctx.rank < src)
         if chunk is None:
             pair = (mine, other) if first else (other, mine)
             self.bufs["partial"] = merge_packed(*pair, dims.batch * dims.n_heads)
