@@ -282,7 +282,7 @@ def test_collectives_count_the_bytes_nccl_tests_busbw_implies():
     from treeattn.sim import DecodeWorkload, build_schedule, simulate
 
     topo = Topology.from_spec("dgx-h100")
-    w = DecodeWorkload("llama-3.1-8b", 65536)
+    w = DecodeWorkload("llama-3.1-8b", 65536, partial_dtype="fp32")  # one partial format
     two = simulate(build_schedule("allreduce2", topo, w), topo, w)
     buffers = w.max_bytes + w.buffer_bytes("numden")
     assert two.comm_bytes == 8 * int(2 * 7 / 8 * w.max_bytes) + 8 * int(

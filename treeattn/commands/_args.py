@@ -42,3 +42,12 @@ def parse_bytes(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"a byte count must be positive, got {text!r}")
     return value
+
+
+def add_nccl_env_flag(parser: argparse.ArgumentParser) -> None:
+    """``--nccl-env NAME=VALUE`` (repeatable): an NCCL variable the priced library runs with
+    (checked by :func:`treeattn.sim.nccl.env.parse_nccl_env`)."""
+    parser.add_argument("--nccl-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an NCCL variable the library runs with, as far as the cost "
+                             "model reads it (repeatable): NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 "
+                             "lets small send/recv across hosts use LL (default: Simple)")

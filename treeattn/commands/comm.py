@@ -4,7 +4,8 @@
 
 prints, for each size from ``--min-bytes`` to ``--max-bytes`` (doubling, like nccl-tests'
 ``-f 2``), the predicted time (µs), algorithm and bus bandwidth (GB/s, with nccl-tests'
-busbw factor), and the algorithm and protocol NCCL (or RCCL) would choose. The group is
+busbw factor), and the algorithm and protocol NCCL (or RCCL) would choose (``--op sendrecv``
+between hosts is Simple unless ``--nccl-env NCCL_ALLOC_P2P_NET_LL_BUFFERS=1``). The group is
 every GPU of the topology, in rank order, as ``mpirun -np N`` of an nccl-tests binary;
 ``--gpus N`` takes the first N GPUs of one node (``CUDA_VISIBLE_DEVICES=0,..,N-1`` on its
 host), ``--ranks 0,2,4,6`` any list of the topology's GPUs. ``--dtype`` is nccl-tests' ``-d``:
@@ -26,11 +27,13 @@ from dataclasses import replace
 
 from rich.console import Console
 
+from treeattn.commands._args import add_nccl_env_flag
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
 from treeattn.schedule.payloads import SimError, busbw_factor
 from treeattn.sim.files.export import tagged
 from treeattn.sim.nccl.collectives import OPS, GroupShape, check_dtype, collective_cost
+from treeattn.sim.nccl.env import parse_nccl_env, with_env
 from treeattn.sim.network import TRANSPORTS
 from treeattn.sim.onesided import one_sided
 
@@ -74,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="float32",
                         help="element type, as nccl-tests' -d (float32; bfloat16, float16, "
                              "float8_e4m3, int8, ...)")
+    add_nccl_env_flag(parser)
     parser.add_argument("--json", action="store_true", help="print JSON rows instead")
     add_wide_flag(parser)
     parser.add_argument("--rccl-msccl", action="store_true",
@@ -119,7 +123,8 @@ def group_ranks(topology, gpus: int | None = None, ranks: str | None = None) -> 
 
 def comm_rows(topology, op: str, min_bytes: int, max_bytes: int,
               calibration=None, rccl_msccl: bool = False, transport: str = "nccl",
-              ranks: list[int] | None = None, dtype: str = "float32") -> list[dict]:
+              ranks: list[int] | None = None, dtype: str = "float32",
+              nccl_env=()) -> list[dict]:
     """One row per doubling size, with the keys the issue's JSON contract names, for the
     GPUs ``ranks`` (every GPU by default) on ``dtype`` data."""
     if min_bytes < 1:
@@ -127,7 +132,8 @@ def comm_rows(topology, op: str, min_bytes: int, max_bytes: int,
     if min_bytes > max_bytes:
         raise UserError(f"--min-bytes ({min_bytes}) is above --max-bytes ({max_bytes})")
     ranks = group_ranks(topology) if ranks is None else ranks
-    shape = replace(GroupShape.of(topology, ranks), rccl_msccl=rccl_msccl)
+    shape = replace(with_env(GroupShape.of(topology, ranks), parse_nccl_env(nccl_env)),
+                    rccl_msccl=rccl_msccl)
     try:
         dtype = check_dtype(op, dtype, shape)
     except SimError as err:
@@ -173,7 +179,7 @@ def handle(args: argparse.Namespace) -> int:
                             "collectives (use calibrate --nccl-tests)")
     ranks = group_ranks(topology, args.gpus, args.ranks)
     rows = comm_rows(topology, args.op, args.min_bytes, args.max_bytes, calibration,
-                     args.rccl_msccl, args.transport, ranks, args.dtype)
+                     args.rccl_msccl, args.transport, ranks, args.dtype, args.nccl_env)
     if args.json:
         sys.stdout.write(json.dumps(tagged("comm", rows), indent=2, allow_nan=False) + "\n")
         return 0

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from treeattn import atomic
 from treeattn.atomic import check_distinct, check_output_path
-from treeattn.commands._args import parse_tokens
+from treeattn.commands._args import add_nccl_env_flag, parse_tokens
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.commands.token import (
     add_token_flags,
@@ -25,6 +25,7 @@ from treeattn.commands.token import (
     transports_of,
 )
 from treeattn.schedule.algorithms import ALGORITHM_NAMES, SOURCES
+from treeattn.schedule.payloads import PARTIAL_DTYPES
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
@@ -54,6 +55,11 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
                              "tensor-parallel output projection follows)")
     parser.add_argument("--profile", help="calibration profile JSON: CPU ranks (calibrate) or "
                                           "a GPU cluster (calibrate --nccl-tests)")
+    add_nccl_env_flag(parser)
+    parser.add_argument("--partial-dtype", choices=PARTIAL_DTYPES, default=None,
+                        help="how partials travel for every algorithm: fp32, or bf16 (o in "
+                             "bf16, lse in fp32); default: treeattn's schedules fp32, each "
+                             "baseline its engine's format (bf16 o for a 16-bit model)")
     parser.add_argument("--include-model", action="store_true",
                         help="add the replicated non-attention weights read to token latency")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -103,8 +109,9 @@ def _load(args: argparse.Namespace, seq_len: int):
     if note:
         sys.stderr.write(note + "\n")
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
-                              include_model=args.include_model, layout=args.layout, tp=args.tp)
-    return topo, workload, plan_overrides(args.profile, topo)
+                              include_model=args.include_model, layout=args.layout, tp=args.tp,
+                              partial_dtype=args.partial_dtype)
+    return topo, workload, plan_overrides(args.profile, topo, args.nccl_env)
 
 
 def _prefill(args: argparse.Namespace, seq_len: int) -> list:
@@ -117,7 +124,7 @@ def _prefill(args: argparse.Namespace, seq_len: int) -> list:
                        "--batch 1 --tp 1")
     with planning_limits():
         topo = Topology.load(args.topology)
-    overrides = plan_overrides(args.profile, topo)
+    overrides = plan_overrides(args.profile, topo, args.nccl_env)
     return predict_prefill(topo, args.model, seq_len, overrides.get("hardware"),
                            overrides.get("backend"),
                            context=getattr(args, "context_tokens", 0))
@@ -148,7 +155,17 @@ def handle_prefill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _decode_merge_only(args: argparse.Namespace, flag: str) -> None:
+    """``--partial-dtype`` prices the decode's merge; the whole-step searches do not take it."""
+    if args.partial_dtype:
+        raise SimError(f"--partial-dtype sets how the decode's partials travel; {flag} does "
+                       "not take it (drop one)")
+
+
 def handle_predict(args: argparse.Namespace) -> int:
+    for flag, on in (("--prefill", args.prefill), ("--token", args.token)):
+        if on:
+            _decode_merge_only(args, flag)
     if args.prefill:
         if args.transport:
             raise SimError("--transport restricts the decode's collectives; the prefill is "
@@ -214,6 +231,7 @@ def handle_predict(args: argparse.Namespace) -> int:
 
 def handle_plan(args: argparse.Namespace) -> int:
     if args.gpus is not None:
+        _decode_merge_only(args, "--gpus")
         return handle_plan_gpus(args)
     check_distinct(args.output, args.trace)
     for path in (args.output, args.trace):

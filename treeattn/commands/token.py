@@ -114,7 +114,7 @@ def handle_predict_token(args: argparse.Namespace) -> int:
     if topo.num_gpus % args.tp:
         raise SimError(f"--tp {args.tp} must divide the {topo.num_gpus} GPUs")
     split = Split(tp=args.tp, cp=topo.num_gpus // args.tp, dcp=args.dcp)
-    overrides = plan_overrides(args.profile, topo)
+    overrides = plan_overrides(args.profile, topo, args.nccl_env)
     # the merge's GPUs, and the TP group whose all-reduces may use a transport on their own
     allowed = transports_of(args, topo, [list(range(topo.num_gpus)), list(range(args.tp))])
     rows = []
@@ -160,7 +160,8 @@ def handle_plan_gpus(args: argparse.Namespace) -> int:
     topo = _topology(args.topology)
     model = ModelConfig.from_name(args.model)
     weights, kv = _dtypes(args, model)
-    overrides = plan_overrides(args.profile, topo) if topo.num_gpus == args.gpus else {}
+    overrides = (plan_overrides(args.profile, topo, args.nccl_env)
+                 if topo.num_gpus == args.gpus else {})
     # the budget's GPUs, and a TP group inside the first host
     first_host = len(topo.gpus_on(topo.hosts[0]))
     groups = [list(range(min(args.gpus, topo.num_gpus))),

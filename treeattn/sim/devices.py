@@ -39,11 +39,13 @@ arrived. The small-message latency is therefore ``α = send_s + route latency + 
 
 Sources:
 
-* ``nccl``: NCCL keeps no cost table for send/recv; we price one p2p message as one ring
-  hop of its LL protocol (see :func:`treeattn.sim.nccl.collectives.p2p_cost`): the ring LL base
-  of NCCL 2.30.7's ``tuning.cc`` (6.6 µs), split between the two ends (3.3 µs each), plus
-  the route's per-hop latency, which lives in the topology's links (0.6 µs NVLink, 1.0 µs
-  PCIe, 2.7 µs network). Collectives are priced by the library's own model instead.
+* ``nccl``: NCCL keeps no cost table for send/recv; we price one p2p message as one hop of
+  the protocol NCCL picks for it (see :func:`treeattn.sim.nccl.collectives.p2p_cost`): inside
+  a host LL up to 16 KiB, the ring LL base of NCCL 2.30.7's ``tuning.cc`` (6.6 µs) split
+  between the two ends (3.3 µs each) plus the class's hop (0.6 µs NVLink, 1.0 µs PCIe);
+  across hosts Simple (8.4 µs base, 14 µs network hop) unless ``nccl_env`` sets
+  ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` (LL: 6.6 + 5.0 µs). ``send_s``/``recv_s`` below
+  are those halves on LL. Collectives are priced by the library's own model instead.
 * ``rccl``: the same with RCCL's ring LL base for gfx942 (12.0 µs, ``tuning_model_5``):
   6.0 µs each end.
 * ``gloo``: TCP on loopback through gloo's pair transport costs tens of µs per message on a
@@ -222,10 +224,17 @@ class BackendModel:
     calibration: object = field(default=None, compare=False, hash=False)
     # CPU ranks of one host: the C program's message costs (treeattn.sim.host.partial_reduction)
     program: ProgramCosts | None = None
+    # The NCCL/RCCL variables the library runs with, as far as the cost model reads them
+    # (treeattn.sim.nccl.env): ``(name, value)`` pairs, ``--nccl-env NAME=VALUE``.
+    nccl_env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.send_s < 0 or self.recv_s < 0:
             raise SimError(f"backend {self.name}: overheads must be non-negative")
+        if self.nccl_env:
+            from treeattn.sim.nccl.env import parse_nccl_env
+
+            object.__setattr__(self, "nccl_env", parse_nccl_env(self.nccl_env))
 
     def measured_collective(self, op: str, world: int) -> tuple[float, float] | None:
         """``(alpha_s, seconds_per_byte)`` calibrated for ``op`` at ``world`` ranks, if any."""

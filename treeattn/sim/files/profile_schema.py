@@ -144,6 +144,14 @@ def _check_cluster(f: Fields) -> None:
     f.string("topology", max_len=4096)
     f.string("gpu_model", required=False)
     f.integer("hosts", 1, MAX_WORLD, required=False)
+    if (env := f.obj("nccl_env", required=False)) is not None:  # what the run was started with
+        from treeattn.sim.nccl.env import NCCL_ENV
+
+        for name in env.data:
+            if name not in NCCL_ENV:
+                env.fail(env.where(name), "a variable the cost model reads ("
+                         + ", ".join(NCCL_ENV) + ")", got=f"the key {name[:40]!r}")
+            env.string(name, NCCL_ENV[name][0])
     section = f.obj("nccl_tests")
     section.integer("world", 2, MAX_WORLD)
     from treeattn.sim.nccl.fit import SCALE_NAMES

@@ -108,7 +108,8 @@ def load_profile(source: str | Path | dict) -> dict:
 # A profile of a GPU cluster, calibrated from nccl-tests output (``calibrate --nccl-tests``):
 #   {"version": 1, "kind": "nccl-tests", "backend": "nccl"|"rccl", "topology": NAME,
 #    "gpu_model": MODEL, "hosts": H, "world": N,
-#    "nccl_tests": {"world", "scales", "tables", "residuals", "sources"}}
+#    "nccl_tests": {"world", "scales", "tables", "residuals", "sources"},
+#    "nccl_env": {NAME: VALUE} (optional: the NCCL variables the run had, sim/nccl/env.py)}
 
 
 def _nccl_calibration(profile: dict):
@@ -125,10 +126,28 @@ def is_gpu_profile(profile: dict) -> bool:
     return load_profile(profile).get("kind") == NCCL_TESTS_KIND
 
 
-def plan_overrides(profile, topology) -> dict:
+def plan_overrides(profile, topology, nccl_env=()) -> dict:
     """``plan()``'s ``hardware``/``backend`` from a calibration profile (a path or a dict):
     this CPU's ranks (``calibrate``), or a GPU cluster's collectives (``calibrate
-    --nccl-tests``), which must have been measured on as many GPUs as ``topology`` has."""
+    --nccl-tests``), which must have been measured on as many GPUs as ``topology`` has.
+    ``nccl_env`` (``NAME=VALUE`` strings, :mod:`treeattn.sim.nccl.env`) sets the variables
+    the library runs with on the backend, the profile's or the topology's default."""
+    from treeattn.sim.nccl.env import parse_nccl_env
+
+    env = parse_nccl_env(nccl_env)
+    found = _profile_overrides(profile, topology)
+    if env:
+        from dataclasses import replace
+
+        from treeattn.sim.devices import default_backend
+
+        backend = found.get("backend") or default_backend(topology.gpu_model(0))
+        found["backend"] = replace(backend, nccl_env=parse_nccl_env(
+            [*backend.nccl_env, *env]))  # the flag's value wins over the profile's
+    return found
+
+
+def _profile_overrides(profile, topology) -> dict:
     if not profile:
         return {}
     name = "calibration profile" if isinstance(profile, dict) else f"profile {profile}"
@@ -194,7 +213,8 @@ def backend_from_profile(profile: dict) -> BackendModel:
         base = BACKENDS.get(str(profile.get("backend", "nccl")), BACKENDS["nccl"])
         lat = calibration.scales["lat"]  # p2p shares the collectives' base latency
         return replace(base, send_s=base.send_s * lat, recv_s=base.recv_s * lat,
-                       calibration=calibration)
+                       calibration=calibration,
+                       nccl_env=tuple(profile.get("nccl_env", {}).items()))
     if profile.get("kind") == KERNELS_KIND:
         raise SimError("a kernel-table profile calibrates a GPU's kernels, not messages")
     alpha = float(profile["p2p"]["latency_s"])

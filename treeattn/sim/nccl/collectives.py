@@ -23,8 +23,10 @@ broadcast, the whole gathered (scattered) buffer of an all-gather (reduce-scatte
 send buffer of an all-to-all, and one message of a send/recv.
 
 NCCL has no table for send/recv or all-to-all (it runs them as p2p transfers). We price a
-p2p message as one ring hop of the protocol NCCL's enqueue picks for it (:func:`p2p_protocol`):
-``baseLat[ring] + hwLat[class][ring]``, at the pair's bandwidth (halved for LL, whose flags
+p2p message as one hop of the protocol NCCL's enqueue picks for it (:func:`p2p_protocol`: LL
+only where the connection has LL buffers, which network connections lack by default):
+``baseLat[ring] + hwLat[class]`` (the tree's network latency across hosts, where a lone
+message's latency is fully exposed), at the pair's bandwidth (halved for LL, whose flags
 take half of each line); an all-to-all as the group of p2p transfers to every peer
 (:func:`_all_to_all`). That is our own analogy, stated as such in the fidelity report.
 
@@ -318,16 +320,28 @@ def _priced(op, nbytes, algo, p, latency_us, alg_bw_GBps) -> CollectiveCost:
                           alg_bw_GBps * 1e9, time_us * 1e-6)
 
 
-def p2p_protocol(nbytes: float, s: GroupShape) -> int:
+def p2p_protocol(nbytes: float, s: GroupShape, across_nodes: bool = False) -> int:
     """NCCL's protocol for one send/recv of ``nbytes`` on communicator ``s`` (0 LL, 2 Simple).
 
-    ``addP2pToPlan`` (enqueue.cc) keeps LL while the bytes are at most ``nChannels × 16 KiB``,
+    ``addP2pToPlan`` (enqueue.cc) keeps LL only where the connection has an LL buffer and
+    the bytes are at most ``nChannels × 16 KiB``,
     ``nChannels = min(nChannelsMin, ceil(bytes / minPartSize))``; the minimum part is the p2p
     chunk over 8 on one node, over 2 on several (512 KiB chunks on an all-NVLink node, 128 KiB
     otherwise). So 64 KiB parts (one channel, LL up to 16 KiB) on NVLink and across nodes,
     16 KiB parts (up to ``nChannelsMin`` = 2 channels, LL up to 32 KiB) on one PCIe node.
-    RCCL runs the same code (its enqueue.cc keeps NCCL_P2P_LL_THRESHOLD).
+    A connection to another host (NCCL's net transport) has an LL buffer only under
+    ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` (``s.p2p_net_ll``, :mod:`treeattn.sim.nccl.env`), so
+    by default every message across hosts is Simple; inside a host the p2p and shm transports
+    always map one. RCCL runs the same code (its enqueue.cc keeps NCCL_P2P_LL_THRESHOLD, its
+    init.cc the same parameter, default 0).
+
+    >>> from treeattn.topo import Topology
+    >>> two = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+    >>> p2p_protocol(16384, two), p2p_protocol(16384, two, across_nodes=True)
+    (0, 2)
     """
+    if across_nodes and not s.p2p_net_ll:
+        return 2
     if s.nnodes == 1 and s.intra == "nvlink":
         chunk, divisor = T.NCCL_P2P_CHUNK["nvlink"], 8
     else:
@@ -340,25 +354,28 @@ def p2p_protocol(nbytes: float, s: GroupShape) -> int:
 def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, float, float,
                                                                          float]:
     """``(protocol, base µs, hop µs, GB/s)`` of one send/recv: THE p2p price, which the engine
-    (:mod:`treeattn.sim.nccl.p2p`), the closed forms and :func:`p2p_cost` all use.
+    (:mod:`treeattn.sim.nccl.p2p`), the closed forms, the all-to-all and :func:`p2p_cost` all
+    use.
 
-    NCCL has no p2p table; our analogy is one hop of the chosen protocol:
+    NCCL has no p2p table; our analogy is one hop of the chosen protocol
+    (:func:`p2p_protocol`, which depends on whether the pair crosses hosts):
     ``baseLat[ring][p]`` plus the library's per-hop latency for the link class, at the
     pair's bandwidth as the tuning model sees it (the GPU's NVLink total, or its rail's share
     of the network), halved for LL, whose flags take half of each line. The per-hop latency
-    is given per algorithm and a send/recv is neither, so we take the smaller of the ring's
-    and the tree's figure: on NCCL that is the ring's everywhere but LL on the network
-    (2.7 against 5.0 µs); on RCCL it keeps the tuned 320 µs ring-Simple network hop of
-    ``tuning_model_5`` (a constant that keeps ring Simple off small multi-node collectives,
-    not a hop's cost) out of a single message, which takes the tree's 25 µs instead.
+    is given per algorithm and a send/recv is neither. Across hosts a lone message's latency
+    is fully exposed, and for that case NCCL's own model uses the tree's network latency
+    (``tuning.cc``: "With ppn=1 latencies are fully exposed, use the Tree network latency"):
+    5.0 µs for LL, 14.0 µs for Simple on NCCL; 10.5 and 25 µs on RCCL (whose tuned 320 µs
+    ring-Simple network hop is a selection weight, not a hop's cost). Inside a host we take
+    the smaller of the ring's and the tree's figure (the ring's, but PCIe Simple).
     """
     hw = "net" if across_nodes else s.intra
     bw = s.p2p_inter_GBps if across_nodes else s.p2p_intra_GBps
-    p = p2p_protocol(nbytes, s)
+    p = p2p_protocol(nbytes, s, across_nodes)
     hop_scale = s.net_lat_scale if hw == "net" else s.lat_scale
     base_t, hw_t = ((T.RCCL_BASE_LAT, T.RCCL_HW_LAT) if s.family == "amd"
                     else (T.NCCL_BASE_LAT, T.NCCL_HW_LAT))
-    hop = min(hw_t[hw]["ring"][p], hw_t[hw]["tree"][p])
+    hop = hw_t[hw]["tree"][p] if across_nodes else min(hw_t[hw]["ring"][p], hw_t[hw]["tree"][p])
     return (p, base_t["ring"][p] * s.lat_scale, hop * hop_scale,
             bw * (0.5 if p == 0 else 1.0))
 

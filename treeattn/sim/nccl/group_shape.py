@@ -58,6 +58,9 @@ class GroupShape:
     # p2p (paths.cc, enqueue.cc): the communicator's p2p channels and channels per peer
     p2p_channels: int = 1
     p2p_peer_channels: int = 1
+    # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (treeattn.sim.nccl.env): send/recv across hosts may
+    # use LL. Off, NCCL's default: network p2p connections have no LL buffer, so Simple.
+    p2p_net_ll: bool = False
 
     def scaled(self, lat: float = 1.0, net_lat: float = 1.0, bw: float = 1.0,
                net_bw: float = 1.0) -> GroupShape:

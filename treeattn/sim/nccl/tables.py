@@ -21,8 +21,11 @@ NCCL-p2p  ``src/enqueue.cc`` (``addP2pToPlan``): a send/recv uses LL while its b
           chunk over 8 on one node and over 2 on several (``src/init.cc``: 512 KiB on an
           all-NVLink node, 128 KiB on PCIe and across nodes): 64 KiB parts on NVLink and
           the network, so one channel and LL up to 16 KiB; 16 KiB parts on one PCIe node,
-          so up to ``nChannelsMin`` (2) channels and LL up to 32 KiB. NCCL keeps no latency
-          table for p2p (our analogy: one ring hop, see :mod:`treeattn.sim.nccl.collectives`).
+          so up to ``nChannelsMin`` (2) channels and LL up to 32 KiB. LL also needs the
+          connection's LL buffer, which a network connection has only under
+          ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` (``src/init.cc``, default 0;
+          ``src/transport/net.cc``). NCCL keeps no latency table for p2p (our analogy: one
+          hop, see :mod:`treeattn.sim.nccl.collectives`).
 NCCL-net  ``src/graph/tuning.cc`` ``getNetOverhead``: the network post overhead a multi-node
           ring step cannot go below, 1 µs on x86 Intel hosts, 2 µs on x86 AMD hosts, 1 µs
           otherwise (×3 for Simple); ``llMaxBws`` rows for several nodes are picked by the
