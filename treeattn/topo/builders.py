@@ -176,11 +176,10 @@ def local(ranks: int = 2, latency: float = hw.LOOPBACK_LATENCY,
     ``hosts`` equal hosts (rank ``r`` on host ``r // (ranks / hosts)``).
 
     Hosts here are a layout, not another fabric: the ranks share one machine's loopback, so
-    a route between two hosts (rank, its host's ``cpu``, a zero-latency switch, the other
-    ``cpu``, its NIC, a zero-latency switch, the other NIC and ``cpu``, rank) costs what a
-    route inside one host does. What the layout changes is the
-    hosts the schedules see (``hier``'s node and rail groups, hierarchical trees), so that
-    two-level schedules run, and are predicted, on CPU ranks.
+    a route between two hosts (rank, its host's ``cpu``, its NIC, a zero-latency switch, the
+    other NIC and ``cpu``, rank) costs what a route inside one host does. What the layout
+    changes is the hosts the schedules see (``hier``'s node and rail groups, hierarchical
+    trees), so that two-level schedules run, and are predicted, on CPU ranks.
     """
     if not 1 <= ranks <= MAX_RANKS:
         raise TopologyError(f"local: ranks={ranks} must be between 1 and {MAX_RANKS}")
@@ -191,18 +190,27 @@ def local(ranks: int = 2, latency: float = hw.LOOPBACK_LATENCY,
     if not 1 <= hosts <= ranks or ranks % hosts:
         raise TopologyError(f"local: hosts={hosts} does not divide ranks={ranks} into equal "
                             "hosts")
-    b, per_host = GraphBuilder(), ranks // hosts
-    names = ["localhost"] if hosts == 1 else [f"host{h}" for h in range(hosts)]
+    return local_layout([r // (ranks // hosts) for r in range(ranks)], latency, bandwidth)
+
+
+def local_layout(host_of: list[int], latency: float = hw.LOOPBACK_LATENCY,
+                 bandwidth: float = hw.LOOPBACK_BANDWIDTH):
+    """CPU ranks on the hosts ``host_of[r]`` (numbered from 0, any sizes, any order), as
+    :func:`local` lays them out: the runtime's view of ranks whose hosts it was told."""
+    count = max(host_of) + 1
+    if sorted(set(host_of)) != list(range(count)):
+        raise TopologyError(f"local layout: hosts {sorted(set(host_of))} are not 0..{count - 1}")
+    b = GraphBuilder()
+    names = ["localhost"] if count == 1 else [f"host{h}" for h in range(count)]
     cpus = [b.node(f"{host}/cpu0", "cpu", host) for host in names]
-    nics = [None] * hosts
-    if hosts > 1:  # each host reaches the others through its NIC and one switch
+    nics = [None] * count
+    if count > 1:  # each host reaches the others through its NIC and one switch
         switch = b.node("loopback/switch", "net_switch", "loopback")
         for h, host in enumerate(names):
             nics[h] = b.node(f"{host}/nic0", "nic", host, rail=0)
             b.link(cpus[h], nics[h], "loopback", bandwidth, 0.0)
             b.link(nics[h], switch, "loopback", bandwidth, 0.0)
-    for r in range(ranks):
-        h = r // per_host
+    for r, h in enumerate(host_of):
         extra = {} if nics[h] is None else {"nic": nics[h]}
         rank = b.node(f"{names[h]}/rank{r}", "gpu", names[h], model="cpu", rank=r, p2p=True,
                       **extra)

@@ -1,0 +1,111 @@
+"""``hier`` on gloo ranks laid out as hosts: the executor, ``ShardedAttention("hier")`` and a
+process subgroup, against single-process attention in float64 written here (scores,
+softmax, weighted values; GQA by repeating KV heads). One process group of 4 ranks serves
+every case."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import treeattn
+from treeattn.runtime.collectives import make_subgroups_everywhere
+from treeattn.runtime.executor import Executor
+from treeattn.runtime.group import HOST_ENV
+from treeattn.runtime.launch import LaunchOptions, launch
+from treeattn.runtime.plans import workload_for
+from treeattn.runtime.sharded_attention import group_context
+from treeattn.runtime.wire import AttnDims
+from treeattn.sim import build_schedule
+from treeattn.topo import Topology
+
+pytestmark = pytest.mark.timeout(120)
+TOL = 1e-6
+# (shard lengths, batch, query heads, KV heads): uneven, empty, GQA, batch 2
+CASES = [((5, 3, 0, 4), 1, 4, 2), ((1, 0, 0, 6), 2, 4, 1), ((2, 2, 2, 2), 2, 2, 2)]
+
+
+def _attention(q, kv):
+    """q (B, Hq, D), kv (2, B, Hkv, T, D) -> o (B, Hq, D), lse (B, Hq), float64."""
+    k, v = kv.double()
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # (B, Hq, T, D)
+    s = torch.einsum("bhd,bhtd->bht", q.double(), k) / math.sqrt(q.shape[2])  # (B, Hq, T)
+    return torch.einsum("bht,bhtd->bhd", torch.softmax(s, -1), v), torch.logsumexp(s, -1)
+
+
+def _data(case, seed):
+    lengths, batch, hq, hkv = case
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, hq, 8, generator=g)  # (B, Hq, D)
+    kv = torch.randn(2, batch, hkv, sum(lengths), 8, generator=g)  # (2, B, Hkv, T, D)
+    bounds = [sum(lengths[:r]) for r in range(len(lengths) + 1)]
+    shards = [kv[:, :, :, a:b].contiguous() for a, b in zip(bounds, bounds[1:])]
+    return q, kv, shards
+
+
+def _error(o, lse, q, kv) -> float:
+    want_o, want_lse = _attention(q, kv)
+    return max(float(((o.double() - want_o).abs() / (1 + want_o.abs())).max()),
+               float(((lse.double() - want_lse).abs() / (1 + want_lse.abs())).max()))
+
+
+def _job(ctx):
+    worst = {}
+    # 1. the executor on the default group, 4 ranks as 2 hosts: node then rail
+    topo = Topology.from_spec("local:ranks=4,hosts=2")
+    for i, case in enumerate(CASES):
+        q, kv, shards = _data(case, i)
+        dims = AttnDims(q.shape[0], q.shape[1], kv.shape[2], 8)
+        schedule = build_schedule("hier", topo, workload_for(dims, list(case[0])))
+        (o, lse), _ = Executor(ctx, schedule, list(case[0]), dims).run(q, shards[ctx.rank])
+        worst[f"executor {case}"] = _error(o, lse, q, kv)
+    # 2. ShardedAttention("hier"): the hosts from $TREEATTN_HOST, ranks {0, 1} and {2, 3}
+    os.environ[HOST_ENV] = f"host{ctx.rank // 2}"
+    attn = treeattn.ShardedAttention("hier")
+    q, kv, shards = _data(CASES[0], 7)
+    o, lse = attn(q, shards[ctx.rank][0], shards[ctx.rank][1], return_lse=True)
+    worst["ShardedAttention"] = _error(o, lse, q, kv)
+    built = next(iter(attn._executors.values()))[0].schedule
+    worst["hosts"] = built.params["hosts"]
+    # 3. a context-parallel group {1, 2, 3} on hosts a, a, b (uneven: a rail missing a GPU);
+    # rank 0 stands for another group that needs no subgroup, yet makes them with everyone
+    groups = [dist.new_group([1, 2, 3])]
+    os.environ[HOST_ENV] = "a" if ctx.rank < 3 else "b"
+    if ctx.rank == 0:
+        make_subgroups_everywhere(group_context(), [])
+        return worst
+    attn = treeattn.ShardedAttention("hier", group=groups[0])
+    lengths = (4, 0, 3)
+    q, kv, shards = _data((lengths, 2, 4, 2), 11)
+    member = ctx.rank - 1
+    o, lse = attn(q, shards[member][0], shards[member][1], return_lse=True)
+    err = _error(o, lse, q, kv)
+    errors = [None] * 3
+    dist.all_gather_object(errors, err, group=groups[0])
+    if ctx.rank == 1:
+        built = next(iter(attn._executors.values()))[0].schedule
+        dist.send_object_list([max(errors), built.params], dst=0)
+    return worst
+
+
+def _collect(ctx):
+    """Rank 0 also receives the subgroup case's result from rank 1."""
+    worst = _job(ctx)
+    if ctx.rank == 0:
+        box = [None, None]
+        dist.recv_object_list(box, src=1)
+        worst["subgroup"], worst["subgroup params"] = box
+    return worst
+
+
+def test_hier_on_gloo_ranks_laid_out_as_hosts():
+    worst = launch(_collect, 4, LaunchOptions(timeout_s=60.0, threads=1))
+    assert worst.pop("hosts") == 2  # ShardedAttention saw two hosts, not one
+    params = worst.pop("subgroup params")
+    assert params["hosts"] == 2 and params["broadcast_to"] == 1  # uneven: two levels
+    assert max(worst.values()) < TOL, worst
