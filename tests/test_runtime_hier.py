@@ -5,6 +5,7 @@ every case."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -109,3 +110,47 @@ def test_hier_on_gloo_ranks_laid_out_as_hosts():
     params = worst.pop("subgroup params")
     assert params["hosts"] == 2 and params["broadcast_to"] == 1  # uneven: two levels
     assert max(worst.values()) < TOL, worst
+
+
+PROFILE = {  # a CPU calibration, as `treeattn calibrate` writes one (the fields read here)
+    "version": 1, "backend": "gloo", "world": 4, "cores": 2,
+    "p2p": {"latency_s": 40e-6, "bandwidth_Bps": 2e9, "sizes": [8, 1 << 20],
+            "times_s": [40e-6, 564e-6]},
+    "allreduce": {"latency_s": 90e-6, "sizes": [8], "times_s": [90e-6]},
+    "attention": {"bandwidth_Bps": 8e9, "launch_s": 15e-6, "threads_per_rank": 1},
+    "machine": {"cpu": "test"},
+}
+
+
+def test_check_on_cpu_ranks_as_hosts_calibrates_and_keeps_the_layout():
+    from treeattn.runtime.measure.check import RunRequest, calibrates, predictor
+
+    topo, hardware, backend = predictor(PROFILE, 4, "local:ranks=4,hosts=2")
+    assert [topo.host_of(r) for r in range(4)] == ["host0", "host0", "host1", "host1"]
+    assert hardware is not None and backend is not None  # the calibration prices it
+    assert topo.path_bandwidth(0, 3) == 2e9  # the profile's bandwidth, across hosts too
+    assert calibrates(RunRequest((64,), ("hier",), check=True, topology="local:ranks=4,hosts=2"))
+    assert not calibrates(RunRequest((64,), check=True, topology="dgx-h100"))
+
+
+def test_run_refuses_a_host_layout_that_does_not_divide_the_ranks(capsys):
+    from treeattn.cli import main
+
+    argv = ["run", "--nproc", "4", "--seq-len", "64", "--algorithm", "hier", "--check",
+            "--topology", "local:ranks=4,hosts=3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: local: hosts=3 does not divide ranks=4 into equal hosts"]
+
+
+def test_forcing_hier_on_one_host_runs_oneshot_and_says_so(capsys):
+    from treeattn.cli import main
+
+    argv = ["run", "--nproc", "2", "--seq-len", "64", "--algorithm", "hier", "--steps", "1",
+            "--warmup", "0", "--min-time", "0", "--heads", "4", "--kv-heads", "2",
+            "--head-dim", "16", "--json"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "note: hier at 64 tokens: one host: no rail step, hier is oneshot" in out.err
+    (row,) = json.loads(out.out)["rows"]
+    assert row["max_abs_diff"] < 1e-5
