@@ -164,7 +164,7 @@ def test_rail_all_gather_beats_the_two_all_reduces_it_replaces():
 @pytest.mark.parametrize("nodes", [4, 16])
 def test_planner_picks_hier_on_several_dgx_hosts(nodes):
     p = plan(Topology.from_spec(f"dgx-h100:nodes={nodes}"),
-             DecodeWorkload("llama-3.1-70b", 131072))
+             DecodeWorkload("llama-3.1-8b", 131072))  # fits each GPU at TP 1
     assert p.algorithm == "hier"
     assert p.latency_s < p.best_baseline().latency_s
 
@@ -182,3 +182,11 @@ def test_merge_sizes_count_the_partials_read_and_written():
     s = build_schedule("hier", Topology.from_spec("local:ranks=6,hosts=2"), w)
     merges = [m.nbytes for m in s.steps[0] if isinstance(m, Merge)]
     assert merges == [4 * w.partial_bytes, 3 * w.partial_bytes]  # 3 + 1, then 2 + 1
+
+
+def test_plan_files_carry_hier_groups_and_roots():
+    from treeattn.sim.files.export import schedule_from_json, schedule_to_json
+
+    s = build_schedule("hier", Layout([[0, 1, 2], [3, 4]]), DecodeWorkload("debug", 10))
+    back = schedule_from_json(schedule_to_json(s))
+    assert back.steps == s.steps and back.algorithm == "hier"
