@@ -190,3 +190,17 @@ def test_plan_files_carry_hier_groups_and_roots():
     s = build_schedule("hier", Layout([[0, 1, 2], [3, 4]]), DecodeWorkload("debug", 10))
     back = schedule_from_json(schedule_to_json(s))
     assert back.steps == s.steps and back.algorithm == "hier"
+
+
+def test_node_step_priced_one_sided_rail_step_on_nccl():
+    p = plan(Topology.from_spec("dgx-h100:nodes=2"), DecodeWorkload("llama-3.1-8b", 131072))
+    variants = {c.name: c for c in p.candidates if c.algorithm == "hier"}
+    assert {"hier", "hier@symm_mem", "hier@nccl-symm"} <= set(variants)
+    costs = variants["hier@symm_mem"].costs
+    node, rail = tuple(range(8)), (0, 8)
+    assert costs.one_sided("all_gather", node) and not costs.one_sided("all_gather", rail)
+    # no other plan spans one NVLink domain here: none of them is offered a transport
+    assert all(c.transport == "nccl" for c in p.candidates if c.algorithm != "hier")
+    only_nccl = plan(Topology.from_spec("dgx-h100:nodes=2"),
+                     DecodeWorkload("llama-3.1-8b", 131072), transports=("nccl",))
+    assert {c.name for c in only_nccl.candidates if c.algorithm == "hier"} == {"hier"}

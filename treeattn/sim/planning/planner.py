@@ -282,6 +282,7 @@ def one_sided_variants(cands: list[Candidate], topology, cm: CostModel,
                           or not any(c.algorithm == "hier" for c in cands)):
             continue
         other = CostModel(topology, cm.workload, cm.hardware, cm.backend, transport=transport)
+        other._group_shapes = cm._group_shapes  # a group's shape is the transport's too
         for c in cands:
             if not whole and c.algorithm != "hier":
                 continue  # nothing but hier's node step runs inside one domain
