@@ -154,3 +154,38 @@ def test_forcing_hier_on_one_host_runs_oneshot_and_says_so(capsys):
     assert "note: hier at 64 tokens: one host: no rail step, hier is oneshot" in out.err
     (row,) = json.loads(out.out)["rows"]
     assert row["max_abs_diff"] < 1e-5
+
+
+def _hf_job(ctx):
+    """transformers' generate through ``treeattn.hf`` with ``hier`` on ranks 0, 1 of host a
+    and rank 2 of host b, against transformers' single-process generate (4 new tokens)."""
+    from test_hf import LOGIT_ATOL, tiny_model
+
+    import treeattn.hf
+
+    def generate(model, ids, **kw):
+        out = model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, **kw)
+        return out.sequences, torch.stack(out.logits)
+
+    os.environ[HOST_ENV] = "a" if ctx.rank < 2 else "b"
+    model = tiny_model("llama")
+    ids = torch.randint(0, model.config.vocab_size, (2, 13),
+                        generator=torch.Generator().manual_seed(99))
+    want_ids, want_logits = generate(model, ids)
+    model.set_attn_implementation("treeattn")
+    cache = treeattn.hf.ShardedCache(model.config, "hier", reserve=4)
+    got_ids, got_logits = generate(model, ids, cache=cache)
+    assert torch.equal(got_ids, want_ids)
+    err = float((got_logits - want_logits).abs().max())
+    assert err < LOGIT_ATOL, err
+    built = next(iter(cache.attention._executors.values()))[0].schedule
+    return err, built.params
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_hf_generate_with_hier_on_two_hosts():
+    pytest.importorskip("transformers")
+    err, params = launch(_hf_job, 3, LaunchOptions(timeout_s=120, threads=1))
+    assert params["hosts"] == 2 and params["broadcast_to"] == 1 and err < 1e-4
