@@ -59,12 +59,12 @@ def _job(ctx):
     worst = {}
     # 1. the executor on the default group, 4 ranks as 2 hosts: node then rail
     topo = Topology.from_spec("local:ranks=4,hosts=2")
-    for i, case in enumerate(CASES):
+    for i, (case, rail) in enumerate(zip(CASES, ("all_gather", "all_reduce", "all_gather"))):
         q, kv, shards = _data(case, i)
         dims = AttnDims(q.shape[0], q.shape[1], kv.shape[2], 8)
-        schedule = build_schedule("hier", topo, workload_for(dims, list(case[0])))
+        schedule = build_schedule("hier", topo, workload_for(dims, list(case[0])), rail=rail)
         (o, lse), _ = Executor(ctx, schedule, list(case[0]), dims).run(q, shards[ctx.rank])
-        worst[f"executor {case}"] = _error(o, lse, q, kv)
+        worst[f"executor {case} {rail}"] = _error(o, lse, q, kv)
     # 2. ShardedAttention("hier"): the hosts from $TREEATTN_HOST, ranks {0, 1} and {2, 3}
     os.environ[HOST_ENV] = f"host{ctx.rank // 2}"
     attn = treeattn.ShardedAttention("hier")

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.schedule.algorithms import BASELINES, OWN, SOURCES, build_schedule
-from treeattn.schedule.algorithms.hier import ONE_HOST, ONE_PER_HOST
+from treeattn.schedule.algorithms.hier import ONE_HOST, ONE_PER_HOST, RAILS
 from treeattn.schedule.ir import Collective, Merge
 from treeattn.schedule.reference import execute
-from treeattn.sim import DecodeWorkload, plan
+from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.network import CostModel
 from treeattn.topo import Topology, TopologyError
 
@@ -65,14 +65,15 @@ def layouts(draw):
 
 @settings(max_examples=80, deadline=None)
 @given(layout=layouts(), lengths=st.lists(st.integers(0, 5), min_size=8, max_size=8),
-       batch=st.integers(1, 2), hkv=st.sampled_from([1, 2, 4]), seed=st.integers(0, 99))
-def test_hier_equals_single_process_attention_fp32(layout, lengths, batch, hkv, seed):
+       batch=st.integers(1, 2), hkv=st.sampled_from([1, 2, 4]), seed=st.integers(0, 99),
+       rail=st.sampled_from(RAILS))
+def test_hier_equals_single_process_attention_fp32(layout, lengths, batch, hkv, seed, rail):
     topology = Layout(layout)
     world = topology.num_gpus
     lengths = lengths[:world]
     lengths[seed % world] += 1  # one token somewhere; the other shards may be empty
     w = DecodeWorkload("debug", sum(lengths), shard_lengths=tuple(lengths))
-    schedule = build_schedule("hier", topology, w).validate()
+    schedule = build_schedule("hier", topology, w, rail=rail).validate()
     rng = np.random.default_rng(seed)
     heads, dim = 4, 8
     bounds = np.cumsum([0, *lengths])
@@ -203,4 +204,16 @@ def test_node_step_priced_one_sided_rail_step_on_nccl():
     assert all(c.transport == "nccl" for c in p.candidates if c.algorithm != "hier")
     only_nccl = plan(Topology.from_spec("dgx-h100:nodes=2"),
                      DecodeWorkload("llama-3.1-8b", 131072), transports=("nccl",))
-    assert {c.name for c in only_nccl.candidates if c.algorithm == "hier"} == {"hier"}
+    assert {c.name for c in only_nccl.candidates if c.algorithm == "hier"} == \
+        {"hier", "hier/all_reduce"}
+
+
+def test_rail_as_all_reduces_by_hand_and_bad_rail_refused():
+    s = build_schedule("hier", Topology.from_spec("local:ranks=4,hosts=2"),
+                       DecodeWorkload("debug", 16), rail="all_reduce")
+    assert groups(s, 1) == [("all_gather", (0, 1)), ("all_reduce_max", (1, 3)),
+                            ("all_reduce_sum", (1, 3))]
+    assert s.params["rail"] == "all_reduce"
+    with pytest.raises(SimError, match="rail must be one of all_gather, all_reduce"):
+        build_schedule("hier", Topology.from_spec("local:ranks=4,hosts=2"),
+                       DecodeWorkload("debug", 16), rail="tree")

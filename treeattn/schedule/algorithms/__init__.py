@@ -8,7 +8,7 @@
 ``butterfly``  no parameters
 ``allreduce3`` ``inner`` ("tree" or "ring"), and for the tree ``shape``, ``root``, ``k``
 ``allgather``  no parameters
-``hier``       no parameters (node then rail all-gathers; the host layout is the topology's)
+``hier``       ``rail`` ("all_gather" or "all_reduce"); the host layout is the topology's
 ``ring``       no parameters (Ring Attention's pass-KV; ``ring-passkv`` is its label)
 ``ring-passq`` no parameters (Meta's CP pass-Q decode: queries travel, KV stays)
 ``allreduce2`` no parameters

@@ -16,11 +16,14 @@ node step as NCCL (or a one-sided transport, when the planner prices one cheaper
 communicator of one host, and the rail step as NCCL runs one of one GPU per host
 (:class:`~treeattn.sim.nccl.group_shape.GroupShape`).
 
-Why an all-gather on the rails: the merge needs every host's ``(o, lse)``; one all-gather
-moves them in one collective, where the all-reduce form (the paper's, ``allreduce2``) takes
-two in sequence (a max, then the rescaled sums), each paying the network's latency. At the
-decode sizes here (a partial of tens to hundreds of KiB) latency dominates, and the priced
-comparison (``tests/test_schedule_hier.py``) keeps the all-gather.
+The rail step (``rail``): ``"all_gather"`` (default) gathers every host's ``(o, lse)`` in
+one collective and merges locally; ``"all_reduce"`` runs ``allreduce2``'s form on the rail
+instead (a max of the LSEs, then one sum of the rescaled outputs and denominators packed:
+two collectives in sequence). The all-gather pays the network's latency once, but NCCL runs
+it as a ring of hosts and it moves every host's partial; the all-reduces can take NCCL's tree
+and move one partial's worth. On a few hosts at decode sizes the all-gather is cheaper
+(``tests/test_schedule_hier.py`` prices both); on many hosts with a large batch the
+all-reduces can be, so the planner scores both.
 
 Layouts:
 
@@ -42,12 +45,13 @@ Layouts:
 
 from __future__ import annotations
 
-from treeattn.schedule.ir import Collective, Merge, Schedule, Tags
-from treeattn.schedule.payloads import CollectiveOp, MergeOp, Payload
+from treeattn.schedule.ir import Collective, Compute, Merge, Schedule, Tags
+from treeattn.schedule.payloads import CollectiveOp, ComputeLabel, MergeOp, Payload, SimError
 from treeattn.schedule.workload import DecodeWorkload
 
 ONE_HOST = "one host: no rail step, hier is oneshot"
 ONE_PER_HOST = "one GPU per host: no node step, hier is oneshot over the rail"
+RAILS = ("all_gather", "all_reduce")
 
 
 def host_layout(topology) -> list[list[int]]:
@@ -80,7 +84,24 @@ def _gather(steps, group: tuple[int, ...], pb: int, tag: int) -> None:
         steps[r] += [gather, fold]
 
 
-def build_hier(topology, workload: DecodeWorkload) -> Schedule:
+def _reduce(steps, group: tuple[int, ...], workload: DecodeWorkload) -> None:
+    """``allreduce2`` on ``group``: all-reduce the max of the LSEs, then the rescaled
+    outputs and denominators packed, and finish the merge on every member."""
+    if len(group) < 2:
+        return
+    pb, mx = workload.partial_bytes, workload.max_bytes
+    maximum = Collective(CollectiveOp.ALL_REDUCE_MAX, group, mx, Payload.MAX)
+    sums = Collective(CollectiveOp.ALL_REDUCE_SUM, group, workload.buffer_bytes(Payload.NUMDEN),
+                      Payload.NUMDEN)
+    for r in group:
+        steps[r] += [Compute(ComputeLabel.INIT_MAX, pb + mx), maximum,
+                     Compute(ComputeLabel.RESCALE_PACKED, 2 * pb + mx), sums,
+                     Compute(ComputeLabel.FINALIZE_PACKED, 2 * pb + mx)]
+
+
+def build_hier(topology, workload: DecodeWorkload, rail: str = "all_gather") -> Schedule:
+    if rail not in RAILS:
+        raise SimError(f"hier rail must be one of {', '.join(RAILS)}, got {rail!r}")
     world = topology.num_gpus
     shards = workload.shards(world)
     pb = workload.partial_bytes
@@ -92,7 +113,11 @@ def build_hier(topology, workload: DecodeWorkload) -> Schedule:
         _gather(steps, tuple(ranks), pb, node_tag)
     rails = min(len(ranks) for ranks in layout)
     for i in range(rails):
-        _gather(steps, tuple(ranks[i] for ranks in layout), pb, rail_tag)
+        group = tuple(ranks[i] for ranks in layout)
+        if rail == "all_gather":
+            _gather(steps, group, pb, rail_tag)
+        else:
+            _reduce(steps, group, workload)
     extras = 0
     for ranks in layout:  # GPUs past the smallest host's count: the output from a rail member
         for i in range(rails):
@@ -105,6 +130,8 @@ def build_hier(topology, workload: DecodeWorkload) -> Schedule:
                     steps[r].append(share)
     params = {"hosts": len(layout), "rails": rails if len(layout) > 1 else 0,
               "gpus_per_host": sorted({len(ranks) for ranks in layout})}
+    if rail != "all_gather":
+        params["rail"] = rail
     if extras:
         params["broadcast_to"] = extras
     reason = degenerate_reason(topology)

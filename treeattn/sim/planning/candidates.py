@@ -107,6 +107,8 @@ def enumerate_candidates(world: int, hosts: int, forced: tuple[str, ...] = ()) -
     for name in COLLECTIVE_ALGORITHMS:
         if name != "hier" or 1 < hosts < world or name in forced:
             out.append(Candidate(name, name, {}))
+    if 1 < hosts < world:  # hier's rail step as two all-reduces (NCCL's tree on many hosts)
+        out.append(Candidate("hier/all_reduce", "hier", {"rail": "all_reduce"}))
     out.append(Candidate("ring", "ring", {}))
     if world <= 256:
         out.append(Candidate("ring-passq", "ring-passq", {}))

@@ -33,8 +33,8 @@ takes. What is enumerated for ``p`` ranks on ``h`` hosts (pruning rules that kee
 * ring-passq for p ≤ 256 (ring's recurrence on query blocks, then its exact collective
   tail): its schedule has p steps on each of p ranks, and its p − 1 serial hops already lose
   to every collective well before that size (on 16 DGX H100 nodes it is 9× the winner);
-* hier (node then rail all-gathers) when there are several hosts and one has several GPUs
-  (otherwise it is oneshot);
+* hier (node then rail all-gathers, and with its rail step as two all-reduces) when there
+  are several hosts and one has several GPUs (otherwise it is oneshot);
 * inside one NVLink domain, every plan again on each one-sided transport the cluster offers
   (:func:`one_sided_variants`, named ``…@nccl-symm``, ``…@symm_mem``, ``…@mnnvl_ll128``),
   and on several hosts hier again with its node step on each transport one host offers.
