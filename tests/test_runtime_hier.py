@@ -189,3 +189,23 @@ def test_hf_generate_with_hier_on_two_hosts():
     pytest.importorskip("transformers")
     err, params = launch(_hf_job, 3, LaunchOptions(timeout_s=120, threads=1))
     assert params["hosts"] == 2 and params["broadcast_to"] == 1 and err < 1e-4
+
+
+def test_ranks_laid_out_as_hosts_still_share_one_machines_cores():
+    """Hosts of a local layout are the schedules' view; the cores stay one machine's: a
+    schedule over all ranks is predicted alike on one host and on two."""
+    from treeattn.sim import DecodeWorkload, simulate
+    from treeattn.sim.host.profiles import (
+        backend_from_profile,
+        hardware_from_profile,
+        topology_from_profile,
+    )
+
+    w = DecodeWorkload("debug", 16384)
+    hw, be = hardware_from_profile(PROFILE), backend_from_profile(PROFILE)
+    one, two = (topology_from_profile(PROFILE, 4, hosts) for hosts in (None, [0, 0, 1, 1]))
+    assert two.machine_of(3) == one.machine_of(0) == "localhost"
+    for algorithm in ("oneshot", "tree"):
+        a, b = (simulate(build_schedule(algorithm, t, w), t, w, hw, be).makespan_s
+                for t in (one, two))
+        assert a == pytest.approx(b, rel=1e-12), algorithm

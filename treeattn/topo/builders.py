@@ -179,7 +179,9 @@ def local(ranks: int = 2, latency: float = hw.LOOPBACK_LATENCY,
     a route between two hosts (rank, its host's ``cpu``, its NIC, a zero-latency switch, the
     other NIC and ``cpu``, rank) costs what a route inside one host does. What the layout
     changes is the hosts the schedules see (``hier``'s node and rail groups, hierarchical
-    trees), so that two-level schedules run, and are predicted, on CPU ranks.
+    trees), so that two-level schedules run, and are predicted, on CPU ranks. Each rank
+    node keeps ``machine="localhost"``: the host model shares one machine's cores among all
+    of them (:meth:`treeattn.topo.Topology.machine_of`).
     """
     if not 1 <= ranks <= MAX_RANKS:
         raise TopologyError(f"local: ranks={ranks} must be between 1 and {MAX_RANKS}")
@@ -211,7 +213,8 @@ def local_layout(host_of: list[int], latency: float = hw.LOOPBACK_LATENCY,
             b.link(cpus[h], nics[h], "loopback", bandwidth, 0.0)
             b.link(nics[h], switch, "loopback", bandwidth, 0.0)
     for r, h in enumerate(host_of):
-        extra = {} if nics[h] is None else {"nic": nics[h]}
+        # the machine the ranks share (its cores, its memory), whatever hosts they stand for
+        extra = {} if nics[h] is None else {"nic": nics[h], "machine": "localhost"}
         rank = b.node(f"{names[h]}/rank{r}", "gpu", names[h], model="cpu", rank=r, p2p=True,
                       **extra)
         b.link(rank, cpus[h], "loopback", bandwidth, latency / 2)
