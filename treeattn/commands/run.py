@@ -289,6 +289,10 @@ def handle_run(args: argparse.Namespace) -> int:
         sys.stdout.write(dumps(tagged("run", points)) + "\n")
     else:
         print_points(Console(), points, wide=args.wide)
+    for p in points:  # a forced algorithm that cannot differ from another here says so
+        if p["params"].get("degenerate"):
+            sys.stderr.write(f"note: {p['algorithm']} at {p['seq_len']} tokens: "
+                             f"{p['params']['degenerate']}\n")
     outside = [p for p in points if p["within_band"] is False]
     for p in outside:
         sys.stderr.write(

@@ -39,13 +39,15 @@ import torch.distributed as dist
 
 from treeattn.kernels import partial_attention
 from treeattn.kernels.lse import natural_lse
+from treeattn.runtime.collectives import make_subgroups_everywhere, schedule_subgroups
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.executor import Executor
-from treeattn.runtime.group import RankContext, all_gather_objects
+from treeattn.runtime.group import RankContext, all_gather_objects, host_name
 from treeattn.runtime.plans import ALGORITHMS, build, dtype_name, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims, pack_partial, unpack_partial
 from treeattn.schedule.algorithms import ALIASES
 from treeattn.schedule.ir import Compute, Schedule, Send
+from treeattn.schedule.workload import DecodeWorkload
 from treeattn.sim.files.export import schedule_to_json
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -155,6 +157,12 @@ class ShardedAttention:
     built for each new shape. ``group``: the default group (None) or a subgroup
     (``dist.new_group``). ``scale``: the score scale (default ``1/sqrt(D)``). Constructing it
     is collective.
+
+    ``"hier"`` reads each rank's host (:func:`~treeattn.runtime.group.host_name`: the
+    machine, or ``$TREEATTN_HOST``) and runs node then rail all-gathers on subgroups made
+    once, here. On a process subgroup, constructing it (or a plan whose collectives need
+    subgroups) is collective over the whole world, since torch makes process groups so:
+    every context-parallel group constructs its own at the same point.
     """
 
     def __init__(self, plan_or_algorithm="auto", group=None, *, scale: float | None = None,
@@ -188,9 +196,32 @@ class ShardedAttention:
             raise ShardedAttentionError(f"the plan is for {world} ranks, the group has "
                                         f"{self.ctx.world}")
         agree(self.ctx, "the plan", digest([self.algorithm, world, described, scale]))
+        self.hosts = None  # each rank's host, where the schedule depends on the hosts
+        if self.schedule is None and self.algorithm == "hier":
+            self.hosts = [str(h) for h in all_gather_objects(self.ctx, host_name())]
+        self._make_subgroups()
         self._executors: dict[tuple, tuple[_Reducer, bool, list[int]]] = {}
         self._empty: dict[tuple, torch.Tensor] = {}
         self.calls, self.elapsed_s = 0, 0.0  # calls made and their wall time, for reports
+
+    def _make_subgroups(self) -> None:
+        """On a process subgroup, make the subgroups the schedule's collectives run on, with
+        every rank of the world (``dist.new_group`` is collective over it): ``hier`` by
+        name, or a plan whose collectives need them. Every context-parallel group then
+        constructs its ``ShardedAttention`` at the same point."""
+        if self.ctx.group is None:
+            return
+        if self.schedule is not None:
+            needed = schedule_subgroups(self.ctx, self.schedule)
+            if not needed:
+                return
+        elif self.algorithm == "hier":
+            shape = build("hier", local_topology(self.world, self.hosts),
+                          DecodeWorkload("debug", self.world))
+            needed = schedule_subgroups(self.ctx, shape)
+        else:
+            return
+        make_subgroups_everywhere(self.ctx, needed)
 
     @property
     def world(self) -> int:
@@ -236,7 +267,8 @@ class ShardedAttention:
         if self.schedule is not None:
             return self.schedule
         lengths = lengths if sum(lengths) >= len(lengths) else [1] * len(lengths)
-        return build(self.algorithm, local_topology(self.world), workload_for(dims, lengths))
+        return build(self.algorithm, local_topology(self.world, self.hosts),
+                     workload_for(dims, lengths))
 
     def _executor(self, dims: AttnDims, scale: float, length: int):
         """The executor for these shapes, made collectively the first time each is seen.

@@ -60,7 +60,6 @@ class CollectiveOps:
         self.ctx, self.members, self.channel = ctx, members, channel
         # the process group itself: a subgroup's own handle, else the context's group
         self.handle = handle if handle is not None else ctx.group
-        self.global_ranks = handle is None  # members are the context's ranks, not global
         self.me = members.index(ctx.rank)
         self.others = [(j, r) for j, r in enumerate(members) if r != ctx.rank]
         # torch.distributed orders a group's ranks by global rank; a schedule's group is in
@@ -94,7 +93,7 @@ class CollectiveOps:
     def broadcast(self, buf: torch.Tensor, root: int, what: str) -> None:
         """Every member's ``buf`` becomes global rank ``root``'s."""
         if not self.through_mailboxes(_nbytes(buf)):
-            src = self.ctx.global_rank(root) if self.global_ranks else root
+            src = self.ctx.global_rank(root)  # torch addresses the root by its global rank
             self._wait(dist.broadcast(buf, src=src, group=self.handle, async_op=True), what)
             return
         if self.ctx.rank == root:

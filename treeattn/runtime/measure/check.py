@@ -242,6 +242,16 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
         topo = Topology.load(topology)
         if topo.num_gpus != world:
             raise RuntimeFailure(f"topology {topology} has {topo.num_gpus} GPUs, world is {world}")
+        if profile is not None and not gpu_profile and cpu_ranks(topo):
+            # CPU ranks laid out as hosts: the calibrated local model on that layout
+            from treeattn.sim.host.profiles import (
+                backend_from_profile,
+                hardware_from_profile,
+                topology_from_profile,
+            )
+
+            return (topology_from_profile(profile, world, _host_index(topo)),
+                    hardware_from_profile(profile), backend_from_profile(profile))
         if gpu_profile:
             from treeattn.sim.host.profiles import backend_from_profile
 
@@ -265,6 +275,29 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
             backend_from_profile(profile))
 
 
+def cpu_ranks(topology) -> bool:
+    """Whether ``topology`` is CPU ranks (``local``, any host layout): what this machine
+    runs, so its calibration prices it."""
+    return all(topology.gpu_model(r) == "cpu" for r in range(topology.num_gpus))
+
+
+def _host_index(topology) -> list[int]:
+    index = {h: i for i, h in enumerate(topology.hosts)}
+    return [index[topology.host_of(r)] for r in range(topology.num_gpus)]
+
+
+def calibrates(req: RunRequest) -> bool:
+    """Whether a ``--check`` run calibrates in the group first: with no profile, on this
+    machine's ranks (no topology, or CPU ranks laid out as hosts)."""
+    if not req.check or req.profile is not None:
+        return False
+    if req.topology is None:
+        return True
+    from treeattn.topo import Topology
+
+    return cpu_ranks(Topology.load(req.topology))
+
+
 def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, world: int):
     """Rank 0: the schedule and (with --check) its prediction and predicted band, before any
     measurement: ``(schedule, predicted, timeline, (lo, hi))``."""
@@ -284,11 +317,11 @@ def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, wo
         return schedule, None, [], (None, None)
     sim = simulate(schedule, topology, workload, hardware, backend)
     band = [sim.makespan_s]
-    if profile is not None and req.topology is None:
+    if profile is not None and hardware is not None:  # calibrated CPU ranks: their band
         from treeattn.sim.host.profiles import profile_bound
 
         for side in ("lo", "hi"):
-            topo, hw, be = predictor(profile_bound(profile, side), world)
+            topo, hw, be = predictor(profile_bound(profile, side), world, req.topology)
             band.append(simulate(schedule, topo, workload, hw, be, timeline=False).makespan_s)
     return schedule, sim.makespan_s, sim.timeline, (min(band), max(band))
 
@@ -314,7 +347,7 @@ def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
                    dtype=req.dtype, seq_lens=req.seq_lens, algorithms=req.algorithms,
                    params=req.params, native=req.native)
     profile = req.profile
-    if req.check and profile is None and req.topology is None:
+    if calibrates(req):
         profile = broadcast_object(ctx, calibrate_in_group(
             ctx, dims, largest_message_bytes(req, ctx.world)))
     q = make_query(req.seed, dims, ctx.device)  # (B, Hq, D)

@@ -56,7 +56,7 @@ class HostModel:
         self.cold: list[set] = [set() for _ in range(world)]
         # ranks whose steps run as one C program: its message costs, and nothing runs cold
         program = costs.program
-        one_host = len({costs.topology.host_of(r) for r in range(world)}) == 1
+        one_host = len({costs.topology.machine_of(r) for r in range(world)}) == 1
         grouped = program is not None and program.runs(world, one_host)
         self.programmed = [grouped and program.takes(steps) for steps in schedule.steps]
         # ranks whose core pool has fewer servers than ranks: their host work queues too
@@ -140,7 +140,7 @@ class HostModel:
         pools: dict = {}
         out = []
         for r in range(world):
-            host = self.c.topology.host_of(r)
+            host = self.c.topology.machine_of(r)  # ranks of one machine share its cores
             if hw[r].pinned:  # the launcher binds the host's k-th rank to core k mod cores
                 if host not in pools:
                     pools[host] = ([simpy.Resource(self.env, capacity=1)

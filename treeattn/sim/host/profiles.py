@@ -295,13 +295,22 @@ def link_bandwidth(profile: dict) -> float:
     return _positive(profile, "p2p", "bandwidth_Bps")
 
 
-def topology_from_profile(profile: dict, world: int | None = None):
-    """A ``local`` topology of ``world`` ranks with latency 0 and the measured bandwidth."""
+def topology_from_profile(profile: dict, world: int | None = None,
+                          host_of: list[int] | None = None):
+    """A ``local`` topology of ``world`` ranks with latency 0 and the measured bandwidth;
+    ``host_of[r]`` lays the ranks out as hosts (:func:`treeattn.topo.builders.local_layout`),
+    default one host."""
     from treeattn.topo import Topology
 
     profile = load_profile(profile)
     world = int(world or profile["world"])
     beta = link_bandwidth(profile)
+    if host_of is not None and len(set(host_of)) > 1:
+        from treeattn.topo.builders import local_layout
+
+        return Topology(local_layout(list(host_of), 0.0, beta),
+                        name=f"local:ranks={world},latency=0,bandwidth={beta!r} on "
+                             f"{len(set(host_of))} hosts")
     return Topology.from_spec(f"local:ranks={world},latency=0,bandwidth={beta!r}")
 
 

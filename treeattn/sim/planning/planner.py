@@ -33,8 +33,11 @@ takes. What is enumerated for ``p`` ranks on ``h`` hosts (pruning rules that kee
 * ring-passq for p ≤ 256 (ring's recurrence on query blocks, then its exact collective
   tail): its schedule has p steps on each of p ranks, and its p − 1 serial hops already lose
   to every collective well before that size (on 16 DGX H100 nodes it is 9× the winner);
+* hier (node then rail all-gathers, and with its rail step as two all-reduces) when there
+  are several hosts and one has several GPUs (otherwise it is oneshot);
 * inside one NVLink domain, every plan again on each one-sided transport the cluster offers
-  (:func:`one_sided_variants`, named ``…@nccl-symm``, ``…@symm_mem``, ``…@mnnvl_ll128``).
+  (:func:`one_sided_variants`, named ``…@nccl-symm``, ``…@symm_mem``, ``…@mnnvl_ll128``),
+  and on several hosts hier again with its node step on each transport one host offers.
 
 :meth:`Plan.explain` says in one paragraph why the winner wins.
 """
@@ -278,15 +281,23 @@ def one_sided_variants(cands: list[Candidate], topology, cm: CostModel,
     if not wanted or one_sided_refusal(cm) is not None:
         return []
     world = cm._shape(tuple(range(cm.world)))
+    host = cm._shape(tuple(r for r in range(cm.world)
+                           if topology.host_of(r) == topology.hosts[0]))
     out = []
     for transport in wanted:
         # every schedule's collectives and messages span all ranks (serving.py,
-        # allreduce3.py, passq.py): a transport the whole cluster cannot offer serves none,
-        # which this tells before building its costs
-        if unoffered_reason(transport, world) is not None:
+        # allreduce3.py, passq.py) but hier's, whose node step spans one host: a transport
+        # that neither the whole cluster nor one host can offer serves none, which this
+        # tells before building its costs
+        whole = unoffered_reason(transport, world) is None
+        if not whole and (unoffered_reason(transport, host) is not None
+                          or not any(c.algorithm == "hier" for c in cands)):
             continue
         other = CostModel(topology, cm.workload, cm.hardware, cm.backend, transport=transport)
+        other._group_shapes = cm._group_shapes  # a group's shape is the transport's too
         for c in cands:
+            if not whole and c.algorithm != "hier":
+                continue  # nothing but hier's node step runs inside one domain
             if is_collective(c):
                 steps = (s for rank in c.built.steps for s in rank if isinstance(s, Collective))
                 if not any(other.one_sided(s.op, s.group) for s in steps):
@@ -331,7 +342,7 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
         return chosen
     cm = CostModel(topology, workload, hardware, backend)
     check_capacity(cm)
-    cands = enumerate_candidates(cm.world, len(topology.hosts))
+    cands = enumerate_candidates(cm.world, len(topology.hosts), algorithms or ())
     if algorithms is not None:
         cands = [c for c in cands if c.algorithm in algorithms]
         if not cands:
