@@ -31,6 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from treeattn.errors import TreeattnError
 from treeattn.runtime.errors import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.group import (
     DEFAULT_TIMEOUT_S,
@@ -182,9 +183,7 @@ def _kind(exc: BaseException) -> str:
     """``lost`` (a peer died or timed out), ``user`` (bad input) or ``bug``."""
     if isinstance(exc, (RankLost, RankTimeout)):
         return "lost"
-    from treeattn.errors import user_error_types
-
-    if isinstance(exc, user_error_types()):
+    if isinstance(exc, TreeattnError):
         return "user"
     return "bug"
 
