@@ -111,14 +111,6 @@ def test_plan_on_a_large_cluster_prunes():
     assert math.isfinite(chosen.latency_s)
 
 
-def test_include_model_adds_the_weights_read():
-    topo = Topology.from_spec("mi300x")
-    w = DecodeWorkload("llama-3.1-8b", 8192, include_model=True)
-    chosen = plan(topo, w)
-    weights = ModelConfig.from_name("llama-3.1-8b").weight_bytes_per_token()
-    assert chosen.token_latency_s() == pytest.approx(32 * chosen.latency_s + weights / 5.3e12)
-
-
 def test_tensor_parallel_plans_one_context_parallel_group():
     from treeattn.sim.parallel import cp_group, group_workload
 

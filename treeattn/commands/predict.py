@@ -54,8 +54,6 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
                              "tensor-parallel output projection follows)")
     parser.add_argument("--profile", help="calibration profile JSON: CPU ranks (calibrate) or "
                                           "a GPU cluster (calibrate --nccl-tests)")
-    parser.add_argument("--include-model", action="store_true",
-                        help="add the replicated non-attention weights read to token latency")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_wide_flag(parser)
     parser.add_argument("--trace", metavar="FILE", default=None,
@@ -102,8 +100,8 @@ def _load(args: argparse.Namespace, seq_len: int):
     note = check_planning_size(topo.num_gpus, f"topology {args.topology!r}")
     if note:
         sys.stderr.write(note + "\n")
-    workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
-                              include_model=args.include_model, layout=args.layout, tp=args.tp)
+    workload = DecodeWorkload(args.model, seq_len, batch=args.batch, layout=args.layout,
+                              tp=args.tp)
     return topo, workload, plan_overrides(args.profile, topo)
 
 

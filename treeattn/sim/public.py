@@ -28,8 +28,7 @@ __all__ = ["ALGORITHM_NAMES", "attention_model", "plan"]
 def attention_model(q_heads: int, kv_heads: int, head_dim: int, dtype: str = "bfloat16",
                     n_layers: int = 1) -> ModelConfig:
     """A :class:`ModelConfig` that has only an attention shape (for models the planner's
-    catalogue does not name). The rest of the model is sized from it, which matters only with
-    ``include_model``.
+    catalogue does not name); ``n_layers`` scales the per-token latency.
 
     >>> attention_model(8, 2, 64, "float32").name
     'attn-8x2x64-float32'
@@ -62,7 +61,7 @@ def _topology(topology):
 def plan(topology, model: str | ModelConfig | None = None, *, seq_len: int,
          q_heads: int | None = None, kv_heads: int | None = None, head_dim: int | None = None,
          dtype: str = "bfloat16", n_layers: int = 1, batch: int = 1, tp: int = 1,
-         layout: str = "replicated", profile=None, include_model: bool = False,
+         layout: str = "replicated", profile=None,
          algorithms: tuple[str, ...] | None = None) -> Plan:
     """The planner's pick for decoding ``batch`` sequences of ``seq_len`` cached tokens.
 
@@ -88,7 +87,6 @@ def plan(topology, model: str | ModelConfig | None = None, *, seq_len: int,
     topo = _topology(topology)
     if topo.num_gpus < 2:
         raise SimError("the topology has one GPU: there is no reduction to plan")
-    workload = DecodeWorkload(model, int(seq_len), batch=int(batch), layout=layout, tp=int(tp),
-                              include_model=include_model)
+    workload = DecodeWorkload(model, int(seq_len), batch=int(batch), layout=layout, tp=int(tp))
     return plan_workload(topo, workload, algorithms=algorithms,
                          **plan_overrides(profile, topo))

@@ -115,9 +115,9 @@ class Plan:
         return self._schedule
 
     def token_latency_s(self, latency_s: float | None = None) -> float:
-        """All layers of attention, plus the replicated rest of the model if requested."""
-        return token_latency(self.workload, self.costs,
-                             self.latency_s if latency_s is None else latency_s)
+        """All layers of attention (``predict --token`` prices the whole step)."""
+        return self.workload.model.n_layers * (self.latency_s if latency_s is None
+                                               else latency_s)
 
     def best(self, algorithm: str) -> Candidate | None:
         """The best candidate of one algorithm (each row is what its name says)."""
@@ -153,13 +153,6 @@ class Plan:
             "refused": dict(self.refused),
             "explanation": self.explain(),
         }
-
-
-def token_latency(workload: DecodeWorkload, costs: CostModel, latency_s: float) -> float:
-    total = workload.model.n_layers * latency_s
-    if workload.include_model:
-        total += workload.model.weight_bytes_per_token() / float(costs.bw.min())
-    return total
 
 
 def _chunk_messages(c: Candidate, cm: CostModel) -> float:
