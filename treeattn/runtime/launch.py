@@ -44,8 +44,6 @@ from treeattn.runtime.group import (
 from treeattn.runtime.local.binding import BIND_CHOICES, GROUP_CPUS_ENV, available_cpus, pin_rank
 
 MAX_LOCAL_WORLD = 64
-FAULT_ENV = "TREEATTN_FAULT_KILL"  # "RANK:SECONDS": that rank SIGKILLs itself (tests only)
-FAULT_STOP_ENV = "TREEATTN_FAULT_STOP"  # "RANK:SECONDS": that rank SIGSTOPs itself (tests only)
 MIN_TIMEOUT_S = 1.0  # below this a busy machine's scheduling jitter reads as a lost peer
 WATCH_POLL_S = 0.25  # how often the launcher looks at its ranks and their heartbeats
 
@@ -86,27 +84,11 @@ def check_timeout(timeout_s: float) -> float:
     return float(timeout_s)
 
 
-def _arm_fault(rank: int) -> None:
-    """Test hooks: ``TREEATTN_FAULT_KILL=RANK:SECONDS`` makes that rank die by SIGKILL, and
-    ``TREEATTN_FAULT_STOP=RANK:SECONDS`` freezes it by SIGSTOP (a hung rank), after a delay."""
-    for env, sig in ((FAULT_ENV, signal.SIGKILL), (FAULT_STOP_ENV, signal.SIGSTOP)):
-        spec = os.environ.get(env)
-        if not spec:
-            continue
-        victim, _, delay = spec.partition(":")
-        if int(victim) != rank:
-            continue
-        timer = threading.Timer(float(delay or 0), os.kill, args=(os.getpid(), sig))
-        timer.daemon = True
-        timer.start()
-
-
 def run_in_group(
     job: Callable[[RankContext], Any], options: LaunchOptions
 ) -> tuple[RankContext, Any]:
     """Join the group from the environment, run ``job`` on this rank, leave the group."""
     ctx = init_group(options.timeout_s, options.threads, options.device)
-    _arm_fault(ctx.rank)
     try:
         return ctx, job(ctx)
     finally:
