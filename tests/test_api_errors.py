@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import math
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,52 @@ def test_plan_errors_are_caught_by_the_base():
     with pytest.raises(treeattn.TreeattnError):
         treeattn.plan("local:ranks=2", q_heads=3, kv_heads=2, head_dim=4, seq_len=8)
     assert "TreeattnError" in treeattn.__all__ and "SimError" in treeattn.__all__
+
+
+# -- treeattn.merge_partials ----------------------------------------------------------------
+
+
+def _merge(lse_rows, lse_base="e"):
+    import torch
+
+    lse = torch.tensor(lse_rows, dtype=torch.float32).view(len(lse_rows), 1, 1)  # (n, 1, 1)
+    o = torch.tensor([[[[2.0, -1.0]]]] * len(lse_rows))  # (n, 1, 1, 2)
+    return treeattn.merge_partials(o, lse, lse_base=lse_base)
+
+
+def test_merge_partials_names_its_base():
+    import torch
+
+    with pytest.raises(TypeError, match="lse_base"):
+        treeattn.merge_partials(torch.zeros(2, 1, 1, 2), torch.zeros(2, 1, 1))
+    with pytest.raises(treeattn.TreeattnError, match="lse_base"):
+        _merge([0.0, 0.0], lse_base="10")
+    # two equal natural-log partials: lse = log(2), by hand
+    assert float(_merge([0.0, 0.0])[1]) == pytest.approx(math.log(2.0))
+    assert float(_merge([0.0, 0.0], lse_base="2")[1]) == pytest.approx(math.log(2.0))
+
+
+@pytest.mark.parametrize("o, lse", [([[[[1.0]]]], [[[0.0]]]), ("o", "lse"), (None, None)])
+def test_merge_partials_refuses_what_is_not_a_tensor(o, lse):
+    with pytest.raises(treeattn.TreeattnError, match="torch.Tensor"):
+        treeattn.merge_partials(o, lse, lse_base="e")
+
+
+@pytest.mark.parametrize("rows", [[0.0, math.nan], [math.nan, -math.inf], [math.nan]])
+def test_a_nan_lse_never_vanishes(rows):
+    o, lse = _merge(rows)
+    assert math.isnan(float(lse)) and bool(o.isnan().all())
+
+
+@pytest.mark.parametrize("rows", [[0.0, math.inf], [math.inf, math.inf], [-math.inf, math.inf]])
+def test_an_infinite_lse_follows_ieee(rows):
+    # log(inf + x) = inf; the weights inf / inf are undefined, so o is NaN
+    o, lse = _merge(rows)
+    assert float(lse) == math.inf and bool(o.isnan().all())
+
+
+def test_empty_partials_weigh_nothing():
+    o, lse = _merge([-math.inf, 1.5])
+    assert float(lse) == pytest.approx(1.5) and o.flatten().tolist() == [2.0, -1.0]
+    o, lse = _merge([-math.inf, -math.inf])
+    assert float(lse) == -math.inf and o.flatten().tolist() == [0.0, 0.0]
