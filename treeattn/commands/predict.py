@@ -25,7 +25,7 @@ from treeattn.commands.token import (
     transports_of,
 )
 from treeattn.schedule.algorithms import ALGORITHM_NAMES, SOURCES
-from treeattn.sim import DecodeWorkload, SimError, plan
+from treeattn.sim import DecodeWorkload, SimError, plan_workload
 from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
 from treeattn.sim.host.profiles import plan_overrides
@@ -168,8 +168,8 @@ def handle_predict(args: argparse.Namespace) -> int:
         memory = memory_rows_check(args, topo, seq_len, args.tp)
         if not memory["fits"]:
             unfit.append((seq_len, memory["memory"]))
-        chosen = plan(topo, workload, simulate_each=True, transports=transports_of(args, topo),
-                      **overrides)
+        chosen = plan_workload(topo, workload, simulate_each=True,
+                               transports=transports_of(args, topo), **overrides)
         refused.update(chosen.refused)
         rows += [{**r.to_json(), **memory} for r in algorithm_rows(chosen, args.topology)]
         for algorithm in ALGORITHM_NAMES:
@@ -224,7 +224,7 @@ def handle_plan(args: argparse.Namespace) -> int:
                        f"{memory['memory']}")
     allowed = transports_of(args, topo)
     engine = emit(args.emit, topo, workload, overrides, allowed) if args.emit else None
-    chosen = plan(topo, workload, transports=allowed, **overrides)
+    chosen = plan_workload(topo, workload, transports=allowed, **overrides)
     extras = {k: v for k, v in memory.items() if k != "memory"}
     # one sequence without tensor parallelism: what the prefill pricing covers
     priced = args.batch == 1 and args.tp == 1 and topo.num_gpus <= PLAN_PREFILL_GPUS
@@ -237,7 +237,7 @@ def handle_plan(args: argparse.Namespace) -> int:
     runnable = chosen
     if args.output and chosen.winner.transport != "nccl":
         # the file is for run/generate --plan, whose runtime sends on regular collectives
-        runnable = plan(topo, workload, transports=("nccl",), **overrides)
+        runnable = plan_workload(topo, workload, transports=("nccl",), **overrides)
     if args.output:
         written = record if runnable is chosen else {**plan_file(runnable, args.topology),
                                                      **extras}
@@ -339,7 +339,7 @@ def demo_speedups() -> list[dict]:
     for spec in DEMO_TOPOLOGIES:
         topo = Topology.from_spec(spec)
         for seq_len in DEMO_SEQ_LENS:
-            chosen = plan(topo, DecodeWorkload(DEMO_MODEL, seq_len), simulate_each=True)
+            chosen = plan_workload(topo, DecodeWorkload(DEMO_MODEL, seq_len), simulate_each=True)
             pick, baseline, ring = chosen.winner, chosen.best_baseline(), chosen.best("ring")
             out.append({"topology": spec, "gpus": topo.num_gpus, "seq_len": seq_len,
                         "pick": pick.name, "pick_s": pick.latency_s,

@@ -19,8 +19,7 @@ from treeattn.schedule.algorithms import ALGORITHM_NAMES
 from treeattn.schedule.payloads import SimError
 from treeattn.schedule.workload import DTYPE_BYTES, DecodeWorkload, ModelConfig
 from treeattn.sim.host.profiles import plan_overrides
-from treeattn.sim.planning.planner import Plan
-from treeattn.sim.planning.planner import plan as plan_workload
+from treeattn.sim.planning.planner import Plan, plan_workload
 
 __all__ = ["ALGORITHM_NAMES", "attention_model", "plan"]
 
