@@ -120,3 +120,83 @@ def test_empty_partials_weigh_nothing():
     assert float(lse) == pytest.approx(1.5) and o.flatten().tolist() == [2.0, -1.0]
     o, lse = _merge([-math.inf, -math.inf])
     assert float(lse) == -math.inf and o.flatten().tolist() == [0.0, 0.0]
+
+
+# -- treeattn.plan ----------------------------------------------------------------------------
+SHAPE = dict(q_heads=8, kv_heads=2, head_dim=64, seq_len=4096)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(seq_len="32k"), "seq_len must be an integer"),
+    (dict(seq_len=math.nan), "seq_len must be an integer"),
+    (dict(seq_len=math.inf), "seq_len must be an integer"),
+    (dict(seq_len=None), "seq_len must be an integer"),
+    (dict(seq_len=True), "seq_len must be an integer"),
+    (dict(seq_len=4096.0), "seq_len must be an integer"),
+    (dict(seq_len=0), "seq_len must be between"),
+    (dict(seq_len=10**400), "401 digits"),
+    (dict(batch=10**30), "batch must be between"),
+    (dict(tp="2"), "tp must be an integer"),
+    (dict(q_heads=10**30, kv_heads=1), "q_heads must be between"),
+    (dict(head_dim=10**9), "head_dim must be between"),
+    (dict(n_layers=-1), "n_layers must be between"),
+    (dict(dtype=["x"]), "unknown dtype"),
+    (dict(layout=[1]), "layout must be"),
+    (dict(profile=3), "profile must be"),
+    (dict(profile=""), "profile must be"),
+    (dict(profile={}), "profile must be"),
+    (dict(algorithms=3), "algorithms must be a tuple"),
+    (dict(algorithms="tree"), "algorithms must be a tuple"),
+    (dict(algorithms=()), "none given"),
+    (dict(algorithms=[["tree"]]), "unknown algorithm"),
+])
+def test_plan_refuses_bad_arguments_by_name(bad, match):
+    with pytest.raises(treeattn.SimError, match=match):
+        treeattn.plan("local:ranks=2", **{**SHAPE, **bad})
+
+
+@pytest.mark.parametrize("topology", [3, None, "", "  "])
+def test_plan_refuses_what_is_not_a_topology(topology):
+    with pytest.raises(treeattn.SimError, match="topology must be"):
+        treeattn.plan(topology, **SHAPE)
+
+
+@pytest.mark.parametrize("model", [3, ["llama-3.1-8b"], "no-such-model"])
+def test_plan_refuses_what_is_not_a_model(model):
+    with pytest.raises(treeattn.SimError, match="model"):
+        treeattn.plan("local:ranks=2", model, seq_len=4096)
+
+
+def test_plan_refuses_a_huge_spec_before_building_it(monkeypatch):
+    from treeattn.topo.graphbuild import GraphBuilder
+
+    monkeypatch.setattr(GraphBuilder, "node", _never("building the topology"))
+    # 4,096 nodes of 8 GPUs: twice the planner's bound, refused from the spec's numbers alone
+    with pytest.raises(treeattn.TreeattnError, match="32,768 GPUs, more than the 16,384"):
+        treeattn.plan("dgx-h100:nodes=4096", **SHAPE)
+
+
+def test_plan_refuses_a_huge_topology_before_planning(monkeypatch):
+    from treeattn.sim import public
+    from treeattn.sim.planning import plan_size
+    from treeattn.topo import Topology
+
+    topology = Topology.from_spec("dgx-h100:nodes=2")  # 16 GPUs, against a bound of 8
+    monkeypatch.setattr(plan_size, "MAX_PLAN_GPUS", 8)
+    monkeypatch.setattr(public, "plan_workload", _never("planning"))
+    with pytest.raises(treeattn.SimError, match="16 GPUs, expected at most 8"):
+        treeattn.plan(topology, **SHAPE)
+
+
+def _never(what: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{what} started")
+
+    return refuse
+
+
+def test_plan_accepts_numpy_integers():
+    np = pytest.importorskip("numpy")
+    chosen = treeattn.plan("local:ranks=2", q_heads=np.int64(8), kv_heads=2, head_dim=64,
+                           seq_len=np.int64(4096), batch=np.int32(1))
+    assert chosen.workload.seq_len == 4096 and type(chosen.workload.seq_len) is int
