@@ -36,6 +36,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.sharded_attention import ShardedAttention
+from treeattn.schedule.ir import Schedule
 
 LAYOUTS = ("contiguous", "interleaved")
 # The layer each recent cache updated last, newest first: transformers calls the attention
@@ -294,7 +295,10 @@ class ShardedCache(Cache):
                                      f"{interleave_size!r}")
         text = getattr(config, "get_text_config", lambda: config)()
         n_layers = int(text.num_hidden_layers)
-        self.attention = ShardedAttention(plan_or_algorithm, group, timeout_s=timeout_s)
+        kind = ("algorithm" if isinstance(plan_or_algorithm, str) else "schedule"
+                if isinstance(plan_or_algorithm, Schedule) else "plan")
+        self.attention = ShardedAttention(group=group, timeout_s=timeout_s,
+                                          **{kind: plan_or_algorithm})
         self.rank, self.world = self.attention.rank, self.attention.world
         self.layout, self.interleave, self.reserve = layout, interleave_size, max(0, reserve)
         # during a sharded prefill: (PrefillLayout, prompt positions, the sequence the ring is

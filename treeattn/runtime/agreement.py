@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from datetime import timedelta
 
-from treeattn.runtime.errors import RankLost
-from treeattn.runtime.group import RankContext, all_gather_objects
+import torch
+import torch.distributed as dist
+
+from treeattn.runtime.errors import RankLost, RankTimeout, RuntimeFailure
+from treeattn.runtime.group import RankContext, all_gather_objects, silent_ranks_text
 
 
 class RanksDisagree(RankLost):
@@ -51,3 +56,65 @@ def agree_at_setup(ctx: RankContext, **parts) -> None:
         raise RanksDisagree(f"rank(s) {', '.join(map(str, ranks))} disagree with rank 0 at "
                             f"setup on {what}: every rank must be given the same plan, "
                             "shapes and dtype")
+
+
+EXCHANGE_TAG = 1 << 20  # above every schedule's and the prefill's tags
+EXCHANGE_BYTES = 256  # one rank's value, as JSON: a digest and a few numbers
+
+
+def gather_named(ctx: RankContext, value, what: str) -> list:
+    """Every rank's ``value`` (JSON-able, at most :data:`EXCHANGE_BYTES` as JSON), on every
+    rank, waiting at most the context's timeout for the whole exchange.
+
+    Unlike a collective, whose wait cannot tell who is missing, each pair of ranks exchanges
+    one message, so a rank that does not make the same call in time is named: raises
+    :class:`~treeattn.runtime.errors.RankTimeout` ``rank 0: rank 2 did not reach <what>
+    within 5s``. A rank that died is :class:`~treeattn.runtime.errors.RankLost`, named too.
+    """
+    text = json.dumps(value, separators=(",", ":")).encode()
+    if len(text) > EXCHANGE_BYTES - 4:
+        raise RuntimeFailure(f"{what}: {len(text)} bytes to exchange, at most "
+                             f"{EXCHANGE_BYTES - 4}")
+    mine = torch.zeros(EXCHANGE_BYTES, dtype=torch.uint8)  # (EXCHANGE_BYTES,) length, JSON
+    mine[:4] = torch.tensor(list(len(text).to_bytes(4, "little")), dtype=torch.uint8)
+    mine[4:4 + len(text)] = torch.tensor(list(text), dtype=torch.uint8)
+    mine = mine.to(ctx.device)
+    peers = [r for r in range(ctx.world) if r != ctx.rank]
+    boxes = {r: torch.empty_like(mine) for r in peers}
+    works = {}
+    for r in peers:  # in rank order on every rank: NCCL's batches pair up without a cycle
+        ops = [dist.P2POp(dist.isend, mine, ctx.global_rank(r), group=ctx.group,
+                          tag=EXCHANGE_TAG),
+               dist.P2POp(dist.irecv, boxes[r], ctx.global_rank(r), group=ctx.group,
+                          tag=EXCHANGE_TAG)]
+        works[r] = dist.batch_isend_irecv(ops)
+    deadline = time.monotonic() + ctx.timeout_s
+    missing, lost = [], []
+    for r in peers:
+        for work in works[r]:
+            # never 0, which some backends read as "no timeout"
+            left = max(1e-3, deadline - time.monotonic())
+            try:
+                done = work.wait(timedelta(seconds=left))
+            except Exception as exc:
+                message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                timed_out = "timeout" in message.lower() or "timed out" in message.lower()
+                (missing if timed_out else lost).append((r, message))
+                break
+            if done is False:
+                missing.append((r, "no answer"))
+                break
+    if lost:
+        ranks = ", ".join(str(r) for r, _ in lost)
+        raise RankLost(f"rank {ctx.rank}: lost rank {ranks} during {what}"
+                       f"{silent_ranks_text()} ({lost[0][1]})")
+    if missing:
+        ranks = ", ".join(str(r) for r, _ in missing)
+        raise RankTimeout(f"rank {ctx.rank}: rank {ranks} did not reach {what} within "
+                          f"{ctx.timeout_s:g}s{silent_ranks_text()}")
+    out = []
+    for r in range(ctx.world):
+        raw = (mine if r == ctx.rank else boxes[r]).cpu()
+        size = int.from_bytes(bytes(raw[:4].tolist()), "little")
+        out.append(json.loads(bytes(raw[4:4 + size].tolist())))
+    return out
