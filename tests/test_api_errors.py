@@ -200,3 +200,17 @@ def test_plan_accepts_numpy_integers():
     chosen = treeattn.plan("local:ranks=2", q_heads=np.int64(8), kv_heads=2, head_dim=64,
                            seq_len=np.int64(4096), batch=np.int32(1))
     assert chosen.workload.seq_len == 4096 and type(chosen.workload.seq_len) is int
+
+
+# -- prose beside the tables -------------------------------------------------------------------
+def test_predict_wraps_its_prose_to_the_terminal(monkeypatch, capsys):
+    from treeattn.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    # 8 ranks cannot split debug's 4 heads: the two head-split baselines are not priced
+    assert main(["predict", "--topology", "local:ranks=8", "--model", "debug",
+                 "--seq-len", "512"]) == 0
+    out = capsys.readouterr().out
+    prose = out[out.index("Not priced"):].splitlines()
+    assert len(prose) >= 4 and all(len(line) <= 80 for line in prose), prose
+    assert " ".join(prose).count("Not priced:") == 2

@@ -16,7 +16,7 @@ from rich.console import Console
 from treeattn import atomic
 from treeattn.atomic import check_distinct, check_output_path
 from treeattn.commands._args import parse_tokens
-from treeattn.commands.tables import Column, add_wide_flag, print_table
+from treeattn.commands.tables import Column, add_wide_flag, print_table, say
 from treeattn.commands.token import (
     add_token_flags,
     handle_plan_gpus,
@@ -99,7 +99,7 @@ def _load(args: argparse.Namespace, seq_len: int):
         raise SimError(f"topology {args.topology!r} has one GPU: there is no reduction to plan")
     note = check_planning_size(topo.num_gpus, f"topology {args.topology!r}")
     if note:
-        sys.stderr.write(note + "\n")
+        say(note, sys.stderr)
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch, layout=args.layout,
                               tp=args.tp)
     return topo, workload, plan_overrides(args.profile, topo)
@@ -200,13 +200,13 @@ def handle_predict(args: argparse.Namespace) -> int:
                         "mnnvl_ll128: FlashInfer's LL128 all-to-all.",
                 row_styles=["bold" if r["algorithm"] == PICK else None for r in rows])
     for reason in refused.values():
-        print(f"Not priced: {reason}.")
+        say(f"Not priced: {reason}.")
     for r in rows:
         if r["algorithm"] == PICK and r["speedup_vs_best_baseline"] <= 1.0:
-            print(f"At {r['seq_len']:,} tokens a baseline wins: {r['name']} "
-                  f"({r['system']}) is the fastest, and the planner picks it.")
+            say(f"At {r['seq_len']:,} tokens a baseline wins: {r['name']} "
+                f"({r['system']}) is the fastest, and the planner picks it.")
     for seq_len, why in unfit:
-        print(f"At {seq_len:,} tokens the model does not fit ({why}): these rows cannot run.")
+        say(f"At {seq_len:,} tokens the model does not fit ({why}): these rows cannot run.")
     return 0
 
 
