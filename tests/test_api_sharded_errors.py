@@ -25,7 +25,9 @@ from treeattn.runtime.sharded_attention import ShardedAttention, ShardedAttentio
 
 pytestmark = pytest.mark.timeout(300)
 TIMEOUT_S = 3.0  # the objects' timeout: short, so that the skipped calls end quickly
-SKIPS = {"skipped call": (1, 5), "skipped first call": (2, 5)}  # (batch, tokens) of the call
+# the object's algorithm and the (batch, tokens) of the call rank 1 skips
+SKIPS = {"skipped call": ("tree", (1, 5)), "skipped collective": ("oneshot", (1, 5)),
+         "skipped first call": ("tree", (2, 5))}
 
 
 def _refused(make) -> str:
@@ -63,7 +65,8 @@ def _job(ctx: RankContext, skip: str, done: Path) -> dict:
         "topology of a name": _refused(lambda: ShardedAttention(algorithm="tree",
                                                                 topology="local:ranks=2")),
     }
-    attn = ShardedAttention(algorithm="tree", timeout_s=TIMEOUT_S)
+    algorithm, shape = SKIPS[skip]
+    attn = ShardedAttention(algorithm=algorithm, timeout_s=TIMEOUT_S)
     auto = ShardedAttention(topology=f"local:ranks={ctx.world}", timeout_s=TIMEOUT_S)
     q, k, v = _shapes()
     for name, kv_len in (("kv_len past the shard", torch.tensor([6])),
@@ -81,7 +84,7 @@ def _job(ctx: RankContext, skip: str, done: Path) -> dict:
             time.sleep(0.1)
         return got
     try:
-        attn(*_shapes(*SKIPS[skip]))
+        attn(*_shapes(*shape))
         got[skip] = "no error"
     except (RankTimeout, RankLost) as exc:
         got[skip] = f"{type(exc).__name__}: {exc}"
@@ -121,7 +124,8 @@ def test_bad_arguments_are_refused_by_name(refusals, case, match):
 
 @pytest.mark.parametrize("case, match", [
     # a shape already seen: the reduction's own wait names the peer it waited on
-    ("skipped call", "waiting for rank 1"),
+    ("skipped call", "waiting for rank 1 (receive"),
+    ("skipped collective", "waiting for rank 1 (all_gather"),
     # a new shape: the shapes' exchange names the rank that did not come
     ("skipped first call", "rank 1 did not reach the first call of this shape within 3s"),
 ])
