@@ -88,28 +88,13 @@ def gather_named(ctx: RankContext, value, what: str) -> list:
                dist.P2POp(dist.irecv, boxes[r], ctx.global_rank(r), group=ctx.group,
                           tag=EXCHANGE_TAG)]
         works[r] = dist.batch_isend_irecv(ops)
-    deadline = time.monotonic() + ctx.timeout_s
-    missing, lost = [], []
-    for r in peers:
-        for work in works[r]:
-            # never 0, which some backends read as "no timeout"
-            left = max(1e-3, deadline - time.monotonic())
-            try:
-                done = work.wait(timedelta(seconds=left))
-            except Exception as exc:
-                message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-                timed_out = "timeout" in message.lower() or "timed out" in message.lower()
-                (missing if timed_out else lost).append((r, message))
-                break
-            if done is False:
-                missing.append((r, "no answer"))
-                break
+    pending, lost = _settle(ctx, works)
     if lost:
         ranks = ", ".join(str(r) for r, _ in lost)
         raise RankLost(f"rank {ctx.rank}: lost rank {ranks} during {what}"
                        f"{silent_ranks_text()} ({lost[0][1]})")
-    if missing:
-        ranks = ", ".join(str(r) for r, _ in missing)
+    if pending:
+        ranks = ", ".join(str(r) for r in pending)
         raise RankTimeout(f"rank {ctx.rank}: rank {ranks} did not reach {what} within "
                           f"{ctx.timeout_s:g}s{silent_ranks_text()}")
     out = []
@@ -118,3 +103,36 @@ def gather_named(ctx: RankContext, value, what: str) -> list:
         size = int.from_bytes(bytes(raw[:4].tolist()), "little")
         out.append(json.loads(bytes(raw[4:4 + size].tolist())))
     return out
+
+
+def _settle(ctx: RankContext, works: dict[int, list]) -> tuple[list[int], list[tuple]]:
+    """Wait for every peer's works within the context's timeout: the peers that did not
+    answer in time, and (peer, reason) of those whose exchange failed.
+
+    Gloo marks a message done only inside ``wait``, which takes a timeout; a CUDA work's
+    ``wait`` returns once the work is queued on the stream, so NCCL's are polled instead.
+    """
+    start, pending, lost = time.monotonic(), [], []
+    for r, peer_works in works.items():
+        try:
+            for work in peer_works:
+                if ctx.device.type == "cpu":
+                    left = ctx.timeout_s - (time.monotonic() - start)
+                    # never 0, which some backends read as "no timeout"
+                    done = work.wait(timedelta(seconds=max(1e-3, left)))
+                else:
+                    while (not (done := work.is_completed())
+                           and time.monotonic() - start < ctx.timeout_s):
+                        time.sleep(min(1e-3, (time.monotonic() - start) / 16))
+                    if done:
+                        work.wait()  # raises if it failed
+                if done is False:
+                    pending.append(r)
+                    break
+        except Exception as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            if "timeout" in reason.lower() or "timed out" in reason.lower():
+                pending.append(r)
+            else:
+                lost.append((r, reason))
+    return pending, lost
