@@ -9,6 +9,10 @@ digests are gathered (one small collective, bounded by the group's timeout); any
 ends the run on every rank with one line naming the ranks that differ from rank 0 and what
 differs. :class:`RanksDisagree` is a :class:`~treeattn.runtime.errors.RankLost`: the input
 may have been fine, the group was not one run (exit status 1).
+
+The library's exchanges (:class:`treeattn.ShardedAttention`'s plan and shapes) go through
+:func:`gather_named` instead: one message per pair of ranks, so that a rank which does not
+make the same call within the timeout is named on the others rather than waited for.
 """
 
 from __future__ import annotations
