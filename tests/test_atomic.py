@@ -246,3 +246,17 @@ def test_two_outputs_naming_one_file_are_refused_before_work(tmp_path, capsys):
     assert code == 2 and "two outputs name the same file" in err, err
     assert not same.exists()
     atomic.check_distinct(tmp_path / "a", None, tmp_path / "b")
+
+
+@pytest.mark.parametrize("argv", [
+    ["predict", "--topology", "local:ranks=2", "--model", "debug", "--seq-len", "64",
+     "--trace", ""],
+    ["run", "--nproc", "2", "--seq-len", "64", "--trace", ""],
+    ["calibrate", "--nproc", "2", "-o", ""],
+])
+def test_an_empty_output_flag_is_refused_not_dropped(argv, capsys):
+    from treeattn.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["error: cannot write '': an empty path"], err

@@ -160,7 +160,7 @@ def handle_predict(args: argparse.Namespace) -> int:
                        "--prefill (a decode's context is its --seq-len)")
     if args.token:
         return handle_predict_token(args)
-    if args.trace:
+    if args.trace is not None:  # "" included: refused as an empty path
         check_output_path(args.trace)
     rows, timelines, unfit, refused = [], [], [], {}
     for seq_len in args.seq_len:
