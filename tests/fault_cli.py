@@ -3,9 +3,10 @@
 For the tests of lost and hung ranks. ``TREEATTN_FAULT_KILL=RANK:SECONDS`` makes that rank
 SIGKILL itself that long after its job starts, ``TREEATTN_FAULT_STOP=RANK:SECONDS`` freezes
 it by SIGSTOP (a hung rank). The hook wraps the launcher's ``run_in_group`` when this file is
-run: at the top level, because the launcher starts its ranks by ``spawn``, which runs this
-file again (as ``__mp_main__``) in every rank before the rank's job; and a rank started
-torchrun-style (``RANK`` set) runs the CLI in this very process.
+run: the launcher starts its ranks by ``spawn``, which runs this file again (as
+``__mp_main__``) in every rank before the rank's job, and a rank started torchrun-style
+(``RANK`` set) runs the CLI in this very process. Importing the file (the tests take its
+names) changes nothing.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def _with_fault(run_in_group):
     return run
 
 
-launch.run_in_group = _with_fault(launch.run_in_group)
+if __name__ in ("__main__", "__mp_main__"):  # run as the CLI, or as a rank it spawned;
+    launch.run_in_group = _with_fault(launch.run_in_group)  # never when merely imported
 
 if __name__ == "__main__":
     from treeattn.cli import main
