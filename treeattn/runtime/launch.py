@@ -45,6 +45,7 @@ from treeattn.runtime.local.binding import BIND_CHOICES, GROUP_CPUS_ENV, availab
 
 MAX_LOCAL_WORLD = 64
 MIN_TIMEOUT_S = 1.0  # below this a busy machine's scheduling jitter reads as a lost peer
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: past it a wait is a hang (and overflows timedelta)
 WATCH_POLL_S = 0.25  # how often the launcher looks at its ranks and their heartbeats
 
 
@@ -76,11 +77,12 @@ def check_world(world: int) -> None:
 def check_timeout(timeout_s: float) -> float:
     """Return ``timeout_s`` if it is a sane per-wait timeout, else raise RuntimeFailure.
 
-    NaN, infinity and tiny values would either never fire or fire on every wait.
+    NaN, infinity, huge and tiny values would either never fire or fire on every wait.
     """
-    if not math.isfinite(timeout_s) or timeout_s < MIN_TIMEOUT_S:
+    if not math.isfinite(timeout_s) or not MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S:
         raise RuntimeFailure(
-            f"--timeout must be a finite number of seconds >= {MIN_TIMEOUT_S:g}, got {timeout_s}")
+            f"--timeout must be a finite number of seconds >= {MIN_TIMEOUT_S:g}, at most "
+            f"{MAX_TIMEOUT_S:g}, got {timeout_s}")
     return float(timeout_s)
 
 
