@@ -6,7 +6,7 @@ For world 2 and 4 (gloo on loopback, one torch thread per rank), one process gro
 1. calibrate once with microbenchmarks only, the exchange up to the largest KV block the
    ring will move (``treeattn.runtime.measure.calibrate``);
 2. at each seq_len, rank 0 predicts every algorithm with the simulator from that profile and
-   asks the planner (``treeattn.sim.plan``, same profile) for its pick;
+   asks the planner (``treeattn.sim.plan_workload``, same profile) for its pick;
 3. all algorithms are measured *interleaved* (one step of each per round, the order rotating:
    ``treeattn.runtime.measure.timing.time_interleaved``), so that a drifting, shared machine slows
    them alike and the ratios between them stay meaningful.
@@ -76,11 +76,11 @@ def ring_bytes(seq_len: int, world: int) -> int:
 
 def planner_pick(profile: dict, world: int, seq_len: int) -> dict:
     """The planner's choice with the calibrated models: name, algorithm, tree params."""
-    from treeattn.sim import plan
+    from treeattn.sim import plan_workload
 
     topology, hardware, backend = predictor(profile, world)
     workload = workload_for(BASE.dims, shard_lengths(seq_len, world))
-    chosen = plan(topology, workload, hardware, backend)
+    chosen = plan_workload(topology, workload, hardware, backend)
     params = {}
     if chosen.algorithm == "tree":
         params = ({"tree": chosen.winner.trees[0]} if chosen.winner.params.get("shape")

@@ -271,7 +271,7 @@ def test_fuzz_gguf_headers(tmp_path):
 def test_fuzz_output_paths(tmp_path):
     def target(rng, where, root: Path) -> tuple[Path, str]:
         kind = rng.choice(["new", "regular", "readonly", "fifo", "device", "dir", "symlink",
-                           "dangling", "missing-parent", "socket-like"])
+                           "dangling", "loop", "missing-parent", "socket-like"])
         path = root / f"out-{rng.randrange(10**9)}"
         if kind == "regular":
             path.write_text("old")
@@ -294,6 +294,9 @@ def test_fuzz_output_paths(tmp_path):
             path.symlink_to(real)
         elif kind == "dangling":
             path.symlink_to(root / "nowhere" / "x")
+        elif kind == "loop":
+            path.symlink_to(root / "loop-back")
+            (root / "loop-back").symlink_to(path)
         elif kind == "missing-parent":
             path = root / "missing" / "x.json"
         return path, kind
@@ -303,6 +306,7 @@ def test_fuzz_output_paths(tmp_path):
         root.mkdir()
         path, kind = target(rng, where, root)
         before = os.lstat(path) if os.path.lexists(path) else None
+        before_target = os.readlink(path) if os.path.islink(path) else None
         try:
             atomic.write_text(path, "new")
             outcome = "written"
@@ -311,16 +315,17 @@ def test_fuzz_output_paths(tmp_path):
             outcome = "refused"
         except Exception as exc:  # noqa: BLE001
             raise AssertionError(f"output {where} ({kind}): {type(exc).__name__}: {exc}") from exc
-        if before is not None and not stat.S_ISREG(before.st_mode) and kind != "symlink" \
-                and kind != "dangling":
-            after = os.lstat(path)
+        if before is not None and not stat.S_ISREG(before.st_mode):
+            after = os.lstat(path)  # a link stays the link it was, anything else its kind
             assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode), (where, kind)
         if kind == "readonly":
             assert outcome == "refused" and path.read_text() == "old", where
         if kind == "regular" or kind == "new":
             assert outcome == "written" and path.read_text() == "new", (where, kind)
+        if kind in ("symlink", "dangling", "loop"):
+            assert outcome == "refused" and os.readlink(path) == str(before_target), where
         if kind == "symlink":
-            assert path.is_symlink() and path.read_text() == "new", where
+            assert path.read_text() == "old", where
         if kind in ("fifo", "socket-like", "dir", "missing-parent"):
             assert outcome == "refused", (where, kind)
 

@@ -13,11 +13,12 @@ import sys
 import time
 
 import pytest
+from fault_cli import FAULT_ENV, SCRIPT
 
-from treeattn.runtime.launch import FAULT_ENV, free_port
+from treeattn.runtime.launch import free_port
 
 HARD_TIMEOUT_S = 120  # subprocess guard; the requirement is "within 60 s" after the death
-RUN = [sys.executable, "-m", "treeattn.cli", "run", "--seq-len", "2048", "--heads", "4",
+RUN = [sys.executable, SCRIPT, "run", "--seq-len", "2048", "--heads", "4",
        "--kv-heads", "2", "--head-dim", "16", "--algorithm", "tree", "--steps", "1000000",
        "--warmup", "0", "--timeout", "10", "--no-reference"]
 

@@ -16,14 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-from treeattn.runtime.launch import FAULT_ENV, FAULT_STOP_ENV
+from fault_cli import FAULT_ENV, FAULT_STOP_ENV, SCRIPT
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
 TIMEOUT_S = 10
 SLACK_S = 8  # over the promised timeout + 2 s: scheduling on a loaded 2-core machine
-CLI = [sys.executable, "-m", "treeattn.cli"]
+CLI = [sys.executable, SCRIPT]  # the CLI with a fault armed in one rank
 RUN = CLI + ["run", "--nproc", "2", "--seq-len", "2048", "--heads", "4", "--kv-heads", "2",
              "--head-dim", "16", "--algorithm", "tree", "--steps", "1000000", "--warmup", "0",
              "--no-reference", "--timeout", str(TIMEOUT_S)]
@@ -104,7 +103,7 @@ def test_generate_dead_rank_is_exit_1_not_bad_input() -> None:
     _assert_named(proc, fired, "error: rank 1 died")
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "1e-9", "0", "-3"])
+@pytest.mark.parametrize("value", ["nan", "inf", "1e-9", "0", "-3", "1e300"])
 def test_insane_timeouts_are_refused(value, capsys) -> None:
     from treeattn.cli import main
 

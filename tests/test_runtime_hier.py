@@ -1,6 +1,6 @@
-"""``hier`` on gloo ranks laid out as hosts: the executor, ``ShardedAttention("hier")`` and a
-process subgroup, against single-process attention in float64 written here (scores,
-softmax, weighted values; GQA by repeating KV heads). One process group of 4 ranks serves
+"""``hier`` on gloo ranks laid out as hosts: the executor,
+``ShardedAttention(algorithm="hier")`` and a process subgroup, against single-process
+attention in float64 written here (scores, softmax, weighted values; GQA by repeating KV heads). One process group of 4 ranks serves
 every case."""
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def _job(ctx):
         schedule = build_schedule("hier", topo, workload_for(dims, list(case[0])), rail=rail)
         (o, lse), _ = Executor(ctx, schedule, list(case[0]), dims).run(q, shards[ctx.rank])
         worst[f"executor {case} {rail}"] = _error(o, lse, q, kv)
-    # 2. ShardedAttention("hier"): the hosts from $TREEATTN_HOST, ranks {0, 1} and {2, 3}
+    # 2. ShardedAttention(algorithm="hier"): the hosts from $TREEATTN_HOST, ranks {0, 1} and {2, 3}
     os.environ[HOST_ENV] = f"host{ctx.rank // 2}"
-    attn = treeattn.ShardedAttention("hier")
+    attn = treeattn.ShardedAttention(algorithm="hier")
     q, kv, shards = _data(CASES[0], 7)
     o, lse = attn(q, shards[ctx.rank][0], shards[ctx.rank][1], return_lse=True)
     worst["ShardedAttention"] = _error(o, lse, q, kv)
@@ -80,7 +80,7 @@ def _job(ctx):
     if ctx.rank == 0:
         make_subgroups_everywhere(group_context(), [])
         return worst
-    attn = treeattn.ShardedAttention("hier", group=groups[0])
+    attn = treeattn.ShardedAttention(algorithm="hier", group=groups[0])
     lengths = (4, 0, 3)
     q, kv, shards = _data((lengths, 2, 4, 2), 11)
     member = ctx.rank - 1

@@ -14,7 +14,8 @@ from treeattn.schedule.algorithms import BASELINES, OWN, SOURCES, build_schedule
 from treeattn.schedule.algorithms.hier import ONE_HOST, ONE_PER_HOST, RAILS
 from treeattn.schedule.ir import Collective, Merge
 from treeattn.schedule.reference import execute
-from treeattn.sim import DecodeWorkload, SimError, plan
+from treeattn.sim import DecodeWorkload, SimError
+from treeattn.sim import plan_workload as plan
 from treeattn.sim.network import CostModel
 from treeattn.topo import Topology, TopologyError
 

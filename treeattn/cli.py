@@ -17,7 +17,7 @@ import sys
 
 import treeattn
 from treeattn.commands import COMMAND_MODULES, COMMAND_OWNERS
-from treeattn.errors import user_error_types
+from treeattn.errors import TreeattnError
 
 EXIT_BAD_INPUT = 2
 
@@ -116,7 +116,7 @@ def _main(argv: list[str] | None) -> int:
         if (message := missing_extra(exc, args.command)) is None:
             raise
         return _fail(message)
-    except user_error_types() as exc:
+    except TreeattnError as exc:
         return _fail(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         return _fail(f"{exc.strerror or exc}: {exc.filename}")

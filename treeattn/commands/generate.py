@@ -34,6 +34,7 @@ from treeattn.commands.generate_cluster import (
     world_size,
 )
 from treeattn.commands.run import dumps, guarded
+from treeattn.commands.tables import say
 from treeattn.errors import UserError
 from treeattn.schedule.algorithms import CLI_CHOICES
 
@@ -279,9 +280,9 @@ def _segment(tok, context_tokens: int, model) -> list[int] | None:
     from treeattn.llm.generate_context import document_segment
 
     if context_tokens > model.config.max_seq_len:
-        sys.stderr.write(
-            f"note: {context_tokens} context tokens exceed the model's trained context of "
-            f"{model.config.max_seq_len}; the timing is real, the text need not make sense\n")
+        say(f"note: {context_tokens} context tokens exceed the model's trained context of "
+            f"{model.config.max_seq_len}; the timing is real, the text need not make sense",
+            sys.stderr)
     return document_segment(tok)
 
 
@@ -358,8 +359,8 @@ def planned_schedule(path: str, world: int, config=None, dtype: str | None = Non
     if dtype is not None:
         size = dtype_of(dtype).itemsize
         if size != checked.model.dtype_bytes:
-            sys.stderr.write(f"warning: plan {path} was priced for a {checked.model.dtype} "
-                             f"cache; this run's is {dtype}\n")
+            say(f"warning: plan {path} was priced for a {checked.model.dtype} cache; this "
+                f"run's is {dtype}", sys.stderr)
     return schedule
 
 

@@ -65,7 +65,7 @@ def calibration_profile(files: list[str], topology_spec: str) -> dict:
 def handle(args: argparse.Namespace) -> int:
     if not args.topology:
         raise UserError("--nccl-tests needs --topology (the cluster the tables were measured on)")
-    if args.output:
+    if args.output is not None:  # "" included: refused as an empty path
         check_output_path(args.output)
     profile = calibration_profile(args.nccl_tests, args.topology)
     text = json.dumps(profile, indent=2, allow_nan=False) + "\n"

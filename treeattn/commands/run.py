@@ -267,7 +267,7 @@ def handle_run(args: argparse.Namespace) -> int:
     from treeattn.runtime.measure.check import mark_bands, validate
 
     world = _world(args)
-    if args.trace:
+    if args.trace is not None:  # "" included: refused as an empty path
         check_output_path(args.trace)
     req = build_request(args)
     validate(req, world, args.device, _local_ranks(args, world))
@@ -404,8 +404,8 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     req = RunRequest(seq_lens=(world,), batch=args.batch, n_heads=args.heads,
                      n_kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype)
     validate(req, world)
-    if args.output:
-        check_output_path(args.output)  # before the calibration, not after it
+    if args.output is not None:  # before the calibration, not after it; "" is refused
+        check_output_path(args.output)
     if args.max_bytes is not None and args.max_bytes > EXCHANGE_CAP:
         raise RuntimeFailure(f"--max-bytes {args.max_bytes} is above the largest exchange "
                              f"calibrated, {EXCHANGE_CAP} bytes (1 GiB); larger messages are "

@@ -153,13 +153,13 @@ def _plot(rows: list[dict], out: Path, measured: bool) -> list[Path]:
 
 def _draw_chosen_tree(rows: list[dict], out: Path) -> Path | None:
     """Plan the smallest topology of the sweep again and draw its tree over the cluster."""
-    from treeattn.sim import DecodeWorkload, plan
+    from treeattn.sim import DecodeWorkload, plan_workload
     from treeattn.topo import Topology
 
     first = min(rows, key=lambda r: (r["gpus"], -r["seq_len"]))
     topology = Topology.load(first["spec"])
-    chosen = plan(topology, DecodeWorkload(first["model"], first["seq_len"]),
-                  algorithms=("tree",))
+    chosen = plan_workload(topology, DecodeWorkload(first["model"], first["seq_len"]),
+                           algorithms=("tree",))
     if chosen.tree is None:
         return None
     parent = list(chosen.tree.to_dict()["parent"])

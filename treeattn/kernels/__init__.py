@@ -42,7 +42,7 @@ from treeattn.kernels.dispatch import (
 from treeattn.kernels.errors import KernelError
 from treeattn.kernels.sums import finalize_sums, rescale_to_max
 
-__all__ = ["KernelError", "finalize_sums", "merge", "merge_packed", "merge_partials",
+__all__ = ["KernelError", "finalize_sums", "merge", "merge_packed", "merge_stacked",
            "partial_attention", "partial_attention_packed", "partial_attention_path",
            "reference", "rescale_to_max"]
 
@@ -121,12 +121,12 @@ def _native_kernel() -> cpu_native.NativeKernel | None:
     return kern
 
 
-def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_stacked(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge n stacked partials, (n, B, Hq, D) and (n, B, Hq), into one (B, Hq, D), (B, Hq)."""
     check_partials(o, lse, stacked=True)
     if choose_backend(o.device) == "triton":
-        return triton_module("triton_merge").merge_partials(o, lse)
-    return reference.merge_partials(o, lse)
+        return triton_module("triton_merge").merge_stacked(o, lse)
+    return reference.merge_stacked(o, lse)
 
 
 def merge(

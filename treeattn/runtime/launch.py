@@ -31,6 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from treeattn.errors import TreeattnError
 from treeattn.runtime.errors import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.group import (
     DEFAULT_TIMEOUT_S,
@@ -43,9 +44,8 @@ from treeattn.runtime.group import (
 from treeattn.runtime.local.binding import BIND_CHOICES, GROUP_CPUS_ENV, available_cpus, pin_rank
 
 MAX_LOCAL_WORLD = 64
-FAULT_ENV = "TREEATTN_FAULT_KILL"  # "RANK:SECONDS": that rank SIGKILLs itself (tests only)
-FAULT_STOP_ENV = "TREEATTN_FAULT_STOP"  # "RANK:SECONDS": that rank SIGSTOPs itself (tests only)
 MIN_TIMEOUT_S = 1.0  # below this a busy machine's scheduling jitter reads as a lost peer
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: past it a wait is a hang (and overflows timedelta)
 WATCH_POLL_S = 0.25  # how often the launcher looks at its ranks and their heartbeats
 
 
@@ -77,27 +77,13 @@ def check_world(world: int) -> None:
 def check_timeout(timeout_s: float) -> float:
     """Return ``timeout_s`` if it is a sane per-wait timeout, else raise RuntimeFailure.
 
-    NaN, infinity and tiny values would either never fire or fire on every wait.
+    NaN, infinity, huge and tiny values would either never fire or fire on every wait.
     """
-    if not math.isfinite(timeout_s) or timeout_s < MIN_TIMEOUT_S:
+    if not math.isfinite(timeout_s) or not MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S:
         raise RuntimeFailure(
-            f"--timeout must be a finite number of seconds >= {MIN_TIMEOUT_S:g}, got {timeout_s}")
+            f"--timeout must be a finite number of seconds >= {MIN_TIMEOUT_S:g}, at most "
+            f"{MAX_TIMEOUT_S:g}, got {timeout_s}")
     return float(timeout_s)
-
-
-def _arm_fault(rank: int) -> None:
-    """Test hooks: ``TREEATTN_FAULT_KILL=RANK:SECONDS`` makes that rank die by SIGKILL, and
-    ``TREEATTN_FAULT_STOP=RANK:SECONDS`` freezes it by SIGSTOP (a hung rank), after a delay."""
-    for env, sig in ((FAULT_ENV, signal.SIGKILL), (FAULT_STOP_ENV, signal.SIGSTOP)):
-        spec = os.environ.get(env)
-        if not spec:
-            continue
-        victim, _, delay = spec.partition(":")
-        if int(victim) != rank:
-            continue
-        timer = threading.Timer(float(delay or 0), os.kill, args=(os.getpid(), sig))
-        timer.daemon = True
-        timer.start()
 
 
 def run_in_group(
@@ -105,7 +91,6 @@ def run_in_group(
 ) -> tuple[RankContext, Any]:
     """Join the group from the environment, run ``job`` on this rank, leave the group."""
     ctx = init_group(options.timeout_s, options.threads, options.device)
-    _arm_fault(ctx.rank)
     try:
         return ctx, job(ctx)
     finally:
@@ -182,9 +167,7 @@ def _kind(exc: BaseException) -> str:
     """``lost`` (a peer died or timed out), ``user`` (bad input) or ``bug``."""
     if isinstance(exc, (RankLost, RankTimeout)):
         return "lost"
-    from treeattn.errors import user_error_types
-
-    if isinstance(exc, user_error_types()):
+    if isinstance(exc, TreeattnError):
         return "user"
     return "bug"
 

@@ -157,10 +157,10 @@ def build(algorithm: str, topology, workload: DecodeWorkload, models: tuple = (N
     if algorithm not in ALGORITHMS:
         raise RuntimeFailure(f"unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
     if algorithm == "auto":
-        from treeattn.sim import plan
+        from treeattn.sim import plan_workload
 
         # the runtime sends with the process group's collectives and messages: plan on those
-        return plan(topology, workload, *models, transports=("nccl",)).schedule
+        return plan_workload(topology, workload, *models, transports=("nccl",)).schedule
     return build_schedule(algorithm, topology, workload, **params)
 
 

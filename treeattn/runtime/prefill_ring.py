@@ -44,7 +44,7 @@ def run_positions(runs: tuple[Run, ...], device) -> torch.Tensor:
     return torch.cat([torch.arange(a, b, device=device) for a, b in runs])
 
 
-def merge_partials(acc, part):
+def merge_prefill_pair(acc, part):
     """Log-sum-exp merge of two partials ``(o (B,Hq,T,D), lse (B,Hq,T))``, fp32; rows with
     ``lse = -inf`` (no key seen) are the identity."""
     (o1, l1), (o2, l2) = acc, part
@@ -95,7 +95,7 @@ def causal_partial(q: torch.Tensor, q_pos: list[int], kv: torch.Tensor, k_pos: l
             tile_lse = torch.logsumexp(scores, dim=-1)  # (B, Hkv, G*n)
             finite = torch.where(torch.isinf(tile_lse), torch.zeros_like(tile_lse), tile_lse)
             probs = scores.sub_(finite[..., None]).exp_()  # masked entries exp(-inf) = 0
-            acc = merge_partials(acc, (torch.matmul(probs, vt), tile_lse))
+            acc = merge_prefill_pair(acc, (torch.matmul(probs, vt), tile_lse))
         o[:, :, q0:q1] = acc[0].reshape(b, hq, n, d)
         lse[:, :, q0:q1] = acc[1].reshape(b, hq, n)
     return o, lse
@@ -174,7 +174,7 @@ def ring_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
         if current.shape[3]:
             keep(src, current)
             if layout.sees(rank, src):
-                acc = merge_partials(acc, causal_partial(q, q_pos, current,
+                acc = merge_prefill_pair(acc, causal_partial(q, q_pos, current,
                                                          layout.positions(src), scale))
         for work, peer in pending:
             wait_work(work, ctx, peer, f"prefill ring step {step}")

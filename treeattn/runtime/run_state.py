@@ -387,10 +387,6 @@ class RunState:
         self.bufs["partial"] = put_slice(mine, dims, "partial", chunk, merged)
 
     # -- bookkeeping -----------------------------------------------------------------------
-    def sync_device(self) -> None:
-        if self.ex.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ex.ctx.device)
-
     def sample_memory(self) -> None:
         live = [t for t in self.bufs.values() if t is not None]
         live += [m for queue in self.pending.values() for _, m in queue]

@@ -123,12 +123,6 @@ class Network:
         count = max(1, min(self.max_chunks, math.ceil(nbytes / self.chunk_bytes)))
         return count, nbytes / count
 
-    def wire_time(self, src: int, dst: int, nbytes: float) -> float:
-        """Uncontended seconds from injection at ``src`` to arrival at ``dst``."""
-        lat_sum, inv_min = self.summary(src, dst)
-        return lat_sum + nbytes * inv_min
-
-
 
 # -- links -------------------------------------------------------------------------------
 PRUNE_AT = 64

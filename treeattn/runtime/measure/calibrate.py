@@ -330,11 +330,6 @@ def attention_section(ctx: RankContext, dims: AttnDims, stats, tokens=ATTENTION_
     }
 
 
-def measure_attention(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS) -> dict:
-    """The attention section from one burst of :func:`attention_stats`."""
-    return attention_section(ctx, dims, attention_stats(ctx, dims, tokens), tokens)
-
-
 def _bytes(dims: AttnDims) -> int:
     return torch.empty(0, dtype=dims.kv_dtype).element_size()
 

@@ -124,15 +124,6 @@ class Measurement:
         }
 
 
-def time_steps(
-    ctx: RankContext, step: Callable[[], RunStats], warmup: int = 2, steps: int = 10,
-    min_time_s: float = 0.0, max_steps: int = MAX_STEPS,
-) -> Measurement:
-    """Run ``step`` ``warmup`` times untimed, then at least ``steps`` times timed (more until
-    ``min_time_s`` of timed steps, at most ``max_steps``); every rank calls it."""
-    return time_interleaved(ctx, [step], warmup, steps, min_time_s, max_steps)[0]
-
-
 def _keep_going(ctx: RankContext, rounds: int, floor: int, elapsed: float, min_time_s: float,
                 max_steps: int) -> bool:
     """Rank 0's decision, shared: another round while under the floor or the time budget."""

@@ -1,4 +1,5 @@
-"""``plan(topology, workload)``: score every candidate, simulate the promising, pick the fastest.
+"""``plan_workload(topology, workload)``: score every candidate, simulate the promising, pick
+the fastest (``treeattn.plan`` is its library front door).
 
 Search (branch and bound): each candidate first gets its closed-form latency
 (:mod:`treeattn.sim.closed_form`), a lower bound on what the simulator will say because it
@@ -124,9 +125,9 @@ class Plan:
         return self._schedule
 
     def token_latency_s(self, latency_s: float | None = None) -> float:
-        """All layers of attention, plus the replicated rest of the model if requested."""
-        return token_latency(self.workload, self.costs,
-                             self.latency_s if latency_s is None else latency_s)
+        """All layers of attention (``predict --token`` prices the whole step)."""
+        return self.workload.model.n_layers * (self.latency_s if latency_s is None
+                                               else latency_s)
 
     def best(self, algorithm: str) -> Candidate | None:
         """The best candidate of one algorithm (each row is what its name says)."""
@@ -162,13 +163,6 @@ class Plan:
             "refused": dict(self.refused),
             "explanation": self.explain(),
         }
-
-
-def token_latency(workload: DecodeWorkload, costs: CostModel, latency_s: float) -> float:
-    total = workload.model.n_layers * latency_s
-    if workload.include_model:
-        total += workload.model.weight_bytes_per_token() / float(costs.bw.min())
-    return total
 
 
 def _chunk_messages(c: Candidate, cm: CostModel) -> float:
@@ -310,7 +304,7 @@ def one_sided_variants(cands: list[Candidate], topology, cm: CostModel,
     return out
 
 
-def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
+def plan_workload(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
          algorithms: tuple[str, ...] | None = None, max_simulated: int | None = None,
          simulate_each: bool = False, prune: bool = True,
          transports: tuple[str, ...] = TRANSPORTS) -> Plan:
@@ -324,7 +318,8 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     Examples
     --------
     >>> from treeattn.topo import Topology
-    >>> p = plan(Topology.from_spec("dgx-h100:nodes=2"), DecodeWorkload("llama-3.1-8b", 65536))
+    >>> w = DecodeWorkload("llama-3.1-8b", 65536)
+    >>> p = plan_workload(Topology.from_spec("dgx-h100:nodes=2"), w)
     >>> p.algorithm != "ring" and p.latency_s < p.best("ring").latency_s
     True
     """
@@ -335,9 +330,9 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
                 raise SimError(f"hardware must be a HardwareModel or a list of "
                                f"{topology.num_gpus} of them")
             hardware = [hardware[r] for r in cp_group(topology.num_gpus, workload.tp)]
-        chosen = plan(group_topology, group_workload, hardware, backend, algorithms=algorithms,
-                      max_simulated=max_simulated, simulate_each=simulate_each, prune=prune,
-                      transports=transports)
+        chosen = plan_workload(group_topology, group_workload, hardware, backend,
+                               algorithms=algorithms, max_simulated=max_simulated,
+                               simulate_each=simulate_each, prune=prune, transports=transports)
         chosen.cluster, chosen.tp = topology, workload.tp
         return chosen
     cm = CostModel(topology, workload, hardware, backend)
