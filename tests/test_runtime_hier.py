@@ -1,7 +1,7 @@
 """``hier`` on gloo ranks laid out as hosts: the executor,
 ``ShardedAttention(algorithm="hier")`` and a process subgroup, against single-process
-attention in float64 written here (scores, softmax, weighted values; GQA by repeating KV heads). One process group of 4 ranks serves
-every case."""
+attention in float64 written here (scores, softmax, weighted values; GQA by repeating KV
+heads). One process group of 4 ranks serves every case."""
 
 from __future__ import annotations
 
