@@ -48,10 +48,10 @@ from treeattn.llm.generate_dist import (  # noqa: E402
     split_lengths,
 )
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
-from treeattn.runtime.measure.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.measure.check import predictor  # noqa: E402
 from treeattn.runtime.plans import build, workload_for  # noqa: E402
 from treeattn.runtime.wire import AttnDims  # noqa: E402
+from treeattn.testbed.calibration.calibrate import machine_info  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = " The keeper's daughter wrote that"

@@ -33,7 +33,7 @@ from treeattn.llm.model import LlamaConfig  # noqa: E402
 from treeattn.llm.prefill import prefill_bytes  # noqa: E402
 from treeattn.llm.prefill_check import PrefillJob  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
-from treeattn.runtime.measure.calibrate import machine_info  # noqa: E402
+from treeattn.testbed.calibration.calibrate import machine_info  # noqa: E402
 
 MIB = 2**20
 

@@ -152,7 +152,7 @@ def test_fuzz_plan_files(tmp_path, capsys):
 # -- profiles ----------------------------------------------------------------------------
 
 def test_fuzz_profiles(tmp_path, capsys):
-    from treeattn.sim.host.profiles import (
+    from treeattn.testbed.host.profiles import (
         backend_from_profile,
         hardware_from_profile,
         load_profile,

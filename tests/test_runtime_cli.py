@@ -108,7 +108,7 @@ def profile_path(tmp_path_factory):
 def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     import os
 
-    from treeattn.sim.host.profiles import hardware_from_profile, load_profile
+    from treeattn.testbed.host.profiles import hardware_from_profile, load_profile
 
     profile = load_profile(profile_path)
     cpus = len(os.sched_getaffinity(0))
@@ -122,7 +122,7 @@ def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     assert profile["attention"]["threads_per_rank"] == 1
     assert hardware_from_profile(profile).cores == cpus
     # host steps right after the kernel: measured, non-negative, and handed to the simulator
-    from treeattn.runtime.local.cold import l2_bytes
+    from treeattn.testbed.calibration.cold import l2_bytes
 
     cold = profile["cold"]
     assert cold["world"] == 2 and cold["after_bytes"] == 2 * l2_bytes()
@@ -132,14 +132,14 @@ def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     assert all(0 < s < 0.5 for s in cold["collectives_s"].values())
     assert hardware_from_profile(profile).cold.merge_s == cold["merge_s"]
     # the executor's own per-message cost, measured against raw gloo, reaches the simulator
-    from treeattn.sim.host.profiles import backend_from_profile
+    from treeattn.testbed.host.profiles import backend_from_profile
 
     step = profile["executor"]["step_overhead_s"]
     assert 0 <= step < 0.05 and profile["executor"]["ratio_executor_raw"] > 0
     alpha = profile["p2p"]["latency_s"]
     assert backend_from_profile(profile).send_s == pytest.approx(alpha / 2 + step)
     # and the C program's, for the ranks that run as one (shared memory here, a C compiler)
-    from treeattn.runtime.local import shm, shm_program
+    from treeattn.testbed.transport import shm, shm_program
 
     if shm_program.unavailable_reason() == "":
         program = backend_from_profile(profile).program

@@ -1,4 +1,4 @@
-"""Collectives through the shared-memory mailboxes (treeattn/runtime/local/shm_collectives.py).
+"""Collectives through the shared-memory mailboxes (treeattn/testbed/transport/shm_collectives.py).
 
 In-process: each member is a thread with its own end of one segment (a plain array), so
 hypothesis can draw many groups, orders, sizes and dtypes cheaply; every result is checked
@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from treeattn.runtime.errors import RankTimeout
 from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
-from treeattn.runtime.local import shm
-from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.transport import transport_for
+from treeattn.testbed.transport import shm
+from treeattn.testbed.transport.shm_collectives import CollectiveOps
 
 WORLD = 4
 OPS = ("all_reduce_sum", "all_reduce_max", "broadcast", "all_gather", "reduce_scatter",

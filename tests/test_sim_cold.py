@@ -10,8 +10,8 @@ from treeattn.schedule.ir import Collective, Compute, Merge, Recv, Schedule, Sen
 from treeattn.schedule.payloads import CollectiveOp, ComputeLabel, Payload
 from treeattn.sim import DecodeWorkload, HardwareModel, SimError, build_schedule, simulate
 from treeattn.sim.devices import BackendModel
-from treeattn.sim.host.cold import ColdSteps, cold_from_profile
-from treeattn.sim.host.profiles import hardware_from_profile
+from treeattn.testbed.host.cold import ColdSteps, cold_from_profile
+from treeattn.testbed.host.profiles import hardware_from_profile
 from treeattn.topo import Topology
 
 BW, LAUNCH, SEND, RECV = 1e10, 1e-6, 2e-6, 3e-6

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from treeattn.schedule.ir import Compute, Recv
 from treeattn.sim import DecodeWorkload, HardwareModel, build_schedule, simulate
 from treeattn.sim.devices import BackendModel
-from treeattn.sim.host.profiles import hardware_from_profile
 from treeattn.sim.network import LinkCalendar
+from treeattn.testbed.host.profiles import hardware_from_profile
 from treeattn.topo import Topology
 
 SEND_S = 3e-5
@@ -180,7 +180,7 @@ def test_the_exchange_posts_its_receive_before_its_send():
     import torch
 
     from treeattn.runtime.group import RankContext
-    from treeattn.runtime.measure.calibrate import exchange_once
+    from treeattn.testbed.calibration.calibrate import exchange_once
 
     ctx = RankContext(rank=1, world=3, local_rank=1, device=torch.device("cpu"),
                       backend="gloo", timeout_s=1.0)

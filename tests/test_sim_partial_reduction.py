@@ -1,4 +1,4 @@
-"""Plain reductions of partials (treeattn/sim/host/partial_reduction.py): which ranks run as the
+"""Plain reductions of partials (treeattn/testbed/host/partial_reduction.py): which ranks run as the
 runtime's C program, and what the simulator charges them, against hand-derived costs."""
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from treeattn.schedule.ir import Compute, Merge, Recv, Schedule, Send
 from treeattn.schedule.payloads import ComputeLabel
 from treeattn.sim import DecodeWorkload, HardwareModel, SimError, build_schedule, simulate
 from treeattn.sim.devices import BackendModel
-from treeattn.sim.host.cold import ColdSteps
-from treeattn.sim.host.partial_reduction import (
+from treeattn.testbed.host.cold import ColdSteps
+from treeattn.testbed.host.partial_reduction import (
     RECV_MERGE,
     RECV_REPLACE,
     SEND,
     ProgramCosts,
     reduction_ops,
 )
-from treeattn.sim.host.profiles import backend_from_profile, program_costs
+from treeattn.testbed.host.profiles import backend_from_profile, program_costs
 from treeattn.topo import Topology
 
 SEND_S, RECV_S = 20e-6, 30e-6  # the Python steps' costs

@@ -170,7 +170,7 @@ def test_a_lower_bound_never_beats_a_simulation(max_simulated):
     # world 2 every tree shape has the same bound: once the budget is spent on some of them,
     # the others must not win on their bound alone.
     from treeattn.sim import HardwareModel
-    from treeattn.sim.host.cold import ColdSteps
+    from treeattn.testbed.host.cold import ColdSteps
 
     cold = ColdSteps(merge_s=2e-4, message_s=2e-4, world=2,
                      collective_s=(("all_gather", 2e-4),))

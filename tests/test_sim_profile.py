@@ -7,7 +7,7 @@ import json
 import pytest
 
 from treeattn.sim import DecodeWorkload, SimError, build_schedule, simulate
-from treeattn.sim.host.profiles import (
+from treeattn.testbed.host.profiles import (
     backend_from_profile,
     hardware_from_profile,
     load_profile,
@@ -63,7 +63,7 @@ def test_unreadable_profile(tmp_path):
 
 
 def test_concurrent_exchange_bandwidth_prices_the_links():
-    from treeattn.sim.host.profiles import topology_from_profile
+    from treeattn.testbed.host.profiles import topology_from_profile
 
     base = {"version": 1, "backend": "gloo", "world": 2, "cores": 2,
             "p2p": {"latency_s": 4e-5, "bandwidth_Bps": 4e9},
@@ -75,7 +75,7 @@ def test_concurrent_exchange_bandwidth_prices_the_links():
 
 
 def test_executor_step_overhead_is_optional_and_charged_per_message_end():
-    from treeattn.sim.host.profiles import backend_from_profile
+    from treeattn.testbed.host.profiles import backend_from_profile
 
     base = {"version": 1, "backend": "gloo", "world": 2, "cores": 2,
             "p2p": {"latency_s": 4e-5, "bandwidth_Bps": 1e9},
@@ -91,7 +91,7 @@ def test_executor_step_overhead_is_optional_and_charged_per_message_end():
 def test_attention_rate_follows_the_calibrated_shard_size():
     # A shard a cache holds reads faster than one only DRAM holds: the profile's per-size
     # times price each size at its own rate, and the spread bound scales them all alike.
-    from treeattn.sim.host.profiles import profile_bound
+    from treeattn.testbed.host.profiles import profile_bound
 
     launch = 10e-6
     profile = json.loads(json.dumps(PROFILE))

@@ -324,8 +324,8 @@ def planning_models(args, world: int, topology):
     names the cluster), else ``topology`` and the datasheet defaults."""
     if args.profile is None:
         return topology, (None, None)
-    from treeattn.runtime.measure.calibrate import read_profile
     from treeattn.runtime.measure.check import predictor
+    from treeattn.testbed.calibration.calibrate import read_profile
 
     planned, hardware, backend = predictor(read_profile(args.profile), world, args.topology)
     return planned, (hardware, backend)

@@ -20,10 +20,10 @@ from treeattn.commands._args import parse_bytes, parse_tokens
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
-from treeattn.runtime.local.binding import BIND_CHOICES
 from treeattn.schedule.algorithms import CLI_CHOICES
 from treeattn.schedule.workload import DTYPE_BYTES
 from treeattn.sim.files.export import tagged
+from treeattn.testbed.transport.binding import BIND_CHOICES
 
 DEMO_SEQ_LENS = (16384, 65536, 262144)
 # The parser's choices come from the torch-free registries, so that `treeattn --help` does not
@@ -220,8 +220,8 @@ def _apply_plan(args: argparse.Namespace) -> tuple[dict | None, tuple[int, ...] 
 
 
 def build_request(args: argparse.Namespace):
-    from treeattn.runtime.measure.calibrate import read_profile
     from treeattn.runtime.measure.check import RunRequest
+    from treeattn.testbed.calibration.calibrate import read_profile
 
     plan, plan_lengths = _apply_plan(args)
     profile = read_profile(args.profile) if args.profile else None
@@ -349,7 +349,7 @@ class CalibrateJob:
         self.max_bytes = max_bytes
 
     def __call__(self, ctx):
-        from treeattn.runtime.measure.calibrate import calibrate_in_group
+        from treeattn.testbed.calibration.calibrate import calibrate_in_group
 
         return calibrate_in_group(ctx, self.dims, self.max_bytes)
 
@@ -359,8 +359,8 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         from treeattn.commands import nccl_calibrate
 
         return nccl_calibrate.handle(args)
-    from treeattn.runtime.measure.calibrate import EXCHANGE_CAP, write_profile
     from treeattn.runtime.measure.check import RunRequest, validate
+    from treeattn.testbed.calibration.calibrate import EXCHANGE_CAP, write_profile
 
     world = _world(args)
     if world < 2:

@@ -2,11 +2,11 @@
 
 A *partial* is ``(o, lse)``: ``o`` (B, Hq, D) fp32 and ``lse`` (B, Hq) fp32. Triton kernels
 run on CUDA tensors. On CPU tensors, small fp32 calls (short shards, the merge of a decode
-step's partials) go through numpy (:mod:`treeattn.kernels.cpu_small`), where torch's
+step's partials) go through numpy (:mod:`treeattn.testbed.kernels.cpu_small`), where torch's
 per-operator dispatch would be most of the cost; larger dense fp32 or bf16 KV on one thread
-through treeattn's C kernel (:mod:`treeattn.kernels.cpu_native`); other dense KV (16-bit,
+through treeattn's C kernel (:mod:`treeattn.testbed.kernels.cpu_native`); other dense KV (16-bit,
 or fp32 with grouped-query heads) through torch's fused FlashAttention kernel
-(:mod:`treeattn.kernels.cpu_fused`); everything else through the exact torch path
+(:mod:`treeattn.testbed.kernels.cpu_fused`); everything else through the exact torch path
 (:mod:`treeattn.kernels.reference`);
 ``TREEATTN_KERNEL=triton|native|fused|torch`` forces one (see
 :mod:`treeattn.kernels.dispatch`).
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from treeattn.kernels import cpu_fused, cpu_native, cpu_small, reference
+from treeattn.kernels import reference
 from treeattn.kernels.checks import (
     check_packed_pair,
     check_pair,
@@ -41,6 +41,7 @@ from treeattn.kernels.dispatch import (
 )
 from treeattn.kernels.errors import KernelError
 from treeattn.kernels.sums import finalize_sums, rescale_to_max
+from treeattn.testbed.kernels import cpu_fused, cpu_native, cpu_small
 
 __all__ = ["KernelError", "finalize_sums", "merge", "merge_packed", "merge_partials",
            "partial_attention", "partial_attention_packed", "partial_attention_path",

@@ -1,10 +1,10 @@
 """Pick the backend for each call: Triton on CUDA tensors, treeattn's CPU paths on CPU tensors.
 
 On CPU tensors ``auto`` means ``native``: the fastest CPU path for each call. That is numpy
-for small fp32 attention and merges (:func:`treeattn.kernels.cpu_small.applies`), treeattn's
+for small fp32 attention and merges (:func:`treeattn.testbed.kernels.cpu_small.applies`), treeattn's
 own C kernel for the partial attention of dense fp32 or bf16 KV on one thread
-(:mod:`treeattn.kernels.cpu_native`), torch's fused FlashAttention kernel for other dense KV
-where it is faster (:func:`treeattn.kernels.cpu_fused.applies`), and the exact torch path
+(:mod:`treeattn.testbed.kernels.cpu_native`), torch's fused FlashAttention kernel for other dense KV
+where it is faster (:func:`treeattn.testbed.kernels.cpu_fused.applies`), and the exact torch path
 for everything else (ragged ``kv_len`` batches, empty shards, large fp32 with one query head
 per KV head, large merges). Where the C kernel cannot be built (no compiler), ``auto`` goes
 on to the next path and ``native`` asked for by name is an error that says why.
@@ -67,8 +67,8 @@ def choose_backend(device: torch.device) -> str:
     """Return ``"triton"``, ``"native"``, ``"fused"`` or ``"torch"`` for tensors on
     ``device``, or raise KernelError. ``"native"`` and ``"fused"`` are CPU chains; callers
     take each path of the chain that applies to the call, the exact path last
-    (:mod:`treeattn.kernels.cpu_small`, :mod:`treeattn.kernels.cpu_native`,
-    :func:`treeattn.kernels.cpu_fused.applies`)."""
+    (:mod:`treeattn.testbed.kernels.cpu_small`, :mod:`treeattn.testbed.kernels.cpu_native`,
+    :func:`treeattn.testbed.kernels.cpu_fused.applies`)."""
     name = requested_backend()
     on_cuda = device.type == "cuda"
     if name == "torch":

@@ -10,7 +10,7 @@
 - :mod:`treeattn.runtime.prefill_ring`: one layer's context-parallel prefill attention, a
   ring passing K/V blocks.
 - :mod:`treeattn.runtime.plans`: from a request to a schedule, and the shard split.
-- :mod:`treeattn.runtime.measure.timing`, :mod:`treeattn.runtime.measure.calibrate`,
+- :mod:`treeattn.runtime.measure.timing`, :mod:`treeattn.testbed.calibration.calibrate`,
   :mod:`treeattn.runtime.measure.check`: measurement, calibration and predicted-vs-measured runs.
 
 The model and the sharded KV cache live in :mod:`treeattn.llm`, which builds on this package.

@@ -6,7 +6,7 @@ Semantics are those of :mod:`treeattn.schedule.ir`. This module owns three thing
   world, so every rank creates every group of the schedule, in the same order (the order
   the groups first appear, rank by rank), whether or not it is a member. A group of all
   ranks is the default group. Each group's collectives run through
-  :class:`~treeattn.runtime.local.shm_collectives.CollectiveOps`: shared-memory mailboxes for
+  :class:`~treeattn.testbed.transport.shm_collectives.CollectiveOps`: shared-memory mailboxes for
   small payloads on one CPU host, the process group otherwise.
 * **Head chunks of any payload.** A collective's chunk ``(i, p)`` is a range of query heads
   of every array in the payload (``o`` and ``lse`` of a partial, the single array of
@@ -25,11 +25,11 @@ import torch.distributed as dist
 from treeattn.kernels import merge
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.local.shm import ShmChannel
-from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.wire import AttnDims
 from treeattn.schedule.ir import Collective, Schedule
 from treeattn.schedule.payloads import PAYLOAD_LAYOUTS, CollectiveOp, MergeOp, Payload, shard_bounds
+from treeattn.testbed.transport.shm import ShmChannel
+from treeattn.testbed.transport.shm_collectives import CollectiveOps
 
 _REDUCE_OPS = {CollectiveOp.ALL_REDUCE_SUM: "sum", CollectiveOp.ALL_REDUCE_MAX: "max"}
 

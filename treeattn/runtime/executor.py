@@ -30,8 +30,9 @@ runs on the first run only (``memory=True`` forces it on every run).
 
 On CPU ranks that share a host, a rank whose steps are its attention followed by whole-partial
 sends, receives and merges (tree, all-gather, butterfly at powers of two) runs them, the attention
-included, as one C call over the shared-memory mailboxes (:mod:`treeattn.runtime.local.shm_program`)
-on every run that does not walk memory. Its results and timeline are the Python steps'.
+included, as one C call over the shared-memory mailboxes
+(:mod:`treeattn.testbed.transport.shm_program`) on every run that does not walk memory. Its
+results and timeline are the Python steps'.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from treeattn.runtime import passq
 from treeattn.runtime.collectives import Groups
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.local.shm_program import compile_program
 from treeattn.runtime.run_state import KVPool, RunState, RunStats, attend_packed, handler_for
 from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import (
@@ -61,6 +61,7 @@ from treeattn.schedule.ir import (
     Schedule,
     step_name,
 )
+from treeattn.testbed.transport.shm_program import compile_program
 
 
 class Executor:
@@ -80,7 +81,7 @@ class Executor:
         Score scale, default ``1 / sqrt(D)``.
     compiled
         Run a plain reduction of partials as one C call where it can
-        (:mod:`treeattn.runtime.local.shm_program`); False keeps the Python steps (calibration
+        (:mod:`treeattn.testbed.transport.shm_program`); False keeps the Python steps (calibration
         measures both).
     """
 

@@ -40,7 +40,12 @@ from treeattn.runtime.group import (
     heartbeat_key,
     init_group,
 )
-from treeattn.runtime.local.binding import BIND_CHOICES, GROUP_CPUS_ENV, available_cpus, pin_rank
+from treeattn.testbed.transport.binding import (
+    BIND_CHOICES,
+    GROUP_CPUS_ENV,
+    available_cpus,
+    pin_rank,
+)
 
 MAX_LOCAL_WORLD = 64
 FAULT_ENV = "TREEATTN_FAULT_KILL"  # "RANK:SECONDS": that rank SIGKILLs itself (tests only)

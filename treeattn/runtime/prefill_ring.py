@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from treeattn.runtime.group import RankContext, wait_work
-from treeattn.runtime.local.shm import MAX_TAGS
 from treeattn.runtime.transport import transport_for
 from treeattn.sim.prefill.layout import PrefillLayout, Run
+from treeattn.testbed.transport.shm import MAX_TAGS
 
 PREFILL_TAG = MAX_TAGS + 16  # above the mailboxes' tags: blocks always take the process group
 TILE_Q, TILE_K = 256, 1024  # score tiles: bound the (queries x keys) fp32 scratch

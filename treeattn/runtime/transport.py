@@ -4,8 +4,9 @@ Every ``Send``/``Recv`` of the executor, and the calibration's ping-pong and exc
 price them, go through :func:`transport_for`, so the simulator is calibrated on the path the
 executor really takes:
 
-- a message of at most :data:`treeattn.runtime.local.shm.SLOT_BYTES` with a small tag, between CPU
-  gloo ranks on one host, goes through a shared-memory mailbox (:mod:`treeattn.runtime.local.shm`);
+- a message of at most :data:`treeattn.testbed.transport.shm.SLOT_BYTES` with a small tag,
+  between CPU gloo ranks on one host, goes through a shared-memory mailbox
+  (:mod:`treeattn.testbed.transport.shm`);
 - everything else through ``torch.distributed``: plain ``isend``/``irecv`` on gloo, and
   ``batch_isend_irecv`` on NCCL, which needs its point-to-point calls grouped. Waiting on such
   a message also pushes this rank's deferred mailbox sends (:class:`_Pushing`).
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.local.shm import ShmChannel, open_channel
+from treeattn.testbed.transport.shm import ShmChannel, open_channel
 
 
 class Transport:

@@ -21,7 +21,7 @@ the fraction treeattn's own decode kernel reached where it was measured, and a G
 reads at ``datasheet × efficiency``. GPUs not measured keep the datasheet figure (1.0).
 
 The ``cpu`` profile is a placeholder until the runtime calibrates it
-(:func:`treeattn.sim.host.profiles.hardware_from_profile`). ``cores`` is the number of compute
+(:func:`treeattn.testbed.host.profiles.hardware_from_profile`). ``cores`` is the number of compute
 servers shared by all ranks of one host (``None``: each rank owns its device).
 
 The figures (peak memory bandwidth, dense 16-bit FLOP/s) and their datasheet sources live in
@@ -48,12 +48,12 @@ Sources:
   6.0 µs each end.
 * ``gloo``: TCP on loopback through gloo's pair transport costs tens of µs per message on a
   typical Linux host; 15 µs per end is a placeholder that calibration replaces
-  (:func:`treeattn.sim.host.profiles.backend_from_profile`). Between CPU ranks of one host the
+  (:func:`treeattn.testbed.host.profiles.backend_from_profile`). Between CPU ranks of one host the
   runtime sends small messages through shared memory instead
   (``treeattn/runtime/transport.py``), and calibration measures that same path, so a
   calibrated α is the shared-memory one.
 
-Calibration profiles turn into these models in :mod:`treeattn.sim.host.profiles`.
+Calibration profiles turn into these models in :mod:`treeattn.testbed.host.profiles`.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ import math
 from dataclasses import dataclass, field
 
 from treeattn.schedule.payloads import SimError
-from treeattn.sim.host.cold import ColdSteps
-from treeattn.sim.host.partial_reduction import ProgramCosts
+from treeattn.testbed.host.cold import ColdSteps
+from treeattn.testbed.host.partial_reduction import ProgramCosts
 from treeattn.topo.hardware import GPU_SPECS
 
 
@@ -87,10 +87,11 @@ class HardwareModel:
     # ((bytes, factor), ...) sorted by bytes: the bandwidth at a step of ``bytes`` is
     # ``memory_bandwidth_Bps × factor``, interpolated in log(bytes) and held flat beyond the
     # ends. From calibration, where a CPU's caches make a small shard read faster than a large
-    # one (treeattn.sim.host.profiles.hardware_from_profile); empty: one bandwidth for every size.
+    # one (treeattn.testbed.host.profiles.hardware_from_profile); empty: one bandwidth for every
+    # size.
     bandwidth_shape: tuple[tuple[float, float], ...] = ()
     pinned: bool = False  # ranks bound round-robin to the ``cores`` (the local launcher's way)
-    cold: ColdSteps | None = None  # host steps right after the kernel (treeattn.sim.host.cold)
+    cold: ColdSteps | None = None  # host steps right after the kernel (treeattn.testbed.host.cold)
     # The host's cores copy every byte of a message (gloo's sockets), so a rank's attention
     # and the copies of its own messages take turns (treeattn.sim.engine)
     copies_messages: bool = False
@@ -182,7 +183,7 @@ class BackendModel:
     collectives: tuple[tuple[str, int, float, float], ...] = ()
     # A GPU cluster's calibration from nccl-tests (treeattn.sim.nccl.fit), if any.
     calibration: object = field(default=None, compare=False, hash=False)
-    # CPU ranks of one host: the C program's message costs (treeattn.sim.host.partial_reduction)
+    # CPU ranks of one host: the C program's message costs (treeattn.testbed.host.partial_reduction)
     program: ProgramCosts | None = None
 
     def __post_init__(self) -> None:

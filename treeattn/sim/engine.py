@@ -13,7 +13,7 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   member arrives and takes the library's modelled time (:mod:`treeattn.sim.nccl`).
 * What a rank's host CPU adds on top (ranks queueing for shared cores, attention taking
   turns with message copies, cold steps after the kernel, the compiled reduction's message
-  costs) comes from one interface, :class:`treeattn.sim.host.model.HostModel`, which
+  costs) comes from one interface, :class:`treeattn.testbed.host.model.HostModel`, which
   reduces to the plain costs on a GPU cluster.
 * A message is cut into chunks (:mod:`treeattn.sim.network`) that cross the route with
   cut-through pipelining: a chunk holds each link for ``chunk / bandwidth`` (and until its
@@ -46,10 +46,10 @@ from treeattn.schedule.ir import (
 )
 from treeattn.schedule.payloads import GroupIds, ScheduleError
 from treeattn.schedule.workload import DecodeWorkload
-from treeattn.sim.host.model import HostModel
 from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import CostModel, LinkCalendar
 from treeattn.sim.result import SimResult, critical_path
+from treeattn.testbed.host.model import HostModel
 
 
 class _Run:

@@ -246,8 +246,9 @@ class CostModel:
         self.net = Network(topology, self.backend, chunk_bytes, max_chunks)
         self.send_s = self.backend.send_s
         self.recv_s = self.backend.recv_s
-        # Ranks that run as a C program pay its message costs (treeattn.sim.host.partial_reduction);
-        # the closed-form lower bounds take the cheaper of the two.
+        # Ranks that run as a C program pay its message costs
+        # (treeattn.testbed.host.partial_reduction); the closed-form lower bounds take the
+        # cheaper of the two.
         self.program = self.backend.program
         self.least_send_s = min(self.send_s, self.program.send_s if self.program else math.inf)
         self.least_recv_s = min(self.recv_s, self.program.recv_s if self.program else math.inf)

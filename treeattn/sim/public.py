@@ -18,9 +18,9 @@ from __future__ import annotations
 from treeattn.schedule.algorithms import ALGORITHM_NAMES
 from treeattn.schedule.payloads import SimError
 from treeattn.schedule.workload import DTYPE_BYTES, DecodeWorkload, ModelConfig
-from treeattn.sim.host.profiles import plan_overrides
 from treeattn.sim.planning.planner import Plan
 from treeattn.sim.planning.planner import plan as plan_workload
+from treeattn.testbed.host.profiles import plan_overrides
 
 __all__ = ["ALGORITHM_NAMES", "attention_model", "plan"]
 

@@ -15,7 +15,7 @@ Error of one point: ``max(p/m, m/p) − 1``. Over a grid:
 Bands, because one number is not an answer on a shared host: each point reports the measured
 median with its p10–p90 over the timed steps, and the predicted value with the band the
 calibration's own spread implies (the simulation repeated with every calibrated cost at its
-p10, then at its p90: :func:`treeattn.sim.host.profiles.profile_bound`). A point passes
+p10, then at its p90: :func:`treeattn.testbed.host.profiles.profile_bound`). A point passes
 (:func:`within_band`) when the prediction lies in the measured band widened by
 ``--max-error`` on both sides.
 
@@ -36,7 +36,6 @@ from treeattn.kernels.reference import naive_attention
 from treeattn.runtime.agreement import agree_at_setup
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, all_gather_objects, broadcast_object
-from treeattn.runtime.measure.calibrate import calibrate_in_group
 from treeattn.runtime.measure.timing import time_interleaved
 from treeattn.runtime.plans import (
     ALGORITHMS,
@@ -52,6 +51,7 @@ from treeattn.runtime.plans import (
 )
 from treeattn.runtime.wire import AttnDims
 from treeattn.schedule.ir import Send
+from treeattn.testbed.calibration.calibrate import calibrate_in_group
 
 NAIVE_LIMIT_BYTES = 256 << 20  # float64 oracle only while its (B, Hq, T, D) copy is this small
 
@@ -232,7 +232,7 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
     is one (``calibrate --nccl-tests``); otherwise the calibrated ``local`` topology and
     ``cpu`` model from the profile; with neither, the uncalibrated ``local`` defaults.
     """
-    from treeattn.sim.host.profiles import is_gpu_profile
+    from treeattn.testbed.host.profiles import is_gpu_profile
 
     gpu_profile = profile is not None and is_gpu_profile(profile)
     if topology is not None:
@@ -242,7 +242,7 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
         if topo.num_gpus != world:
             raise RuntimeFailure(f"topology {topology} has {topo.num_gpus} GPUs, world is {world}")
         if gpu_profile:
-            from treeattn.sim.host.profiles import backend_from_profile
+            from treeattn.testbed.host.profiles import backend_from_profile
 
             if profile["world"] != world:
                 raise RuntimeFailure(f"the profile was calibrated on {profile['world']} GPUs, "
@@ -254,7 +254,7 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
                              "with it")
     if profile is None:
         return local_topology(world), None, None
-    from treeattn.sim.host.profiles import (
+    from treeattn.testbed.host.profiles import (
         backend_from_profile,
         hardware_from_profile,
         topology_from_profile,
@@ -284,7 +284,7 @@ def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, wo
     sim = simulate(schedule, topology, workload, hardware, backend)
     band = [sim.makespan_s]
     if profile is not None and req.topology is None:
-        from treeattn.sim.host.profiles import profile_bound
+        from treeattn.testbed.host.profiles import profile_bound
 
         for side in ("lo", "hi"):
             topo, hw, be = predictor(profile_bound(profile, side), world)

@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 
 from treeattn.runtime.group import RankContext, all_gather_objects, barrier, wait_work
-from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.run_state import RunStats
 from treeattn.runtime.transport import transport_for
+from treeattn.testbed.transport.shm_collectives import CollectiveOps
 
 MAX_STEPS = 200
 # per (channel, rank): the group's mailbox collectives and the float they all-reduce

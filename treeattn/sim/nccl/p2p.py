@@ -24,7 +24,7 @@ bandwidth stay the protocol's.
 
 Elsewhere (CPU ranks on gloo, or a GPU topology priced with the ``gloo`` backend) a message
 costs the backend's calibrated ``send_s`` and ``recv_s`` and the route's own link latencies
-and bottleneck, as measured (:mod:`treeattn.sim.host.profiles`).
+and bottleneck, as measured (:mod:`treeattn.testbed.host.profiles`).
 """
 
 from __future__ import annotations

@@ -22,10 +22,10 @@ reads as the cluster engine and asks this model only "how long" and "when":
   nothing does. The critical path counts the wait as wire time.
 * **Cold steps.** With a calibrated ``HardwareModel.cold``, the first merge, send, receive and
   collective after a rank's attention kernel also pay what running cold costs
-  (:mod:`treeattn.sim.host.cold`).
+  (:mod:`treeattn.testbed.host.cold`).
 * **The compiled reduction.** A rank whose steps the runtime runs as one C program (a plain
   reduction of partials with a calibrated ``BackendModel.program``,
-  :mod:`treeattn.sim.host.partial_reduction`) pays the program's message costs instead, and
+  :mod:`treeattn.testbed.host.partial_reduction`) pays the program's message costs instead, and
   no cold extras (in a group that gets the mailboxes: one host, at most
   ``program.max_world`` ranks).
 
@@ -38,7 +38,7 @@ import simpy
 
 from treeattn.schedule.ir import Collective, Compute
 from treeattn.schedule.payloads import CollectiveOp
-from treeattn.sim.host.cold import KINDS
+from treeattn.testbed.host.cold import KINDS
 
 
 class HostModel:

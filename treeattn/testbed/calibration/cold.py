@@ -29,7 +29,7 @@ What is measured; a cold sample first runs the kernel over a probe shard of
   arrive staggered, some asleep; the collective after the kernel is the one that matters.
 
 The simulator charges these once per kind after an attention step that streams at least
-``after_bytes`` (twice the L2, from sysfs): see :mod:`treeattn.sim.host.cold`. Differences below
+``after_bytes`` (twice the L2, from sysfs): see :mod:`treeattn.testbed.host.cold`. Differences below
 zero (noise) are stored as 0.
 """
 
@@ -44,10 +44,10 @@ import torch.distributed as dist
 
 from treeattn.kernels import merge_packed, partial_attention
 from treeattn.runtime.group import RankContext, wait_work
-from treeattn.runtime.local.binding import group_cores
-from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import AttnDims
+from treeattn.testbed.transport.binding import group_cores
+from treeattn.testbed.transport.shm_collectives import CollectiveOps
 
 PROBE_BYTES = 32 << 20  # K+V read before a cold sample: 16x a 2 MiB L2, like a 16k shard
 SAMPLES = 25  # per quantity and mode; each cold one costs a probe (a few ms)

@@ -32,7 +32,7 @@ Core sharing: compute runs on ``cores // threads_per_rank`` servers shared by al
 host (:class:`HardwareModel` ``cores``), so with more ranks than
 cores the simulated compute queues, as the real processes do; with ``pinned`` each rank has
 its own server (:mod:`treeattn.sim.engine`). ``cold`` prices the host steps that run right
-after the attention kernel (:mod:`treeattn.sim.host.cold`).
+after the attention kernel (:mod:`treeattn.testbed.host.cold`).
 
 Copies: on gloo every message byte goes through the kernel's sockets, copied by the host's
 cores, so a gloo profile's hardware has ``copies_messages`` and the engine lets a rank's
@@ -53,8 +53,8 @@ from treeattn.inputs import InputError, read_json
 from treeattn.schedule.payloads import SimError
 from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
 from treeattn.sim.files.profile_schema import NCCL_TESTS_KIND, check_profile, refuse_if_foreign
-from treeattn.sim.host.cold import cold_from_profile
-from treeattn.sim.host.partial_reduction import ProgramCosts
+from treeattn.testbed.host.cold import cold_from_profile
+from treeattn.testbed.host.partial_reduction import ProgramCosts
 
 VERSION = 1
 # Decode attention on a CPU is memory-bound; when the profile has no FLOP rate we take one
@@ -239,7 +239,7 @@ def executor_step_overhead(profile: dict) -> float:
 
 def _collective_fits(profile: dict) -> tuple[tuple[str, int, float, float], ...]:
     """The profile's ``collectives`` section: per op, a fit ``t = alpha + bytes * per_byte``
-    measured at ``collectives.world`` ranks (see :mod:`treeattn.runtime.measure.calibrate`)."""
+    measured at ``collectives.world`` ranks (see :mod:`treeattn.testbed.calibration.calibrate`)."""
     section = profile.get("collectives")
     if section is None:
         return ()

@@ -6,13 +6,13 @@ wake gloo's I/O thread in every member. Measured at 4 ranks on 2 cores, with the
 arriving at different moments, an all-gather of 4 KiB partials took 4.5 ms after the
 last member arrived, against the 3 ms calibrated with every member arriving together.
 Meanwhile the point-to-point schedules' messages took the mailboxes
-(:mod:`treeattn.runtime.local.shm`), at about 10 µs each. Comparing tree against one-shot or DCP
+(:mod:`treeattn.testbed.transport.shm`), at about 10 µs each. Comparing tree against one-shot or DCP
 with gloo's collectives on one side and mailboxes on the other would compare transports, not
 algorithms. The baselines get the same transport.
 
 What runs: each collective is one round of direct messages. Every member sends each other
 member the piece that member needs, through that pair's collective mailbox
-(:data:`treeattn.runtime.local.shm.COLLECTIVE_TAG`), and combines what arrives itself:
+(:data:`treeattn.testbed.transport.shm.COLLECTIVE_TAG`), and combines what arrives itself:
 
 * all-gather: my piece to everyone; p − 1 messages of n/p bytes each way;
 * all-to-all: piece j to member j;
@@ -24,8 +24,8 @@ member the piece that member needs, through that pair's collective mailbox
 This is the one-shot algorithm that GPU custom all-reduce uses for small messages on fully
 connected devices: one message latency, p − 1 times the bytes of a ring. It suits decode's
 KiB payloads, not large ones, so a collective takes this path only when each of its messages
-fits a slot (:data:`treeattn.runtime.local.shm.SLOT_BYTES`). Every member decides from the sizes,
-which they agree on, so all take the same path. Calibration measures the collectives through
+fits a slot (:data:`treeattn.testbed.transport.shm.SLOT_BYTES`). Every member decides from the
+sizes, which they agree on, so all take the same path. Calibration measures the collectives through
 :class:`CollectiveOps` too, so the simulator is priced on the path the executor takes.
 Messages are tagged per pair, not per group: members must run their common collectives in
 the same order, which the simulator's semantics already require.
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from treeattn.runtime.group import RankContext, wait_work
-from treeattn.runtime.local.shm import COLLECTIVE_TAG, SLOT_BYTES, ShmChannel
+from treeattn.testbed.transport.shm import COLLECTIVE_TAG, SLOT_BYTES, ShmChannel
 
 _DIST_REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 

@@ -1,0 +1,14 @@
+"""The CPU test bed: CPU ranks of one host standing in for a GPU cluster.
+
+Everything here exists so that the CPU's predicted-against-measured loop (``treeattn
+calibrate``, ``run --check`` on local ranks) is tight; a GPU cluster's path needs none of it.
+
+- :mod:`treeattn.testbed.transport`: shared-memory mailboxes between the ranks, futex waits,
+  small collectives over them, a rank's whole reduction as one C call, core pinning;
+- :mod:`treeattn.testbed.host`: what a rank's host CPU adds to a simulated step (shared
+  cores, cold steps, the compiled reduction's costs), and CPU calibration profiles turned
+  into those models;
+- :mod:`treeattn.testbed.kernels`: the CPU kernel chain (numpy for small calls, a C kernel,
+  torch's fused kernel);
+- :mod:`treeattn.testbed.calibration`: the microbenchmarks that write a CPU profile.
+"""
