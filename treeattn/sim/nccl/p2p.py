@@ -43,7 +43,7 @@ class P2PModel:
     def __init__(self, topology, backend, network, hardware, transport: str = "nccl") -> None:
         self.net = network
         self.backend = backend
-        self.library = (backend.name in LIBRARIES and backend.program is None
+        self.library = (backend.name in LIBRARIES
                         and not all(h.name == "cpu" for h in hardware))
         self.shape = None
         self._hops: dict = {}

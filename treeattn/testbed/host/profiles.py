@@ -29,13 +29,14 @@ the link bandwidth; otherwise the ping-pong β is. Small messages (tree partials
 by α and hardly notice the difference.
 
 Core sharing: compute runs on ``cores // threads_per_rank`` servers shared by all ranks of the
-host (:class:`HardwareModel` ``cores``), so with more ranks than
-cores the simulated compute queues, as the real processes do; with ``pinned`` each rank has
-its own server (:mod:`treeattn.sim.engine`). ``cold`` prices the host steps that run right
-after the attention kernel (:mod:`treeattn.testbed.host.cold`).
+host (the hardware's :class:`~treeattn.testbed.host.model.CpuHost` ``cores``), so with more
+ranks than cores the simulated compute queues, as the real processes do; with ``pinned`` each
+rank has its own server (:mod:`treeattn.testbed.host.model`). ``cold`` prices the host steps
+that run right after the attention kernel (:mod:`treeattn.testbed.host.cold`), and
+``executor.program_step_s`` the compiled reduction's messages (:func:`program_costs`).
 
 Copies: on gloo every message byte goes through the kernel's sockets, copied by the host's
-cores, so a gloo profile's hardware has ``copies_messages`` and the engine lets a rank's
+cores, so a gloo profile's host has ``copies_messages`` and the engine lets a rank's
 attention and its own messages' copies take turns instead of overlapping. Measured at 2 ranks
 on a 2-core box, a ring step took the exchange's time plus the attention's (a 1 GiB block:
 ~520 ms exchange, ~95 ms attention each side, 700–730 ms a step), not the larger of the two.
@@ -54,6 +55,7 @@ from treeattn.schedule.payloads import SimError
 from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
 from treeattn.sim.files.profile_schema import NCCL_TESTS_KIND, check_profile, refuse_if_foreign
 from treeattn.testbed.host.cold import cold_from_profile
+from treeattn.testbed.host.model import CpuHost
 from treeattn.testbed.host.partial_reduction import ProgramCosts
 
 VERSION = 1
@@ -147,11 +149,12 @@ def hardware_from_profile(profile: dict) -> HardwareModel:
     flops = float(attention.get("flops_per_s", bandwidth * FLOPS_PER_BYTE_UNBOUND))
     threads = max(1, int(attention.get("threads_per_rank", 1)))
     launch = float(attention["launch_s"])
-    return HardwareModel("cpu", bandwidth, flops, launch,
-                         cores=max(1, profile["cores"] // threads),
-                         pinned=bool(profile.get("pinned", False)),
-                         cold=cold_from_profile(profile.get("cold")),
-                         copies_messages=profile.get("backend") == "gloo",
+    host = CpuHost(cores=max(1, profile["cores"] // threads),
+                   pinned=bool(profile.get("pinned", False)),
+                   cold=cold_from_profile(profile.get("cold")),
+                   copies_messages=profile.get("backend") == "gloo",
+                   program=program_costs(profile, float(profile["p2p"]["latency_s"])))
+    return HardwareModel("cpu", bandwidth, flops, launch, host=host,
                          bandwidth_shape=_bandwidth_shape(attention, launch))
 
 
@@ -187,8 +190,7 @@ def backend_from_profile(profile: dict) -> BackendModel:
     alpha = float(profile["p2p"]["latency_s"])
     step = executor_step_overhead(profile)
     return BackendModel(str(profile.get("backend", "gloo")), alpha / 2 + step, alpha / 2 + step,
-                        collectives=_collective_fits(profile),
-                        program=program_costs(profile, alpha))
+                        collectives=_collective_fits(profile))
 
 
 def program_costs(profile: dict, alpha: float) -> ProgramCosts | None:
