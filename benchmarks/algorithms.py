@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_io import write_results  # noqa: E402  (benchmarks/, beside this script)
 
+from treeattn import testbed  # noqa: E402
 from treeattn.runtime.group import broadcast_object  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 from treeattn.runtime.measure.check import (  # noqa: E402
@@ -214,6 +215,7 @@ def markdown(result: dict, meta: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    testbed.plug_in()  # CPU ranks of one host: the transport `treeattn run` uses
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="16k and 64k, 3 steps floor, 0.3 s per point (a few minutes)")

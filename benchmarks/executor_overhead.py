@@ -36,6 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_io import write_results  # noqa: E402  (benchmarks/, beside this script)
 
+from treeattn import testbed  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 from treeattn.runtime.transport import transport_for  # noqa: E402
 from treeattn.testbed.calibration.calibrate import machine_info  # noqa: E402
@@ -137,6 +138,7 @@ def markdown(rows: dict, meta: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    testbed.plug_in()  # CPU ranks of one host: the transport `treeattn run` uses
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=300)
     parser.add_argument("--out", default="executor_overhead", help="results file stem")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from treeattn import testbed
 from treeattn.commands._args import parse_tokens
 from treeattn.commands.generate_cluster import (
     add_cluster_options,
@@ -313,6 +314,7 @@ def _distributed(args, loaded, prompt, segment, stream, world, sampling, topolog
     if torchrun_mode(args):
         is_root, result = run_torchrun(request, args, loaded)
         return is_root, result, name
+    testbed.plug_in()  # CPU ranks of one host: the shared-memory transport
     result = generate_distributed(request, world, timeout_s=args.timeout, loaded=loaded,
                                   device=args.device)
     return True, result, name

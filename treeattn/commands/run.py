@@ -14,7 +14,7 @@ import sys
 
 from rich.console import Console
 
-from treeattn import atomic
+from treeattn import atomic, testbed
 from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_bytes, parse_tokens
 from treeattn.commands.tables import Column, add_wide_flag, print_table
@@ -104,6 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _options(args: argparse.Namespace):
     from treeattn.runtime.launch import LaunchOptions, check_timeout
+
+    testbed.plug_in()  # CPU ranks of one host: the shared-memory transport, core pinning
 
     if args.threads < 1:
         raise RuntimeFailure(f"--threads must be at least 1, got {args.threads}")
@@ -394,6 +396,7 @@ def demo_section(console: Console) -> int:
     req = RunRequest(seq_lens=DEMO_SEQ_LENS, algorithms=("tree", "ring"), check=True,
                      steps=3, warmup=1, ref_limit_bytes=512 << 20)
     validate(req, 2)
+    testbed.plug_in()
     points = launch(req, 2, LaunchOptions(timeout_s=60.0))
     print_points(console, mark_bands(points, 0.25))
     return 0

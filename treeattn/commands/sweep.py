@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from treeattn import testbed
 from treeattn.atomic import atomic_folder, check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.errors import UserError
@@ -119,6 +120,7 @@ def _measure(args, seq_lens: list[int], console: Console) -> list[dict]:
     validate(request, args.nproc)
     console.print(f"measuring {len(algorithms)} algorithm(s) × {len(seq_lens)} length(s) "
                   f"on {args.nproc} local ranks (calibrate, predict, then measure)…")
+    testbed.plug_in()  # the shared-memory transport, as `run` has it
     points = launch(request, args.nproc, LaunchOptions())
     for point in points:
         point["topology"] = f"local:{args.nproc}"

@@ -6,8 +6,8 @@ Semantics are those of :mod:`treeattn.schedule.ir`. This module owns three thing
   world, so every rank creates every group of the schedule, in the same order (the order
   the groups first appear, rank by rank), whether or not it is a member. A group of all
   ranks is the default group. Each group's collectives run through
-  :class:`~treeattn.testbed.transport.shm_collectives.CollectiveOps`: shared-memory mailboxes for
-  small payloads on one CPU host, the process group otherwise.
+  :func:`~treeattn.runtime.transport.collective_ops`: the process group, or a plugged-in
+  local transport's (the CPU test bed's mailboxes for small payloads on one host).
 * **Head chunks of any payload.** A collective's chunk ``(i, p)`` is a range of query heads
   of every array in the payload (``o`` and ``lse`` of a partial, the single array of
   ``max`` or ``num``), so :func:`take_heads` and :func:`put_heads` pack and unpack them.
@@ -23,13 +23,13 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import merge
+from treeattn.runtime.collective_ops import CollectiveOps
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
+from treeattn.runtime.transport import Channel, collective_ops
 from treeattn.runtime.wire import AttnDims
 from treeattn.schedule.ir import Collective, Schedule
 from treeattn.schedule.payloads import PAYLOAD_LAYOUTS, CollectiveOp, MergeOp, Payload, shard_bounds
-from treeattn.testbed.transport.shm import ShmChannel
-from treeattn.testbed.transport.shm_collectives import CollectiveOps
 
 _REDUCE_OPS = {CollectiveOp.ALL_REDUCE_SUM: "sum", CollectiveOp.ALL_REDUCE_MAX: "max"}
 
@@ -39,7 +39,7 @@ class Groups:
     with a group's ranks gives this rank's :class:`CollectiveOps` for it (members only)."""
 
     def __init__(self, ctx: RankContext, schedule: Schedule,
-                 channel: ShmChannel | None = None) -> None:
+                 channel: Channel | None = None) -> None:
         self.ctx = ctx
         self.ops: dict[tuple[int, ...], CollectiveOps | None] = {}
         everyone = tuple(range(schedule.world))
@@ -56,7 +56,7 @@ class Groups:
                             "algorithm")
                     handle = (None if step.group == everyone else
                               dist.new_group(list(step.group), timeout=ctx.timeout))
-                    self.ops[step.group] = (CollectiveOps(ctx, step.group, handle, channel)
+                    self.ops[step.group] = (collective_ops(ctx, step.group, handle, channel)
                                             if ctx.rank in step.group else None)
 
     def __getitem__(self, group: tuple[int, ...]) -> CollectiveOps:

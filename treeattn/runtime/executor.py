@@ -28,11 +28,11 @@ is stamped into a preallocated list; the empty shard's identity partial is made 
 CPU memory walk, whose result is the same on every run of one executor with the same inputs,
 runs on the first run only (``memory=True`` forces it on every run).
 
-On CPU ranks that share a host, a rank whose steps are its attention followed by whole-partial
-sends, receives and merges (tree, all-gather, butterfly at powers of two) runs them, the attention
-included, as one C call over the shared-memory mailboxes
-(:mod:`treeattn.testbed.transport.shm_program`) on every run that does not walk memory. Its
-results and timeline are the Python steps'.
+Where a local transport is plugged in (:func:`treeattn.runtime.transport.compile_program`:
+the CPU test bed's mailboxes), a rank whose steps are its attention followed by whole-partial
+sends, receives and merges (tree, all-gather, butterfly at powers of two) may run them, the
+attention included, as one compiled call on every run that does not walk memory. Its results
+and timeline are the Python steps'.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from treeattn.runtime.collectives import Groups
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
 from treeattn.runtime.run_state import KVPool, RunState, RunStats, attend_packed, handler_for
-from treeattn.runtime.transport import transport_for
+from treeattn.runtime.transport import compile_program, transport_for
 from treeattn.runtime.wire import (
     AttnDims,
     identity_partial,
@@ -61,7 +61,6 @@ from treeattn.schedule.ir import (
     Schedule,
     step_name,
 )
-from treeattn.testbed.transport.shm_program import compile_program
 
 
 class Executor:
@@ -80,9 +79,9 @@ class Executor:
     scale
         Score scale, default ``1 / sqrt(D)``.
     compiled
-        Run a plain reduction of partials as one C call where it can
-        (:mod:`treeattn.testbed.transport.shm_program`); False keeps the Python steps (calibration
-        measures both).
+        Run a plain reduction of partials as one compiled call where the plugged-in local
+        transport can (:func:`~treeattn.runtime.transport.compile_program`); False keeps the
+        Python steps (calibration measures both).
     """
 
     def __init__(
@@ -125,7 +124,7 @@ class Executor:
         self.owned = {b.untyped_storage().data_ptr()
                       for b in [*self.recv_buffers.values(), self.identity]}
         self.peaks: dict[tuple, int] = {}  # input signature -> CPU memory peak of a run
-        # A partial-only reduction over the mailboxes runs as one C call (shm_program.py)
+        # A partial-only reduction over a local channel may run as one compiled call
         self.program = None if self.on_cuda or not compiled else compile_program(
             self.steps, self.names, ctx.rank, self.transport.channel, self.dims)
 

@@ -12,3 +12,17 @@ calibrate``, ``run --check`` on local ranks) is tight; a GPU cluster's path need
   torch's fused kernel);
 - :mod:`treeattn.testbed.calibration`: the microbenchmarks that write a CPU profile.
 """
+
+
+def plug_in() -> None:
+    """Plug the test bed into this process (and into the ranks the local launcher spawns from
+    it): the CPU kernel chain into :mod:`treeattn.kernels`, and the shared-memory transport for
+    CPU ranks of one host into the runtime. It imports torch, so the planner's paths never
+    call it."""
+    from treeattn.kernels.dispatch import plug_in_cpu
+    from treeattn.runtime.transport import plug_in as plug_transport
+    from treeattn.testbed.kernels.chain import CpuChain
+    from treeattn.testbed.transport.plugin import SharedMemory
+
+    plug_in_cpu(CpuChain())
+    plug_transport(SharedMemory())
