@@ -1,9 +1,10 @@
 """The package layers and the import graph of ``treeattn``, read from the source with ``ast``.
 
 Imports flow one way: ``topo -> schedule -> sim -> runtime -> llm -> commands`` (``kernels`` beside,
-used by ``runtime`` and ``llm``; ``sweep`` on top of the planner). Every import counts, at the
-top of a file or inside a function, and no two modules may import each other, directly or
-round a longer loop.
+used by ``runtime`` and ``llm``; ``sweep`` on top of the planner). The CPU test bed
+(``testbed``) builds on the layers it plugs into, and only the commands and the CLI import it.
+Every import counts, at the top of a file or inside a function, and no two modules may import
+each other, directly or round a longer loop.
 """
 
 from __future__ import annotations
@@ -44,8 +45,6 @@ ALLOWED = {
     "atomic": set(),
     "inputs": set(),
 }
-# The layers that still reach into the test bed until its interfaces replace those imports.
-TESTBED_NOT_YET_PLUGGED = {"runtime", "sim", "sweep"}
 # Allowed only inside a function, so importing the package does not pull them in.
 ALLOWED_LAZILY = {"sweep": {"runtime"}}
 
@@ -132,8 +131,6 @@ def layer_violations(edges) -> list[str]:
             continue
         if dst in ALLOWED[src] or (not top and dst in ALLOWED_LAZILY.get(src, set())):
             continue
-        if dst == "testbed" and src in TESTBED_NOT_YET_PLUGGED:
-            continue
         where = "at top level" if top else "in a function"
         bad.append(f"{importer}:{line} imports {imported} {where} ({src} may not use {dst})")
     return bad
@@ -157,6 +154,19 @@ def test_no_import_cycles():
     graph, _ = import_graph()
     cycles = find_cycles(graph)
     assert sorted(cycles) == []
+
+
+@pytest.mark.parametrize("start", ["treeattn.sim.engine", "treeattn.sim.planning.planner",
+                                   "treeattn.runtime.executor", "treeattn.kernels"])
+def test_the_gpu_path_reaches_no_test_bed_module(start):
+    graph, _ = import_graph()
+    assert sorted(m for m in nx.descendants(graph, start) if layer(m) == "testbed") == []
+
+
+def test_the_executor_imports_no_simulator_module():
+    graph, _ = import_graph()
+    assert sorted(m for m in graph.successors("treeattn.runtime.executor")
+                  if layer(m) == "sim") == []
 
 
 def test_a_cycle_and_a_layer_break_are_caught():

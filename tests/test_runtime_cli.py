@@ -108,7 +108,8 @@ def profile_path(tmp_path_factory):
 def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     import os
 
-    from treeattn.testbed.host.profiles import hardware_from_profile, load_profile
+    from treeattn.sim.files.profiles import load_profile
+    from treeattn.testbed.host.profiles import hardware_from_profile
 
     profile = load_profile(profile_path)
     cpus = len(os.sched_getaffinity(0))

@@ -21,11 +21,11 @@ from treeattn.sim import DecodeWorkload, plan
 from treeattn.sim.deploy.capacity import Split
 from treeattn.sim.deploy.engines import describe, emit
 from treeattn.sim.deploy.token import predict_token
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import CostModel
 from treeattn.sim.onesided import ONE_SIDED, TRANSPORTS, unoffered_reason
 from treeattn.sim.parallel import sub_topology
-from treeattn.testbed.host.profiles import plan_overrides
 from treeattn.topo import Topology
 
 ONE_BOX = Topology.from_spec("dgx-h100")

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from treeattn.sim import DecodeWorkload, SimError, build_schedule, simulate
+from treeattn.sim.files.profiles import load_profile
 from treeattn.testbed.host.profiles import (
     backend_from_profile,
     hardware_from_profile,
-    load_profile,
     topology_from_profile,
 )
 

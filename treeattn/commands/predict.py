@@ -28,10 +28,10 @@ from treeattn.schedule.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sim.planning.plan_size import check_planning_size, planning_limits
 from treeattn.sim.prefill.pricing import SOURCES as SOURCES_PREFILL
 from treeattn.sweep.rows import PICK, algorithm_rows
-from treeattn.testbed.host.profiles import plan_overrides
 
 PLAN_PREFILL_GPUS = 1024  # plan prices the prefill beside the decode up to here (~1.4 s)
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")

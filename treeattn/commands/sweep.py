@@ -90,7 +90,7 @@ def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
         check_planning_size(topology.num_gpus, f"topology {spec!r}")
     profile = None
     if args.profile:
-        from treeattn.testbed.host.profiles import load_profile, plan_overrides
+        from treeattn.sim.files.profiles import load_profile, plan_overrides
 
         profile = load_profile(args.profile)
         for topology in topologies.values():

@@ -9,9 +9,9 @@ The semantics are those of ``treeattn/schedule/ir.py``, step for step:
 - ``Recv``: wait (with a timeout that names the peer) for a receive posted ahead: the next
   receive is posted as soon as the previous one completed, so at most one is in flight ahead.
   For ring this puts the next KV block on the wire while the current one is attended to.
-  Messages go through :mod:`treeattn.runtime.transport`: small ones between CPU ranks of
-  one host through shared memory, the rest through ``isend``/``irecv`` (gloo) or
-  ``batch_isend_irecv`` (NCCL, which needs its point-to-point calls grouped);
+  Messages go through :mod:`treeattn.runtime.transport`: ``isend``/``irecv`` (gloo) or
+  ``batch_isend_irecv`` (NCCL, which needs its point-to-point calls grouped), or a local
+  channel where one is plugged in (the CPU test bed's mailboxes for small ones);
 - ``Merge``: the log-sum-exp merge (``treeattn.kernels.merge``), a max, a sum or a
   log-sum-exp, of a received message or of what a collective kept;
 - ``Collective``: one library collective on a subgroup made once per run setup
@@ -108,7 +108,7 @@ class Executor:
         self.names = [step_name(s) for s in self.steps]
         self.handlers = [handler_for(s) for s in self.steps]
         self.transport = transport_for(ctx)  # collective the first time, as Groups is
-        # every rank makes every subgroup, in one order; small collectives use the mailboxes
+        # every rank makes every subgroup, in one order; a local channel may take small ones
         self.groups = Groups(ctx, schedule, self.transport.channel)
         self.on_cuda = ctx.device.type == "cuda"
         self.recv_buffers: dict[int, torch.Tensor] = {}  # step index -> reused buffer (not KV)

@@ -76,6 +76,10 @@ class LocalPlugin(Protocol):
     def compile_program(self, steps, names: list[str], rank: int, channel: Channel, dims):
         """A rank's whole reduction as one call over ``channel``, or None."""
 
+    def calibrate(self, ctx: RankContext, dims, max_bytes: int) -> dict:
+        """Every rank: measure this host's ranks (``run --check`` without a profile); rank
+        0 returns the profile."""
+
 
 _plugin: LocalPlugin | None = None
 

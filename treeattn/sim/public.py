@@ -18,9 +18,9 @@ from __future__ import annotations
 from treeattn.schedule.algorithms import ALGORITHM_NAMES
 from treeattn.schedule.payloads import SimError
 from treeattn.schedule.workload import DTYPE_BYTES, DecodeWorkload, ModelConfig
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sim.planning.planner import Plan
 from treeattn.sim.planning.planner import plan as plan_workload
-from treeattn.testbed.host.profiles import plan_overrides
 
 __all__ = ["ALGORITHM_NAMES", "attention_model", "plan"]
 
@@ -71,7 +71,9 @@ def plan(topology, model: str | ModelConfig | None = None, *, seq_len: int,
     :class:`ModelConfig`; or leave it out and give the attention shape (``q_heads``,
     ``kv_heads``, ``head_dim``, ``dtype`` of the KV cache). ``tp``, ``layout``, ``profile``
     (a calibration profile path or dict) and ``algorithms`` are the CLI's ``--tp``,
-    ``--layout``, ``--profile`` and a restriction of the search to these algorithms.
+    ``--layout``, ``--profile`` and a restriction of the search to these algorithms. A
+    profile of CPU ranks (``treeattn calibrate``'s) is read by the CPU test bed: call
+    ``treeattn.testbed.plug_in_profiles()`` first, as the CLI does.
     """
     shape = (q_heads, kv_heads, head_dim)
     if model is None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, ModelConfig, SimError, plan
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sweep.rows import PICK, algorithm_rows
-from treeattn.testbed.host.profiles import plan_overrides
 from treeattn.topo import Topology
 
 

@@ -14,15 +14,25 @@ calibrate``, ``run --check`` on local ranks) is tight; a GPU cluster's path need
 """
 
 
+def plug_in_profiles() -> None:
+    """Let the planner read profiles of this host's CPU ranks (``treeattn calibrate``'s):
+    :class:`treeattn.testbed.host.profiles.CpuProfiles`. Needs no torch."""
+    from treeattn.sim.files.profiles import plug_in_host_profiles
+    from treeattn.testbed.host.profiles import CpuProfiles
+
+    plug_in_host_profiles(CpuProfiles())
+
+
 def plug_in() -> None:
     """Plug the test bed into this process (and into the ranks the local launcher spawns from
-    it): the CPU kernel chain into :mod:`treeattn.kernels`, and the shared-memory transport for
-    CPU ranks of one host into the runtime. It imports torch, so the planner's paths never
-    call it."""
+    it): the CPU kernel chain into :mod:`treeattn.kernels`, the shared-memory transport for
+    CPU ranks of one host into the runtime, and the reader of CPU profiles into the planner.
+    It imports torch, so the planner's paths call :func:`plug_in_profiles` alone."""
     from treeattn.kernels.dispatch import plug_in_cpu
     from treeattn.runtime.transport import plug_in as plug_transport
     from treeattn.testbed.kernels.chain import CpuChain
     from treeattn.testbed.transport.plugin import SharedMemory
 
+    plug_in_profiles()
     plug_in_cpu(CpuChain())
     plug_transport(SharedMemory())

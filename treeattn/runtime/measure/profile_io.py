@@ -42,10 +42,10 @@ def machine_info() -> dict:
 
 def read_profile(path: str | os.PathLike) -> dict:
     """Load a profile written by :func:`write_profile`, checked by the simulator's
-    :func:`~treeattn.testbed.host.profiles.load_profile`; a one-line error if unreadable or
+    :func:`~treeattn.sim.files.profiles.load_profile`; a one-line error if unreadable or
     invalid."""
     from treeattn.sim import SimError
-    from treeattn.testbed.host.profiles import load_profile
+    from treeattn.sim.files.profiles import load_profile
 
     try:
         return load_profile(Path(path))

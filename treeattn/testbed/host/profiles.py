@@ -1,5 +1,7 @@
-"""Calibration profiles: measured costs of this machine (or a GPU cluster's nccl-tests), read,
-checked, and turned into the simulator's models (:mod:`treeattn.sim.devices`).
+"""Profiles of this host's CPU ranks turned into the simulator's models: the test bed's
+reader (:class:`CpuProfiles`, a :class:`~treeattn.sim.files.profiles.HostProfiles`), which
+:func:`treeattn.testbed.plug_in_profiles` plugs into the planner. Reading and checking a
+profile, and a GPU cluster's nccl-tests profiles, are :mod:`treeattn.sim.files.profiles`'.
 
 ``treeattn calibrate`` (the runtime) writes a JSON profile, schema version 1::
 
@@ -47,13 +49,11 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import replace
-from pathlib import Path
 
-from treeattn.inputs import InputError, read_json
 from treeattn.schedule.payloads import SimError
-from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
-from treeattn.sim.files.profile_schema import NCCL_TESTS_KIND, check_profile, refuse_if_foreign
+from treeattn.sim.devices import BackendModel, HardwareModel
+from treeattn.sim.files.profile_schema import NCCL_TESTS_KIND
+from treeattn.sim.files.profiles import gpu_backend, load_profile
 from treeattn.testbed.host.cold import cold_from_profile
 from treeattn.testbed.host.model import CpuHost
 from treeattn.testbed.host.partial_reduction import ProgramCosts
@@ -72,71 +72,6 @@ def _positive(profile: dict, section: str, key: str, allow_zero: bool = False) -
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise SimError(f"calibration profile: {section}.{key} = {value} is not positive")
     return value
-
-
-MAX_PROFILE_BYTES = 16 << 20  # a profile is a few KB; an nccl-tests one a few hundred
-
-
-def load_profile(source: str | Path | dict) -> dict:
-    """Read and check a calibration profile (a path or an already-parsed dict) against the
-    schema of :mod:`treeattn.sim.files.profile_schema`: a regular file of bounded size, bounded
-    nesting, numbers only where numbers belong, finite and in range, required keys present.
-
-    >>> p = load_profile({"version": 1, "backend": "gloo", "world": 2, "cores": 4,
-    ...                   "p2p": {"latency_s": 3e-5, "bandwidth_Bps": 2e9},
-    ...                   "attention": {"bandwidth_Bps": 1e10, "launch_s": 1e-5}})
-    >>> p["world"]
-    2
-    """
-    try:
-        if isinstance(source, dict):
-            profile, name = source, "calibration profile"
-        else:
-            profile = read_json(source, "profile", MAX_PROFILE_BYTES)
-            name = f"profile {source}"
-        check_profile(profile, name)
-        if profile.get("kind") == NCCL_TESTS_KIND:
-            _nccl_calibration(profile)  # raises on a malformed section
-    except InputError as exc:
-        raise SimError(str(exc)) from None
-    return profile
-
-
-# A profile of a GPU cluster, calibrated from nccl-tests output (``calibrate --nccl-tests``):
-#   {"version": 1, "kind": "nccl-tests", "backend": "nccl"|"rccl", "topology": NAME,
-#    "gpu_model": MODEL, "hosts": H, "world": N,
-#    "nccl_tests": {"world", "scales", "tables", "residuals", "sources"}}
-
-
-def _nccl_calibration(profile: dict):
-    from treeattn.sim.nccl.fit import CollectiveCalibration
-
-    section = profile.get("nccl_tests")
-    if not isinstance(section, dict):
-        raise SimError("calibration profile: kind nccl-tests needs an nccl_tests object")
-    return CollectiveCalibration.from_json(section)
-
-
-def is_gpu_profile(profile: dict) -> bool:
-    """Whether ``profile`` calibrates a GPU cluster's collectives (not this CPU's ranks)."""
-    return load_profile(profile).get("kind") == NCCL_TESTS_KIND
-
-
-def plan_overrides(profile, topology) -> dict:
-    """``plan()``'s ``hardware``/``backend`` from a calibration profile (a path or a dict):
-    this CPU's ranks (``calibrate``), or a GPU cluster's collectives (``calibrate
-    --nccl-tests``), which must have been measured on as many GPUs as ``topology`` has."""
-    if not profile:
-        return {}
-    name = "calibration profile" if isinstance(profile, dict) else f"profile {profile}"
-    profile = load_profile(profile)
-    try:  # a profile of another kind of machine (CPU ranks for GPUs, H100s for an MI300X)
-        refuse_if_foreign(profile, topology, name)  # would price the wrong one: refuse it
-    except InputError as exc:
-        raise SimError(str(exc)) from None
-    if profile.get("kind") == NCCL_TESTS_KIND:
-        return {"backend": backend_from_profile(profile)}
-    return {"hardware": hardware_from_profile(profile), "backend": backend_from_profile(profile)}
 
 
 def hardware_from_profile(profile: dict) -> HardwareModel:
@@ -182,11 +117,7 @@ def backend_from_profile(profile: dict) -> BackendModel:
     """gloo with the measured α split evenly between sender and receiver."""
     profile = load_profile(profile)
     if profile.get("kind") == NCCL_TESTS_KIND:
-        calibration = _nccl_calibration(profile)
-        base = BACKENDS.get(str(profile.get("backend", "nccl")), BACKENDS["nccl"])
-        lat = calibration.scales["lat"]  # p2p shares the collectives' base latency
-        return replace(base, send_s=base.send_s * lat, recv_s=base.recv_s * lat,
-                       calibration=calibration)
+        return gpu_backend(profile)
     alpha = float(profile["p2p"]["latency_s"])
     step = executor_step_overhead(profile)
     return BackendModel(str(profile.get("backend", "gloo")), alpha / 2 + step, alpha / 2 + step,
@@ -318,3 +249,15 @@ def profile_bound(profile: dict, side: str) -> dict:
         if op != "world" and isinstance(fit, dict) and "spread" in fit:
             _scaled(fit, fit["spread"][k], latency_keys=("alpha_s", "seconds_per_byte"))
     return out
+
+
+class CpuProfiles:
+    """The planner's reader of profiles of this host's CPU ranks."""
+
+    def models(self, profile: dict, world: int | None = None
+               ) -> tuple[object, HardwareModel, BackendModel]:
+        return (topology_from_profile(profile, world), hardware_from_profile(profile),
+                backend_from_profile(profile))
+
+    def bound(self, profile: dict, side: str) -> dict:
+        return profile_bound(profile, side)

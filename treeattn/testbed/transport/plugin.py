@@ -1,8 +1,8 @@
 """The test bed's transport, plugged into the runtime (:class:`SharedMemory`, a
 :class:`~treeattn.runtime.transport.LocalPlugin`): on CPU gloo ranks of one host, small
 messages and collectives take shared-memory mailboxes, a plain reduction of partials runs as
-one C call over them, and the local launcher pins its ranks to cores (and gives them the test
-bed's CPU kernels).
+one C call over them, and the local launcher pins its ranks to cores (and plugs the rest of the
+test bed into them: its CPU kernels and profile reader).
 
 ``treeattn.testbed.plug_in()`` installs it; the commands do so for every run.
 """
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from treeattn.kernels.dispatch import plug_in_cpu
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
+from treeattn.sim.files.profiles import plug_in_host_profiles
+from treeattn.testbed.host.profiles import CpuProfiles
 from treeattn.testbed.kernels.chain import CpuChain
 from treeattn.testbed.transport import shm, shm_program
 from treeattn.testbed.transport.binding import (
@@ -43,7 +45,9 @@ class SharedMemory:
         os.environ[GROUP_CPUS_ENV] = ",".join(map(str, cpus))
         # before joining, so that gloo's threads are bound with the rank
         pin_rank(local_rank, world, threads, bind)
-        plug_in_cpu(CpuChain())  # and the test bed's CPU kernels, as in the launcher
+        # the rest of the test bed, as the launcher has it (treeattn.testbed.plug_in)
+        plug_in_host_profiles(CpuProfiles())
+        plug_in_cpu(CpuChain())
 
     def open_channel(self, ctx: RankContext) -> shm.ShmChannel | None:
         return shm.open_channel(ctx)
@@ -55,3 +59,8 @@ class SharedMemory:
     def compile_program(self, steps, names: list[str], rank: int, channel: shm.ShmChannel,
                         dims) -> shm_program.ShmProgram | None:
         return shm_program.compile_program(steps, names, rank, channel, dims)
+
+    def calibrate(self, ctx: RankContext, dims, max_bytes: int) -> dict:
+        from treeattn.testbed.calibration.calibrate import calibrate_in_group
+
+        return calibrate_in_group(ctx, dims, max_bytes)
