@@ -11,6 +11,21 @@ calibrate``, ``run --check`` on local ranks) is tight; a GPU cluster's path need
 - :mod:`treeattn.testbed.kernels`: the CPU kernel chain (numpy for small calls, a C kernel,
   torch's fused kernel);
 - :mod:`treeattn.testbed.calibration`: the microbenchmarks that write a CPU profile.
+
+It sits behind interfaces of the layers it serves, and nothing of theirs imports it (only the
+commands and the CLI do, ``tests/test_layers.py``):
+
+========================================  ==============================================
+interface                                 the test bed's implementation
+========================================  ==============================================
+``sim.host_model.HostSpec`` (engine)      ``host.model.CpuHost`` on ``HardwareModel.host``
+``sim.files.profiles.HostProfiles``       ``host.profiles.CpuProfiles``
+``runtime.transport.LocalPlugin``         ``transport.plugin.SharedMemory``
+``kernels.dispatch.CpuKernels``           ``kernels.chain.CpuChain``
+========================================  ==============================================
+
+:func:`plug_in` plugs in all but the first (which a CPU profile's hardware carries);
+:func:`plug_in_profiles` only the profile reader, without importing torch.
 """
 
 
