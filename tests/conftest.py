@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 SUBPROCESS_RUNNER = "test_triton_kernels_in_interpreter_subprocess"
 
 
@@ -20,3 +22,13 @@ def pytest_collection_modifyitems(config, items):
     if moved:
         config.hook.pytest_deselected(items=moved)
         items[:] = kept
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _test_bed_plugged_in():
+    """The suite runs its ranks as the CLI does: with the CPU test bed's transport plugged
+    in (tests that need the bare process group unplug it themselves)."""
+    from treeattn import testbed
+
+    testbed.plug_in()
+    yield

@@ -152,11 +152,10 @@ def test_fuzz_plan_files(tmp_path, capsys):
 # -- profiles ----------------------------------------------------------------------------
 
 def test_fuzz_profiles(tmp_path, capsys):
-    from treeattn.sim.host.profiles import (
+    from treeattn.sim.files.profiles import load_profile, plan_overrides
+    from treeattn.testbed.host.profiles import (
         backend_from_profile,
         hardware_from_profile,
-        load_profile,
-        plan_overrides,
         profile_bound,
         topology_from_profile,
     )

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.launch import LaunchOptions, launch
-from treeattn.runtime.local.binding import (
+from treeattn.testbed.transport.binding import (
     GROUP_CPUS_ENV,
     available_cpus,
     cpus_for_rank,
@@ -47,7 +47,7 @@ def test_the_group_cpus_come_from_the_launcher(monkeypatch):
 
 
 def _placement(ctx):
-    from treeattn.runtime.local.binding import group_cores
+    from treeattn.testbed.transport.binding import group_cores
 
     return ctx.rank, sorted(os.sched_getaffinity(0)), group_cores()
 

@@ -195,7 +195,7 @@ def test_ranks_laid_out_as_hosts_still_share_one_machines_cores():
     """Hosts of a local layout are the schedules' view; the cores stay one machine's: a
     schedule over all ranks is predicted alike on one host and on two."""
     from treeattn.sim import DecodeWorkload, simulate
-    from treeattn.sim.host.profiles import (
+    from treeattn.testbed.host.profiles import (
         backend_from_profile,
         hardware_from_profile,
         topology_from_profile,

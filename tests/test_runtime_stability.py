@@ -75,7 +75,7 @@ def test_robust_bandwidth_holds_where_a_weighted_fit_extrapolates_badly() -> Non
 
 
 def test_exchange_sizes_reach_the_largest_message_and_stop_at_the_cap() -> None:
-    from treeattn.runtime.measure.calibrate import EXCHANGE_CAP, EXCHANGE_SIZES, exchange_sizes
+    from treeattn.testbed.calibration.calibrate import EXCHANGE_CAP, EXCHANGE_SIZES, exchange_sizes
 
     assert exchange_sizes(None) == EXCHANGE_SIZES
     assert exchange_sizes(3 << 27)[-1] == 3 << 27
@@ -86,7 +86,7 @@ def test_exchange_sizes_reach_the_largest_message_and_stop_at_the_cap() -> None:
 def test_predicted_band_brackets_the_prediction() -> None:
     from treeattn.runtime.plans import build, local_topology, shard_lengths, workload_for
     from treeattn.sim import simulate
-    from treeattn.sim.host.profiles import (
+    from treeattn.testbed.host.profiles import (
         backend_from_profile,
         hardware_from_profile,
         profile_bound,

@@ -21,7 +21,7 @@ from treeattn.sim import DecodeWorkload, plan_workload
 from treeattn.sim.deploy.capacity import Split
 from treeattn.sim.deploy.engines import describe, emit
 from treeattn.sim.deploy.token import predict_token
-from treeattn.sim.host.profiles import plan_overrides
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import CostModel
 from treeattn.sim.onesided import ONE_SIDED, TRANSPORTS, unoffered_reason

@@ -137,7 +137,7 @@ def test_an_nccl_tests_profile_carries_the_variables_its_run_had(tmp_path, capsy
     import json
     from pathlib import Path
 
-    from treeattn.sim.host.profiles import plan_overrides
+    from treeattn.sim.files.profiles import plan_overrides
 
     table = (Path(__file__).parent / "fixtures" / "nccl-tests"
              / "h100-2node-all-reduce-perf-8B-16G-issue309.txt")

@@ -171,11 +171,12 @@ def test_a_lower_bound_never_beats_a_simulation(max_simulated):
     # world 2 every tree shape has the same bound: once the budget is spent on some of them,
     # the others must not win on their bound alone.
     from treeattn.sim import HardwareModel
-    from treeattn.sim.host.cold import ColdSteps
+    from treeattn.testbed.host.cold import ColdSteps
+    from treeattn.testbed.host.model import CpuHost
 
     cold = ColdSteps(merge_s=2e-4, message_s=2e-4, world=2,
                      collective_s=(("all_gather", 2e-4),))
-    hw = HardwareModel("cpu", 1e10, 1e12, 1e-5, cores=2, cold=cold)
+    hw = HardwareModel("cpu", 1e10, 1e12, 1e-5, host=CpuHost(cores=2, cold=cold))
     w = DecodeWorkload("smollm2-135m", 32768)
     chosen = plan_workload(local(2), w, hardware=hw, max_simulated=max_simulated)
     assert chosen.winner.result.method == "simulated"

@@ -16,6 +16,7 @@ import os
 import sys
 
 import treeattn
+from treeattn import testbed
 from treeattn.commands import COMMAND_MODULES, COMMAND_OWNERS
 from treeattn.errors import TreeattnError
 
@@ -110,6 +111,7 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
+    testbed.plug_in_profiles()  # profiles of this host's CPU ranks: the test bed reads them
     try:
         return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from treeattn import testbed
 from treeattn.commands._args import parse_tokens
 from treeattn.commands.generate_cluster import (
     add_cluster_options,
@@ -314,6 +315,7 @@ def _distributed(args, loaded, prompt, segment, stream, world, sampling, topolog
     if torchrun_mode(args):
         is_root, result = run_torchrun(request, args, loaded)
         return is_root, result, name
+    testbed.plug_in()  # CPU ranks of one host: the shared-memory transport
     result = generate_distributed(request, world, timeout_s=args.timeout, loaded=loaded,
                                   device=args.device)
     return True, result, name
@@ -325,8 +327,8 @@ def planning_models(args, world: int, topology):
     names the cluster), else ``topology`` and the datasheet defaults."""
     if args.profile is None:
         return topology, (None, None)
-    from treeattn.runtime.measure.calibrate import read_profile
     from treeattn.runtime.measure.check import predictor
+    from treeattn.testbed.calibration.calibrate import read_profile
 
     planned, hardware, backend = predictor(read_profile(args.profile), world, args.topology)
     return planned, (hardware, backend)

@@ -23,7 +23,8 @@ from treeattn.atomic import check_output_path
 from treeattn.commands.tables import Column, print_table
 from treeattn.errors import UserError
 from treeattn.sim.devices import default_backend
-from treeattn.sim.host.profiles import NCCL_TESTS_KIND, VERSION
+from treeattn.sim.files.profile_schema import NCCL_TESTS_KIND
+from treeattn.sim.files.profiles import VERSION
 from treeattn.sim.nccl.collectives import GroupShape
 from treeattn.sim.nccl.fit import fit
 from treeattn.sim.nccl.nccltests import NCCL_TESTS_OPS, read_nccl_sections

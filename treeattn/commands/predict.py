@@ -29,7 +29,7 @@ from treeattn.schedule.payloads import PARTIAL_DTYPES
 from treeattn.sim import DecodeWorkload, SimError, plan_workload
 from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
-from treeattn.sim.host.profiles import plan_overrides
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sim.planning.plan_size import check_planning_size, planning_limits
 from treeattn.sim.prefill.pricing import SOURCES as SOURCES_PREFILL
 from treeattn.sweep.rows import PICK, algorithm_rows

@@ -106,7 +106,7 @@ def _gib(n: float) -> str:
 def handle_predict_token(args: argparse.Namespace) -> int:
     from treeattn.sim.deploy.token import predict_token
     from treeattn.sim.files.export import tagged
-    from treeattn.sim.host.profiles import plan_overrides
+    from treeattn.sim.files.profiles import plan_overrides
 
     topo = _topology(args.topology)
     model = ModelConfig.from_name(args.model)
@@ -155,7 +155,7 @@ def handle_predict_token(args: argparse.Namespace) -> int:
 def handle_plan_gpus(args: argparse.Namespace) -> int:
     from treeattn.sim.deploy.deployments import search
     from treeattn.sim.files.export import tagged
-    from treeattn.sim.host.profiles import plan_overrides
+    from treeattn.sim.files.profiles import plan_overrides
 
     topo = _topology(args.topology)
     model = ModelConfig.from_name(args.model)

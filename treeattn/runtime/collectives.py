@@ -8,9 +8,9 @@ Semantics are those of :mod:`treeattn.schedule.ir`. This module owns three thing
   group: later executors reuse them (``hier``'s node and rail groups). A group of all
   ranks is the default group. On a process subgroup the subgroups must already exist
   (:func:`make_subgroups_everywhere`, which every rank of the world calls together). Each
-  group's collectives run through
-  :class:`~treeattn.runtime.local.shm_collectives.CollectiveOps`: shared-memory mailboxes
-  for small payloads on one CPU host, the process group otherwise.
+  group's collectives run through :func:`~treeattn.runtime.transport.collective_ops`: the
+  process group, or a plugged-in local transport's (the CPU test bed's mailboxes for small
+  payloads on one host).
 * **Head chunks of any payload.** A collective's chunk ``(i, p)`` is a range of query heads
   of every array in the payload (``o`` and ``lse`` of a partial, the single array of
   ``max`` or ``num``), so :func:`take_heads` and :func:`put_heads` pack and unpack them.
@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import merge
+from treeattn.runtime.collective_ops import CollectiveOps
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.local.shm import ShmChannel
-from treeattn.runtime.local.shm_collectives import CollectiveOps
+from treeattn.runtime.transport import Channel, collective_ops
 from treeattn.runtime.wire import AttnDims
 from treeattn.schedule.ir import Collective, Schedule
 from treeattn.schedule.payloads import PAYLOAD_LAYOUTS, CollectiveOp, MergeOp, Payload, shard_bounds
@@ -86,7 +86,7 @@ class Groups:
     :class:`CollectiveOps` for it (members only)."""
 
     def __init__(self, ctx: RankContext, schedule: Schedule,
-                 channel: ShmChannel | None = None) -> None:
+                 channel: Channel | None = None) -> None:
         self.ctx = ctx
         self.ops: dict[tuple[int, ...], CollectiveOps | None] = {}
         everyone = tuple(range(schedule.world))
@@ -94,7 +94,7 @@ class Groups:
             for step in steps:
                 if isinstance(step, Collective) and step.group not in self.ops:
                     handle = None if step.group == everyone else self._subgroup(schedule, step)
-                    self.ops[step.group] = (CollectiveOps(ctx, step.group, handle, channel)
+                    self.ops[step.group] = (collective_ops(ctx, step.group, handle, channel)
                                             if ctx.rank in step.group else None)
 
     def _subgroup(self, schedule: Schedule, step: Collective):

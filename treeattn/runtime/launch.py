@@ -41,7 +41,7 @@ from treeattn.runtime.group import (
     heartbeat_key,
     init_group,
 )
-from treeattn.runtime.local.binding import BIND_CHOICES, GROUP_CPUS_ENV, available_cpus, pin_rank
+from treeattn.runtime.transport import LocalPlugin, plug_in, plugged_in
 
 MAX_LOCAL_WORLD = 64
 MIN_TIMEOUT_S = 1.0  # below this a busy machine's scheduling jitter reads as a lost peer
@@ -58,7 +58,9 @@ class LaunchOptions:
     threads: int | None = 1  # torch threads per rank
     device: str = "auto"
     port: int | None = None  # the store's loopback port; None: pick a free one
-    bind: str = "auto"  # pin ranks to cores: "auto" (when they outnumber them), "cores", "none"
+    # pin ranks to cores: "auto" (when they outnumber them), "cores", "none"; what a
+    # plugged-in local transport does with it (treeattn.runtime.transport.LocalPlugin)
+    bind: str = "auto"
 
 
 def free_port() -> int:
@@ -114,11 +116,11 @@ def _die_with_parent() -> None:
 
 
 def _child(local_rank: int, world: int, port: int, job, options: LaunchOptions, out: str,
-           cpus: list[int]) -> None:
+           cpus: list[int], plugin: LocalPlugin | None) -> None:
     _die_with_parent()
-    os.environ[GROUP_CPUS_ENV] = ",".join(map(str, cpus))
-    # before joining, so that gloo's threads are bound with the rank
-    pin_rank(local_rank, world, options.threads, options.bind)
+    plug_in(plugin)  # the launcher's local transport, if any, on this rank too
+    if plugin is not None:
+        plugin.start_rank(local_rank, world, options.threads, options.bind, cpus)
     _quiet_native_stderr(Path(out, f"rank{local_rank}.log"))
     os.environ.update(
         RANK=str(local_rank),
@@ -187,9 +189,8 @@ def launch(job: Callable[[RankContext], Any], world: int, options: LaunchOptions
     """
     options = options or LaunchOptions()
     check_world(world)
-    if options.bind not in BIND_CHOICES:
-        raise RuntimeFailure(f"--bind must be one of {', '.join(BIND_CHOICES)}, "
-                             f"got {options.bind!r}")
+    if plugged_in() is not None:
+        plugged_in().check_launch(world, options.threads, options.bind)
     with _loopback_listener(options.port) as (listener, port):
         store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                               master_listen_fd=listener.fileno(),
@@ -243,10 +244,11 @@ def _stop_on_signals():
 
 def _launch_once(job, world: int, options: LaunchOptions, port: int, store=None):
     spawn = mp.get_context("spawn")
-    cpus = available_cpus()
+    plugin = plugged_in()
+    cpus = plugin.launcher_cpus() if plugin is not None else []
     with tempfile.TemporaryDirectory(prefix="treeattn-launch-") as out:
         procs = [
-            spawn.Process(target=_child, args=(r, world, port, job, options, out, cpus),
+            spawn.Process(target=_child, args=(r, world, port, job, options, out, cpus, plugin),
                           daemon=True)
             for r in range(world)
         ]

@@ -28,11 +28,12 @@ import torch
 import torch.distributed as dist
 
 from treeattn.runtime.group import RankContext, wait_work
-from treeattn.runtime.local.shm import MAX_TAGS
 from treeattn.runtime.transport import transport_for
 from treeattn.sim.prefill.layout import PrefillLayout, Run
 
-PREFILL_TAG = MAX_TAGS + 16  # above the mailboxes' tags: blocks always take the process group
+# far above the tags a schedule's rounds use, and any local channel's (the test bed's mailboxes
+# take tags 0..8): blocks always take the process group
+PREFILL_TAG = 24
 TILE_Q, TILE_K = 256, 1024  # score tiles: bound the (queries x keys) fp32 scratch
 PREFILL_ALGORITHMS = ("pass-kv", "pass-q")  # what the runtime runs (pass-Q: prefill_passq)
 

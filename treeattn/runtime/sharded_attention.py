@@ -9,12 +9,13 @@ very schedule ``treeattn plan`` predicts and ``treeattn run`` measures), through
 
 The caller's tensors are never copied. A shard whose ``k`` and ``v`` are the two halves of
 one (2, B, Hkv, T, D) tensor (as :class:`treeattn.hf.ShardedCache` stores them) goes to the
-executor as that tensor, so CPU ranks on one host take the compiled path
-(:mod:`treeattn.runtime.local.shm_program`); otherwise this rank's partial is computed from the
-two tensors (:func:`treeattn.kernels.partial_attention`, which also takes ``kv_len``) and the
-executor reduces it as the partial of its own shard. The two algorithms that put KV or
-queries on the wire (``ring``, ``ring-passq``) need the one-tensor form: they stack the
-shard into a new send buffer if it is not, and take no ``kv_len``.
+executor as that tensor, so CPU ranks on one host take the compiled path where the test bed's
+transport is plugged in (:func:`treeattn.runtime.transport.compile_program`); otherwise this
+rank's partial is computed from the two tensors (:func:`treeattn.kernels.partial_attention`,
+which also takes ``kv_len``) and the executor reduces it as the partial of its own shard. The
+two algorithms that put KV or queries on the wire (``ring``, ``ring-passq``) need the
+one-tensor form: they stack the shard into a new send buffer if it is not, and take no
+``kv_len``.
 
 Agreement: every rank must run the same schedule on the same shapes. At set-up, and the
 first time a new shape is seen, the ranks exchange a digest of the algorithm, the schedule,

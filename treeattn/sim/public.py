@@ -22,7 +22,7 @@ from treeattn.schedule.algorithms import ALGORITHM_NAMES
 from treeattn.schedule.payloads import SimError
 from treeattn.schedule.workload import DTYPE_BYTES, DecodeWorkload, ModelConfig
 from treeattn.sim.files.plan_file import MAX_BATCH, MAX_SEQ_LEN
-from treeattn.sim.host.profiles import plan_overrides
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sim.planning.plan_size import MAX_PLAN_GPUS, check_planning_size
 from treeattn.sim.planning.planner import Plan, plan_workload
 
@@ -119,6 +119,8 @@ def plan(topology, model: str | ModelConfig | None = None, *, seq_len: int,
     :class:`treeattn.TreeattnError`) naming it: counts are integers within bounds (``seq_len``
     up to 2**40, not ``"32k"``), and a topology past the planner's bound (``MAX_PLAN_GPUS``) is
     refused before it is built.
+    A profile of CPU ranks (``treeattn calibrate``'s) is read by the CPU test bed: call
+    ``treeattn.testbed.plug_in_profiles()`` first, as the CLI does.
     """
     shape = (q_heads, kv_heads, head_dim)
     if model is None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, ModelConfig, SimError, plan_workload
-from treeattn.sim.host.profiles import plan_overrides
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sweep.rows import PICK, algorithm_rows
 from treeattn.topo import Topology
 

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from treeattn.runtime.collective_ops import CollectiveOps
 from treeattn.runtime.group import RankContext, all_gather_objects, barrier, wait_work
-from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.run_state import RunStats
-from treeattn.runtime.transport import transport_for
+from treeattn.runtime.transport import collective_ops, transport_for
 
 MAX_STEPS = 200
 # per (channel, rank): the group's mailbox collectives and the float they all-reduce
@@ -57,7 +57,7 @@ def start_together(ctx: RankContext) -> None:
         return
     key = (id(channel), ctx.rank)
     if key not in _STARTS:
-        _STARTS[key] = (CollectiveOps(ctx, tuple(range(ctx.world)), None, channel),
+        _STARTS[key] = (collective_ops(ctx, tuple(range(ctx.world)), None, channel),
                         torch.zeros(1))
     ops, token = _STARTS[key]
     ops.all_reduce(token, "sum", "the start of a timed step")

@@ -108,8 +108,8 @@ def build(out_dir: Path, flags: tuple[str, ...] | None = None,
 
     ``flags`` replaces the optimisation flags (tests build a portable variant with it).
     The runtime builds its own library from its own sources the same way
-    (:mod:`treeattn.runtime.local.shm_program`). Raises OSError with the compiler's message when no
-    flag set compiles.
+    (:mod:`treeattn.testbed.transport.shm_program`). Raises OSError with the compiler's message
+    when no flag set compiles.
     """
     compiler = _compiler()
     if compiler is None:
