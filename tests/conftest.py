@@ -1,8 +1,11 @@
-"""Suite-wide collection rules."""
+"""Suite-wide collection rules and fixtures."""
 
 from __future__ import annotations
 
 import os
+import sys
+
+import pytest
 
 SUBPROCESS_RUNNER = "test_triton_kernels_in_interpreter_subprocess"
 
@@ -20,3 +23,22 @@ def pytest_collection_modifyitems(config, items):
     if moved:
         config.hook.pytest_deselected(items=moved)
         items[:] = kept
+
+
+@pytest.fixture
+def rank_starts(monkeypatch) -> list:
+    """Every local launch of ranks in this test, recorded instead of started: a test of input
+    refused "before any rank starts" asserts the list stays empty (a count, not a clock)."""
+    from treeattn.runtime import launch
+
+    started: list = []
+    monkeypatch.setattr(launch, "_launch_once", lambda job, world, *rest: started.append(
+        (job, world)))
+    return started
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the warm rank groups (``tests/rank_pool.py``) the session started."""
+    pools = sys.modules.get("rank_pool")
+    if pools is not None:
+        pools.close_pools()
