@@ -37,6 +37,24 @@ def rank_starts(monkeypatch) -> list:
     return started
 
 
+@pytest.fixture(autouse=True)
+def warm_ranks(request, monkeypatch) -> None:
+    """Launched ranks run on this session's warm group of their world size
+    (``tests/rank_pool.py``), not on fresh processes; tests of the launcher itself are marked
+    ``fresh_ranks`` and start them as ``treeattn run`` does. ``TREEATTN_TEST_FRESH_RANKS=1``
+    starts fresh ranks everywhere (to compare, or to rule the warm groups out)."""
+    if request.node.get_closest_marker("fresh_ranks") or os.environ.get(
+            "TREEATTN_TEST_FRESH_RANKS") == "1":
+        return
+    try:
+        from treeattn.runtime import launch
+    except ImportError:  # no torch: nothing here launches ranks
+        return
+    import rank_pool
+
+    monkeypatch.setattr(launch, "_launch_once", rank_pool.launch_once_warm(launch._launch_once))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Stop the warm rank groups (``tests/rank_pool.py``) the session started."""
     pools = sys.modules.get("rank_pool")
