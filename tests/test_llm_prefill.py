@@ -173,7 +173,7 @@ def test_a_mismatched_world_is_refused_before_any_work():
         sharded_prefill(ctx, model, [1, 2, 3], lengths=[2, 1])
 
 
-@pytest.mark.slow
+@pytest.mark.fresh_ranks  # the cap stays on a rank's process: never on a warm group's
 @pytest.mark.timeout(900)
 def test_a_context_four_times_what_one_rank_may_hold_generates_under_rlimit_as(
         tmp_path, monkeypatch):

@@ -22,6 +22,8 @@ from treeattn.testbed.transport.binding import (
 
 linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux affinity")
 
+pytestmark = pytest.mark.fresh_ranks  # the launcher's own pinning
+
 
 @given(cpus=st.lists(st.integers(0, 255), min_size=1, max_size=16, unique=True),
        world=st.integers(1, 16), threads=st.integers(1, 8))

@@ -183,7 +183,6 @@ def _hf_job(ctx):
     return err, built.params
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_hf_generate_with_hier_on_two_hosts():
     pytest.importorskip("transformers")
