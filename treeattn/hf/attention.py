@@ -26,12 +26,14 @@ of an attention implementation that registers none.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from treeattn.hf.cache import HFIntegrationError, active_layer
+from treeattn.hf.cache import HFIntegrationError, ShardedLayer, claim
 from treeattn.runtime.prefill_ring import ring_attention
 
 ATTENTION_NAME = "treeattn"
@@ -41,31 +43,116 @@ def treeattn_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
                        attention_mask, dropout: float = 0.0, scaling: float | None = None,
                        **kwargs):
     """Attention of ``query`` (B, Hq, S, D); returns ``(out (B, S, Hq, D), None)``."""
-    if kwargs.get("softcap") is not None:
-        raise HFIntegrationError("attention logit soft-capping is not served by treeattn")
-    if getattr(module, "sinks", None) is not None or kwargs.get("s_aux") is not None:
-        raise HFIntegrationError("attention sinks are not served by treeattn")
-    if kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
-        raise HFIntegrationError("sliding-window attention layers are not served by treeattn")
-    layer = active_layer(getattr(module, "layer_idx", -1))
-    if layer is not None and layer.mode == "ring":
+    layer = claim(module, key)
+    if not isinstance(layer, ShardedLayer):  # no cache, or a bounded layer: whole here
+        return local_attention(module, query, key, value, attention_mask, dropout, scaling,
+                               kwargs)
+    softcap, sinks = _softcap(kwargs), _sinks(module, kwargs)
+    if layer.mode == "ring":
+        if softcap is not None or sinks is not None:
+            raise HFIntegrationError(f"{layer.cache.name}: sharded_prefill does not run logit "
+                                     "soft-capping or attention sinks (use the replicated "
+                                     "prefill: generate on the empty cache)")
         cache = layer.cache
         own = torch.stack([key, value])  # (2, B, Hkv, T, D)
         out = ring_attention(cache.attention.ctx, cache.ring[0], query, own,
                              layer.keep_ring_block, scale=scaling)  # (B, Hq, T, D) fp32
         return out.transpose(1, 2).to(query.dtype).contiguous(), None  # (B, T, Hq, D)
-    if layer is None or layer.mode == "prefill":
+    if layer.mode == "prefill":
         real = _real_keys(attention_mask, key.shape[0])
-        if layer is not None and real is not None:
+        if real is not None:
             layer.drop_padding(real)  # a left-padded batch: keep the real tokens only
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      dropout=dropout, scaling=scaling, **kwargs)
+        return local_attention(module, query, key, value, attention_mask, dropout, scaling,
+                               kwargs)
+    _check_decode_mask(layer, attention_mask)
     attn = layer.cache.attention
     if scaling is not None and attn.scale is None:
         attn.scale = float(scaling)  # the model's own score scale, on every rank alike
     q = query[:, :, 0]  # (B, Hq, D)
-    out = attn(q, key, value, kv_len=layer.kv_len())  # (B, Hq, D), every rank
-    return out[:, None], None  # (B, 1, Hq, D)
+    if softcap is None and sinks is None:
+        out = attn(q, key, value, kv_len=layer.kv_len())  # (B, Hq, D), every rank
+        return out[:, None], None  # (B, 1, Hq, D)
+    scale = attn.scale if attn.scale is not None else q.shape[-1] ** -0.5
+    o, lse = _partial(q, key, value, scale, softcap, layer.kv_len())
+    o, lse = attn.reduce(o, lse, lse_base="e", scale=scale)  # (B, Hq, D), (B, Hq)
+    if sinks is not None:  # a sink logit per head joins the softmax's denominator
+        sink = sinks.float().reshape(1, -1).to(lse.device)  # (1, Hq)
+        o = o * torch.exp(lse - torch.logaddexp(lse, sink))[..., None]
+    return o.to(query.dtype)[:, None], None  # (B, 1, Hq, D)
+
+
+def _softcap(kwargs):
+    value = kwargs.get("softcap")
+    return float(value) if value else None
+
+
+def _sinks(module, kwargs):
+    sinks = kwargs.get("s_aux")
+    return sinks if sinks is not None else getattr(module, "sinks", None)
+
+
+def local_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs):
+    """Attention over K/V whole on this rank, as transformers computes it: SDPA, or the
+    model's own eager attention where it soft-caps the logits or adds sinks (SDPA does
+    neither), with the boolean mask made additive."""
+    if _softcap(kwargs) is None and _sinks(module, kwargs) is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise HFIntegrationError(f"{type(module).__name__} soft-caps its logits or adds sinks "
+                                 "without an eager attention of its own")
+    s, n = query.shape[2], key.shape[2]
+    if attention_mask is None:  # SDPA's causal shortcut: the keys end at the queries
+        attention_mask = torch.ones(s, n, dtype=torch.bool, device=query.device).tril(n - s)
+        attention_mask = attention_mask[None, None]
+    if attention_mask.dtype == torch.bool:
+        low = torch.finfo(query.dtype).min
+        attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype,
+                                     device=query.device).masked_fill(~attention_mask, low)
+    return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                 **kwargs)
+
+
+def _partial(q, k, v, scale: float, softcap: float | None, kv_len):
+    """This rank's partial of ``q`` (B, Hq, D) over its shard ``k``, ``v`` (B, Hkv, T, D),
+    logits soft-capped (``softcap * tanh(s / softcap)``, Gemma 2's); ``kv_len`` (B,): valid
+    keys per sequence. Returns ``o`` (B, Hq, D) and natural-log ``lse`` (B, Hq), fp32; a
+    rank without keys gives (0, -inf)."""
+    b, hq, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    qg = q.float().reshape(b, hkv, hq // hkv, d)  # (B, Hkv, G, D)
+    scores = torch.einsum("bhgd,bhtd->bhgt", qg, k.float()) * scale  # (B, Hkv, G, T)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if kv_len is not None:
+        valid = torch.arange(t, device=k.device)[None, :] < kv_len.to(k.device)[:, None]  # (B, T)
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (B, Hkv, G)
+    weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # (B, Hkv, G, T)
+    o = torch.einsum("bhgt,bhtd->bhgd", weights, v.float())  # (B, Hkv, G, D)
+    return o.reshape(b, hq, d), lse.reshape(b, hq)
+
+
+def _check_decode_mask(layer: ShardedLayer, mask) -> None:
+    """The decode step's mask must say what the prefill said: per sequence, the real tokens
+    the layer holds (the mask given to ``generate`` matches the prefill's)."""
+    total = layer.total
+    if mask is None or not isinstance(mask, torch.Tensor):
+        if any(r != total for r in layer.real):
+            raise HFIntegrationError(
+                f"{layer.cache.name}: the prompt was prefilled with padding, and generate got "
+                "no attention_mask: pass generate the prefill's mask")
+        return
+    attends = mask if mask.dtype == torch.bool else mask == 0
+    if attends.shape[-1] != total:
+        raise HFIntegrationError(f"{layer.cache.name}: a mask of {attends.shape[-1]} "
+                                 f"positions at a decode step over {total}")
+    counts = attends[:, 0, -1, :].expand(len(layer.real), -1).sum(-1).tolist()  # (B,)
+    if counts != layer.real:
+        raise HFIntegrationError(
+            f"{layer.cache.name}: the attention_mask given to generate marks {counts} real "
+            f"tokens, and the prefill kept {layer.real}: pass generate the prefill's mask")
 
 
 def _real_keys(mask, batch: int) -> torch.Tensor | None:

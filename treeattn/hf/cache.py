@@ -32,26 +32,73 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import (
+    Cache,
+    CacheLayerMixin,
+    DummyLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionLayer,
+    get_layer_types_and_kwargs,
+)
 
-from treeattn.runtime.errors import RuntimeFailure
+from treeattn.hf.support import HFIntegrationError, check_served, model_type, text_config
 from treeattn.runtime.sharded_attention import ShardedAttention
 
 LAYOUTS = ("contiguous", "interleaved")
-# The layer each recent cache updated last, newest first: transformers calls the attention
-# function right after that layer's update, with what it returned (see hf/attention.py).
-_RECENT: list[ShardedLayer] = []
 
 
-def active_layer(index: int) -> ShardedLayer | None:
-    """The ShardedLayer of model layer ``index`` updated just before this attention call,
-    taken (so that a later forward without the cache cannot see it)."""
-    layer = _RECENT.pop() if _RECENT else None
-    return layer if layer is not None and layer.index == index else None
+class _Claim:
+    """The cache layer updated last and the K its ``update`` returned: transformers calls the
+    attention function right after that update, with those K/V (see hf/attention.py). Each
+    update must be attended exactly once through treeattn: the next update of the same cache,
+    or a second attention call on the same K, refuses a model that does otherwise."""
+
+    layer = None  # a ShardedLayer or WindowLayer
+    key = None
+    calls = 0
 
 
-class HFIntegrationError(RuntimeFailure):
-    """A model, cache or call the transformers integration does not serve (named)."""
+_CLAIM = _Claim()
+
+
+def note_update(layer, key) -> None:
+    """Called by every K/V update of a ShardedCache layer: the previous update of the same
+    cache must have been attended through treeattn."""
+    prev = _CLAIM.layer
+    if prev is not None and prev.cache is layer.cache and _CLAIM.calls == 0:
+        _CLAIM.layer = None
+        raise HFIntegrationError(
+            f"{layer.cache.name}: layer {prev.index} updated the ShardedCache but did not "
+            "attend through treeattn (load the model with attn_implementation=\"treeattn\"; "
+            "a layer that computes its attention itself is not served)")
+    _CLAIM.layer, _CLAIM.key, _CLAIM.calls = layer, key, 0
+
+
+def claim(module, key):
+    """The cache layer whose update returned ``key`` (attention's first call after it), or
+    None: a forward without a ShardedCache. Refuses a second call on the same update."""
+    layer = _CLAIM.layer
+    if layer is None:
+        return None
+    if _CLAIM.calls == 0:
+        index = getattr(module, "layer_idx", None)
+        if index is not None and index != layer.index:
+            raise HFIntegrationError(f"{layer.cache.name}: layer {index} attends right after "
+                                     f"the cache update of layer {layer.index}")
+        _CLAIM.calls = 1
+        return layer
+    if key is _CLAIM.key:
+        raise HFIntegrationError(f"{layer.cache.name}: layer {layer.index} calls attention "
+                                 "more than once per cache update, which treeattn does not "
+                                 "serve")
+    _CLAIM.layer = None  # a later forward without the cache
+    return None
+
+
+def release(cache) -> None:
+    """Forget the claim of ``cache`` (a failed or reset forward)."""
+    if _CLAIM.layer is not None and _CLAIM.layer.cache is cache:
+        _CLAIM.layer = None
 
 
 def owner_of(position: int, prompt: int, world: int, layout: str, interleave: int = 1) -> int:
@@ -69,27 +116,6 @@ def owner_of(position: int, prompt: int, world: int, layout: str, interleave: in
     base, extra = divmod(prompt, world)
     edge = extra * (base + 1)  # the first `extra` ranks hold base + 1 tokens
     return position // (base + 1) if position < edge else extra + (position - edge) // base
-
-
-def refuse_unsupported(config) -> None:
-    """Raise :class:`HFIntegrationError` naming the first feature this integration does not
-    serve: sliding-window layers, attention sinks, MLA, logit soft-capping, cross-attention."""
-    text = getattr(config, "get_text_config", lambda: config)()
-    types = getattr(text, "layer_types", None) or []
-    if "sliding_attention" in types or (getattr(text, "sliding_window", None)
-                                        and getattr(text, "use_sliding_window", True)
-                                        and not types):
-        raise HFIntegrationError("sliding-window attention layers are not served by treeattn "
-                                 "(every layer must attend to the whole cache)")
-    for name, feature in (("kv_lora_rank", "multi-head latent attention (MLA)"),
-                          ("attn_logit_softcapping", "attention logit soft-capping"),
-                          ("num_sink_tokens", "attention sinks")):
-        if getattr(text, name, None):
-            raise HFIntegrationError(f"{feature} is not served by treeattn ({name} is set)")
-    if getattr(text, "model_type", "") == "gpt_oss":
-        raise HFIntegrationError("attention sinks (gpt-oss) are not served by treeattn")
-    if getattr(text, "is_encoder_decoder", False):
-        raise HFIntegrationError("encoder-decoder cross-attention is not served by treeattn")
 
 
 class ShardedLayer(CacheLayerMixin):
@@ -153,11 +179,16 @@ class ShardedLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Keep this rank's positions of the new K/V (B, Hkv, S, D); return what attention
         needs: the whole prompt at prefill, this rank's shard at a decode step."""
+        k, v = self._update(key_states, value_states)
+        note_update(self, k)
+        return k, v
+
+    def _update(self, key_states: torch.Tensor, value_states: torch.Tensor):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         c, (b, _, s, _) = self.cache, key_states.shape
         c.check_group()
-        _RECENT[:] = [self]
+        c.check_shape(self.index, key_states)
         if c.ring is not None:  # sharded prefill: this rank's chunks, for the ring
             self.mode = "ring"
             return key_states, value_states
@@ -168,9 +199,13 @@ class ShardedLayer(CacheLayerMixin):
             return key_states, value_states
         self.prompt = None
         if s != 1:
-            raise HFIntegrationError(f"a {s}-token forward after the prefill: treeattn decodes "
-                                     "one token per step (no chunked prefill, no speculative "
-                                     "verification)")
+            raise HFIntegrationError(
+                f"{c.name}: a {s}-token forward on a cache holding {self.total} positions: "
+                "treeattn decodes one token per step (a second turn, chunked prefill or "
+                "speculative verification); prefill the whole conversation into a new "
+                "ShardedCache")
+        if self.index == c.first_kv:
+            c.agree_on(key_states)
         for i in range(b):
             if c.owner(self.real[i], self.prompt_real[i]) == c.rank:
                 self._room(key_states.shape, self.counts[i] + 1)
@@ -272,6 +307,37 @@ class ShardedLayer(CacheLayerMixin):
                                  "treeattn")
 
 
+def _kv_shape(text) -> dict[int, tuple[int, int]]:
+    """(KV heads, head dim) of every layer, where the config says so plainly."""
+    hq = getattr(text, "num_attention_heads", None)
+    hkv = getattr(text, "num_key_value_heads", None) or hq
+    d = getattr(text, "head_dim", None) or (text.hidden_size // hq if hq else None)
+    if not isinstance(hkv, int) or not isinstance(d, int):
+        return {}
+    return {i: (hkv, d) for i in range(int(text.num_hidden_layers))}
+
+
+class WindowLayer(DynamicSlidingWindowLayer):
+    """A sliding-window or chunked layer: transformers' own bounded layer (the last
+    ``sliding_window - 1`` tokens), whole on every rank and attended locally."""
+
+    def __init__(self, cache: ShardedCache, index: int, sliding_window: int) -> None:
+        super().__init__(sliding_window=sliding_window)
+        self.cache, self.index, self.mode = cache, index, "local"
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        c = self.cache
+        c.check_group()
+        if c.ring is not None:
+            raise HFIntegrationError(f"{c.name}: layer {self.index} is a sliding-window or "
+                                     "chunked layer, which sharded_prefill does not run")
+        if self.index == c.first_kv and self.cumulative_length and key_states.shape[2] == 1:
+            c.agree_on(key_states)
+        k, v = super().update(key_states, value_states, *args, **kwargs)
+        note_update(self, k)
+        return k, v
+
+
 class ShardedCache(Cache):
     """A transformers ``Cache`` sharded along the sequence over a process group (``group``:
     the default group when None, or a subgroup from ``dist.new_group``).
@@ -286,21 +352,76 @@ class ShardedCache(Cache):
     def __init__(self, config, plan_or_algorithm="auto", *, layout: str = "contiguous",
                  interleave_size: int = 1, reserve: int = 0, group=None,
                  timeout_s: float = 60.0) -> None:
-        refuse_unsupported(config)
+        kinds = check_served(config)
         if layout not in LAYOUTS:
             raise HFIntegrationError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         if not isinstance(interleave_size, int) or interleave_size < 1:
             raise HFIntegrationError(f"interleave_size must be a positive integer, got "
                                      f"{interleave_size!r}")
-        text = getattr(config, "get_text_config", lambda: config)()
-        n_layers = int(text.num_hidden_layers)
+        if "full" not in kinds and "window" not in kinds:
+            raise HFIntegrationError(f"{model_type(config)}: no layer keeps K/V, so there is "
+                                     "nothing to shard (use transformers' own cache)")
+        text = text_config(config)
+        self.name, self.kinds = model_type(config), kinds
+        # the first layer with K/V: its decode steps compare a digest across the ranks
+        self.first_kv = next(i for i, k in enumerate(kinds) if k in ("full", "window"))
+        self.head_shape = _kv_shape(text)
         self.attention = ShardedAttention(plan_or_algorithm, group, timeout_s=timeout_s)
         self.rank, self.world = self.attention.rank, self.attention.world
         self.layout, self.interleave, self.reserve = layout, interleave_size, max(0, reserve)
         # during a sharded prefill: (PrefillLayout, prompt positions, the sequence the ring is
         # of, or None for the whole batch)
         self.ring = None
-        super().__init__(layers=[ShardedLayer(self, i) for i in range(n_layers)])
+        self.prefilled = None  # (ids, mask) of sharded_prefill, for generate to check
+        _, per_layer = get_layer_types_and_kwargs(text)
+        layers = []
+        for i, (kind, kw) in enumerate(zip(kinds, per_layer)):
+            if kind == "full":
+                layers.append(ShardedLayer(self, i))
+            elif kind == "window":
+                layers.append(WindowLayer(self, i, kw["sliding_window"]))
+            elif kind == "recurrent":
+                layers.append(LinearAttentionLayer(**kw))
+            else:
+                layers.append(DummyLayer())
+        super().__init__(layers=layers)
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        if not 0 <= layer_idx < len(self.layers):
+            raise HFIntegrationError(f"layer {layer_idx} updates a ShardedCache made for "
+                                     f"{len(self.layers)} layers of {self.name} (a cache "
+                                     "built for another config)")
+        if isinstance(self.layers[layer_idx], (LinearAttentionLayer, DummyLayer)):
+            raise HFIntegrationError(f"layer {layer_idx} of {self.name} stores K/V, and the "
+                                     "config says it has none (a cache built for another "
+                                     "config)")
+        return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def check_shape(self, index: int, key_states: torch.Tensor) -> None:
+        """Refuse K/V whose heads do not match the config the cache was made for."""
+        want = self.head_shape.get(index)
+        got = (int(key_states.shape[1]), int(key_states.shape[3]))
+        if want is not None and got != want:
+            raise HFIntegrationError(f"layer {index} stores K/V of {got[0]} heads of "
+                                     f"{got[1]}, and the ShardedCache was made for {self.name} "
+                                     f"with {want[0]} of {want[1]} (a cache built for another "
+                                     "config)")
+
+    def agree_on(self, key_states: torch.Tensor) -> None:
+        """Every rank must decode the same token: a digest of the new token's K (B, Hkv, 1, D)
+        at the first sharded layer, compared across the group (one all-reduce of two numbers
+        per step). Ranks that sampled differently, or were given different ids, are refused
+        before they attend to one another's shards."""
+        k = key_states.detach().double().flatten()
+        weights = torch.arange(1, k.numel() + 1, dtype=torch.float64, device=k.device)
+        mine = torch.stack([k.sum(), (k * weights).sum()])
+        both = torch.cat([mine, -mine])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.attention.ctx.group)
+        if not torch.equal(both[:2], -both[2:]):
+            raise HFIntegrationError(
+                f"{self.name}: the ranks decode different tokens (their new keys differ): "
+                "give every rank the same ids, and when sampling seed every rank alike and "
+                "pass logits_processor=[treeattn.hf.RankZeroScores()]")
 
     def begin_ring(self, layout, prompt: int, seq: int | None = None) -> None:
         """Enter one ring of a sharded prefill (:func:`treeattn.hf.sharded_prefill`): updates
@@ -312,10 +433,12 @@ class ShardedCache(Cache):
         """Leave sharded prefill: every layer's kept pieces become its shard."""
         self.ring = None
         for layer in self.layers:
-            layer.finish_ring(prompts, total, len(prompts))
+            if isinstance(layer, ShardedLayer):
+                layer.finish_ring(prompts, total, len(prompts))
 
     def reset(self) -> None:
         self.ring = None
+        release(self)
         super().reset()
 
     def owner(self, position: int, prompt: int) -> int:
@@ -335,5 +458,26 @@ class ShardedCache(Cache):
 
     @property
     def local_lengths(self) -> list[int]:
-        """Tokens each layer holds here for its longest sequence."""
-        return [layer.local for layer in self.layers]
+        """Tokens each layer holds here for its longest sequence (0: a layer without K/V)."""
+        return [layer.local if isinstance(layer, ShardedLayer) else
+                int(layer.keys.shape[-2]) if isinstance(layer, WindowLayer)
+                and layer.is_initialized else 0 for layer in self.layers]
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds per layer kind: ``full`` (its shards' tokens, not the
+        storage's spare room), ``window`` (the bounded K/V, whole) and ``recurrent`` (the
+        conv and recurrent states)."""
+        out = {"full": 0, "window": 0, "recurrent": 0}
+        for layer in self.layers:
+            if isinstance(layer, ShardedLayer) and layer.store is not None:
+                per_token = layer.store[:, :, :, :1].numel() * layer.store.element_size()
+                out["full"] += per_token * sum(layer.counts)
+            elif isinstance(layer, WindowLayer) and layer.is_initialized:
+                out["window"] += sum(t.numel() * t.element_size()
+                                     for t in (layer.keys, layer.values))
+            elif isinstance(layer, LinearAttentionLayer):
+                for states in (layer.conv_states, layer.recurrent_states):
+                    for t in (states.values() if isinstance(states, dict) else states or []):
+                        if isinstance(t, torch.Tensor):
+                            out["recurrent"] += t.numel() * t.element_size()
+        return out
