@@ -113,7 +113,50 @@ def _world2_job(ctx):
                                             cache=cache))
     sampled = _sampling(ctx, model)
     return {"report": report, "batch": batch, "padded": padded, "other": other,
-            "sampled": sampled}
+            "sampled": sampled, "silent": _silent_cases(ctx)}
+
+
+def _silent_cases(ctx) -> dict[str, str]:
+    """What once decoded wrong tokens without an error, each now refused on every rank before
+    generate returns: the refusal messages by case."""
+    import treeattn.hf
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, 160, (2, 11), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    new = functools.partial(treeattn.hf.ShardedCache, model.config, "tree")
+    kw = dict(max_new_tokens=4, do_sample=False)
+    out = {}
+    # a model whose attention is not treeattn's, given a ShardedCache (replicated prefill)
+    out["sdpa"] = _refused(lambda: model.generate(ids, cache=new(), **kw))
+    model.set_attn_implementation("treeattn")
+    # the prefill's mask not given to generate, and the other way round
+    cache = new()
+    treeattn.hf.sharded_prefill(model, ids, cache, attention_mask=mask)
+    out["mask"] = _refused(lambda: model.generate(ids, cache=cache, **kw))
+    cache = new()
+    treeattn.hf.sharded_prefill(model, ids, cache)
+    out["mask2"] = _refused(lambda: model.generate(ids, cache=cache, attention_mask=mask, **kw))
+    # generate given other ids than the prefill's
+    cache = new()
+    treeattn.hf.sharded_prefill(model, ids, cache)
+    out["ids"] = _refused(lambda: model.generate(ids.flip(1), cache=cache, **kw))
+    # sampling with a different seed per rank and no RankZeroScores
+    torch.manual_seed(100 + ctx.rank)
+    out["seed"] = _refused(lambda: model.generate(ids, cache=new(), max_new_tokens=8,
+                                                  do_sample=True, temperature=5.0))
+    # a second turn on the same cache
+    cache = new()
+    first = model.generate(ids, cache=cache, **kw)
+    more = torch.cat([first, ids[:, :3]], dim=1)
+    out["turn"] = _refused(lambda: model.generate(more, cache=cache, **kw))
+    # a cache made for another config
+    other = tiny_config("llama")
+    other.num_hidden_layers = 1
+    small = treeattn.hf.ShardedCache(other, "tree")
+    out["config"] = _refused(lambda: model.generate(ids, cache=small, **kw))
+    return out
 
 
 def _sampling(ctx, model):
@@ -147,6 +190,14 @@ def test_llama_gqa_world2_like_one_process_and_refusals():
     assert len(out["padded"]) == 2 and len(out["sampled"][0]) == 26
     assert "this ShardedCache was made for rank 1 of 2, and is used by rank 0 of 2" \
         in out["other"]
+    silent = out["silent"]
+    assert "did not attend through treeattn" in silent["sdpa"]
+    assert "attention_mask differs from the one sharded_prefill had" in silent["mask"]
+    assert "attention_mask differs from the one sharded_prefill had" in silent["mask2"]
+    assert "do not begin with the 10 prefilled positions" in silent["ids"]
+    assert "the ranks decode different tokens" in silent["seed"]
+    assert "a 4-token forward on a cache holding 14 positions" in silent["turn"]
+    assert "made for 1 layers of llama" in silent["config"]
 
 
 def test_qwen2_bias_world3_like_one_process():
@@ -273,17 +324,17 @@ def test_the_cache_runs_on_a_process_subgroup():
 
 
 @pytest.mark.parametrize("config,feature", [
-    (lambda: transformers.MistralConfig(sliding_window=16), "sliding-window"),
-    (lambda: transformers.Qwen2Config(use_sliding_window=True, sliding_window=16,
-                                      max_window_layers=0), "sliding-window"),
-    (lambda: transformers.DeepseekV3Config(), "multi-head latent attention"),
-    (lambda: transformers.Gemma2Config(), "sliding-window|soft-capping"),
+    (lambda: transformers.DeepseekV3Config(), "deepseek_v3 .*multi-head latent attention"),
+    (lambda: transformers.BloomConfig(), "bloom .*ALiBi"),
+    (lambda: transformers.DiffLlamaConfig(), "diffllama .*twice per cache update"),
+    (lambda: transformers.BartConfig(), "bart .*cross-attention"),
+    (lambda: transformers.FalconMambaConfig(), "falcon_mamba: no layer keeps K/V"),
 ])
 def test_unsupported_model_features_are_refused_by_name(config, feature):
-    from treeattn.hf.cache import HFIntegrationError, refuse_unsupported
+    from treeattn.hf import HFIntegrationError, ShardedCache
 
     with pytest.raises(HFIntegrationError, match=feature):
-        refuse_unsupported(config())
+        ShardedCache(config(), "tree")  # refused before any process group is needed
 
 
 def test_the_layout_owner_rule():
