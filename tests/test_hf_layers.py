@@ -75,6 +75,8 @@ def tiny_config(kind: str):
     raise ValueError(kind)
 
 
+# sharded_prefill: windows and chunks straddle the ranks' zig-zag chunks (2-3 tokens each)
+SHARDED_PREFILL = ("mistral", "qwen2_window", "gemma3", "cohere2", "llama4")
 KINDS = ("mistral", "qwen2_window", "gemma2", "gemma3", "gpt_oss", "cohere2", "llama4",
          "jamba", "lfm2", "qwen3_next", "granitemoehybrid")
 
@@ -109,7 +111,22 @@ def _all_kinds_job(ctx, algorithm: str):
         assert torch.equal(got_ids, want_ids), kind
         err = float((got_logits - want_logits).abs().max())
         assert err < LOGIT_ATOL, (kind, err)
-        report.append((kind, err, cache.kinds, cache.memory_bytes()))
+        memory = cache.memory_bytes()
+        if kind in SHARDED_PREFILL:
+            cache = treeattn.hf.ShardedCache(model.config, algorithm, reserve=NEW_TOKENS)
+            assert treeattn.hf.sharded_prefill(model, ids, cache) == PROMPT - 1
+            got_ids, got_logits = _generate(model, ids, cache=cache)
+            assert torch.equal(got_ids, want_ids), ("sharded", kind)
+            err = max(err, float((got_logits - want_logits).abs().max()))
+            assert err < LOGIT_ATOL, ("sharded", kind, err)
+        else:
+            cache = treeattn.hf.ShardedCache(model.config, algorithm)
+            try:
+                treeattn.hf.sharded_prefill(model, ids, cache)
+                raise AssertionError(f"{kind}: sharded_prefill was not refused")
+            except treeattn.hf.HFIntegrationError as exc:
+                memory["refused"] = str(exc)
+        report.append((kind, err, cache.kinds, memory))
     return report
 
 
@@ -124,3 +141,5 @@ def test_bounded_and_recurrent_layers_like_one_process(world, algorithm):
     memory = {r[0]: r[3] for r in report}
     assert memory["gemma3"]["window"] == 2 * 1 * 2 * 3 * 8 * 4  # K and V, 3 = window - 1
     assert memory["jamba"]["recurrent"] > 0
+    assert "recurrent (Mamba, linear-attention, conv) layers" in memory["lfm2"]["refused"]
+    assert "soft-capping or attention sinks" in memory["gpt_oss"]["refused"]

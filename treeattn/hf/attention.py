@@ -33,7 +33,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from treeattn.hf.cache import HFIntegrationError, ShardedLayer, claim
+from treeattn.hf.cache import HFIntegrationError, ShardedLayer, WindowLayer, claim
 from treeattn.runtime.prefill_ring import ring_attention
 
 ATTENTION_NAME = "treeattn"
@@ -44,6 +44,8 @@ def treeattn_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
                        **kwargs):
     """Attention of ``query`` (B, Hq, S, D); returns ``(out (B, S, Hq, D), None)``."""
     layer = claim(module, key)
+    if isinstance(layer, WindowLayer) and layer.mode == "ring":
+        return _window_ring(layer, module, query, key, value, dropout, scaling, kwargs)
     if not isinstance(layer, ShardedLayer):  # no cache, or a bounded layer: whole here
         return local_attention(module, query, key, value, attention_mask, dropout, scaling,
                                kwargs)
@@ -79,6 +81,18 @@ def treeattn_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
         sink = sinks.float().reshape(1, -1).to(lse.device)  # (1, Hq)
         o = o * torch.exp(lse - torch.logaddexp(lse, sink))[..., None]
     return o.to(query.dtype)[:, None], None  # (B, 1, Hq, D)
+
+
+def _window_ring(layer: WindowLayer, module, query, key, value, dropout, scaling, kwargs):
+    """A bounded layer in the sharded prefill: this rank's queries (B, Hq, T, D) over the
+    keys they see, gathered from every rank (:meth:`WindowLayer.gather`), by transformers'
+    mask rule, attended locally."""
+    positions, kv = layer.gather(torch.stack([key, value]))  # (2, B, Hkv, m, D)
+    ring = layer.cache.ring[0]
+    q_pos = torch.tensor(ring.positions(layer.cache.rank, queries=True), device=query.device)
+    k_pos = torch.tensor(positions, device=query.device)
+    mask = layer.sees(q_pos, k_pos)[None, None].expand(query.shape[0], 1, -1, -1)  # (B,1,T,m)
+    return local_attention(module, query, kv[0], kv[1], mask, dropout, scaling, kwargs)
 
 
 def _softcap(kwargs):

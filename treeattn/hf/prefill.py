@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from treeattn.hf.cache import HFIntegrationError, ShardedCache, ShardedLayer, release
+from treeattn.hf.cache import HFIntegrationError, ShardedCache, ShardedLayer, WindowLayer, release
 from treeattn.hf.support import model_type
 from treeattn.runtime.prefill_ring import ring_attention
 from treeattn.sim.prefill.layout import PrefillLayout
@@ -62,6 +62,8 @@ def _ring(model, ids: torch.Tensor, cache: ShardedCache, seq: int | None) -> Non
     for layer in cache.layers:
         if isinstance(layer, ShardedLayer):
             ring_attention(ctx, layout, q, own, layer.keep_ring_block)
+        elif isinstance(layer, WindowLayer):
+            layer.gather(own)
 
 
 @torch.no_grad()
@@ -89,12 +91,11 @@ def sharded_prefill(model, input_ids: torch.Tensor, cache: ShardedCache,
         raise HFIntegrationError(f"the ShardedCache was made for {cache.name} with "
                                  f"{len(cache.layers)} layers, and the model is "
                                  f"{model_type(model.config)} with {_layers(model.config)}")
-    bounded = sorted({k for k in cache.kinds if k in ("window", "recurrent")})
-    if bounded:
+    if "recurrent" in cache.kinds:
         raise HFIntegrationError(
-            f"{cache.name}: sharded_prefill runs full-attention layers only, and this model "
-            f"has {' and '.join(bounded)} layers: prefill replicated (generate on the empty "
-            "ShardedCache), which shards the full layers' K/V as well")
+            f"{cache.name}: sharded_prefill does not run recurrent (Mamba, linear-attention, "
+            "conv) layers, whose state passes from token to token: prefill replicated "
+            "(generate on the empty ShardedCache), which shards the full layers' K/V as well")
     batch, length = input_ids.shape
     padded = attention_mask is not None and not bool(attention_mask.all())
     if padded:
