@@ -188,7 +188,7 @@ class ShardedLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         c, (b, _, s, _) = self.cache, key_states.shape
         c.check_group()
-        c.check_shape(self.index, key_states)
+        c.check_shape(self.index, key_states, value_states)
         if c.ring is not None:  # sharded prefill: this rank's chunks, for the ring
             self.mode = "ring"
             return key_states, value_states
@@ -307,16 +307,6 @@ class ShardedLayer(CacheLayerMixin):
                                  "treeattn")
 
 
-def _kv_shape(text) -> dict[int, tuple[int, int]]:
-    """(KV heads, head dim) of every layer, where the config says so plainly."""
-    hq = getattr(text, "num_attention_heads", None)
-    hkv = getattr(text, "num_key_value_heads", None) or hq
-    d = getattr(text, "head_dim", None) or (text.hidden_size // hq if hq else None)
-    if not isinstance(hkv, int) or not isinstance(d, int):
-        return {}
-    return {i: (hkv, d) for i in range(int(text.num_hidden_layers))}
-
-
 class WindowLayer(DynamicSlidingWindowLayer):
     """A sliding-window or chunked layer: transformers' own bounded layer (the last
     ``sliding_window - 1`` tokens), whole on every rank and attended locally.
@@ -339,7 +329,7 @@ class WindowLayer(DynamicSlidingWindowLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         c = self.cache
         c.check_group()
-        c.check_shape(self.index, key_states)
+        c.check_shape(self.index, key_states, value_states)
         if c.ring is not None:  # sharded prefill: this rank's chunks, for the gather
             if c.ring[2] is not None:
                 raise HFIntegrationError(f"{c.name}: sharded_prefill of a left-padded batch "
@@ -437,14 +427,11 @@ class ShardedCache(Cache):
         if not isinstance(interleave_size, int) or interleave_size < 1:
             raise HFIntegrationError(f"interleave_size must be a positive integer, got "
                                      f"{interleave_size!r}")
-        if "full" not in kinds and "window" not in kinds:
-            raise HFIntegrationError(f"{model_type(config)}: no layer keeps K/V, so there is "
-                                     "nothing to shard (use transformers' own cache)")
         text = text_config(config)
         self.name, self.kinds = model_type(config), kinds
         # the first layer with K/V: its decode steps compare a digest across the ranks
         self.first_kv = next(i for i, k in enumerate(kinds) if k in ("full", "window"))
-        self.head_shape = _kv_shape(text)
+        self.head_shape: dict[int, tuple[int, int, int]] = {}  # layer: (Hkv, Dk, Dv) seen
         self.attention = ShardedAttention(plan_or_algorithm, group, timeout_s=timeout_s)
         self.rank, self.world = self.attention.rank, self.attention.world
         self.layout, self.interleave, self.reserve = layout, interleave_size, max(0, reserve)
@@ -477,15 +464,20 @@ class ShardedCache(Cache):
                                      "config)")
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
 
-    def check_shape(self, index: int, key_states: torch.Tensor) -> None:
-        """Refuse K/V whose heads do not match the config the cache was made for."""
-        want = self.head_shape.get(index)
-        got = (int(key_states.shape[1]), int(key_states.shape[3]))
-        if want is not None and got != want:
-            raise HFIntegrationError(f"layer {index} stores K/V of {got[0]} heads of "
-                                     f"{got[1]}, and the ShardedCache was made for {self.name} "
-                                     f"with {want[0]} of {want[1]} (a cache built for another "
-                                     "config)")
+    def check_shape(self, index: int, key_states: torch.Tensor,
+                    value_states: torch.Tensor) -> None:
+        """Refuse K/V whose heads change from one update to the next (a cache used by
+        another model), and V heads wider or narrower than K's on a sharded layer."""
+        got = (int(key_states.shape[1]), int(key_states.shape[3]), int(value_states.shape[3]))
+        want = self.head_shape.setdefault(index, got)
+        if got != want:
+            raise HFIntegrationError(f"{self.name}: layer {index} stores K/V of {got[0]} heads "
+                                     f"of {got[1]}, after {want[0]} of {want[1]} (a cache "
+                                     "used by another model)")
+        if got[1] != got[2] and self.kinds[index] == "full":
+            raise HFIntegrationError(f"{self.name}: layer {index}'s V heads ({got[2]}) differ "
+                                     f"from its K heads ({got[1]}), which the sharded "
+                                     "attention does not serve")
 
     def agree_on(self, key_states: torch.Tensor) -> None:
         """Every rank must decode the same token: a digest of the new token's K (B, Hkv, 1, D)

@@ -168,4 +168,5 @@ def _compare(cache: ShardedCache, expected, input_ids, mask) -> None:
             given is not None and not torch.equal(given.to(want_mask.device).bool(),
                                                   want_mask.bool())):
         raise HFIntegrationError(f"{cache.name}: generate's attention_mask differs from the "
-                                 "one sharded_prefill had: pass both the same mask")
+                                 "one sharded_prefill had (without one, generate masks the "
+                                 "ids equal to pad_token_id): pass both the same mask")

@@ -48,6 +48,9 @@ REFUSED_MODEL_TYPES = {
     "rwkv": "an RWKV state, not transformers' cache",
     "xlstm": "an xLSTM state, not transformers' cache",
     "mllama": "cross-attention layers attend to the image, not the text cache",
+    "doge": "its dynamic mask is computed in the layer from every cached value",
+    "minimax": "it keeps a cache of its own (lightning attention)",
+    "openai-gpt": "it keeps no K/V cache",
 }
 
 
@@ -103,5 +106,9 @@ def check_served(config) -> list[str]:
                                                                           "relative_key_query")):
             raise HFIntegrationError(f"{name} is not served by treeattn: position biases "
                                      f"added to the attention scores ({flag}={value!r})")
-    return layer_kinds(config)
+    kinds = layer_kinds(config)
+    if "full" not in kinds and "window" not in kinds:
+        raise HFIntegrationError(f"{name} is not served by treeattn: no layer keeps K/V, so "
+                                 "there is nothing to shard (use transformers' own cache)")
+    return kinds
 
