@@ -328,7 +328,7 @@ def test_the_cache_runs_on_a_process_subgroup():
     (lambda: transformers.BloomConfig(), "bloom .*ALiBi"),
     (lambda: transformers.DiffLlamaConfig(), "diffllama .*twice per cache update"),
     (lambda: transformers.BartConfig(), "bart .*cross-attention"),
-    (lambda: transformers.FalconMambaConfig(), "falcon_mamba: no layer keeps K/V"),
+    (lambda: transformers.FalconMambaConfig(), "falcon_mamba .*no layer keeps K/V"),
 ])
 def test_unsupported_model_features_are_refused_by_name(config, feature):
     from treeattn.hf import HFIntegrationError, ShardedCache
@@ -407,9 +407,10 @@ def test_smollm2_gguf_like_one_process(smollm2, world):
 
 @pytest.mark.parametrize("args,message", [
     (["--model", "debug"], "--engine hf needs a transformers model"),
-    (["--nproc", "1"], "--nproc must be at least 2"),
+    (["--nproc", "0"], "--nproc must be at least 1"),
     (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
-    (["--context-tokens", "100"], "--context-tokens is not supported with --engine hf"),
+    (["--context-tokens", "-5"], "--context-tokens must not be negative"),
+    (["--cuda-graph"], "--cuda-graph is not supported with --engine hf"),
 ])
 def test_generate_engine_hf_refuses_with_one_line(args, message, capsys):
     from treeattn.cli import main
@@ -475,3 +476,23 @@ def test_generate_engine_hf_on_a_model_folder(tmp_path, capsys):
     assert demo_hf(console, args, planned_schedule) == 0
     assert "greedy tokens identical to transformers' own single-process generate" in \
         console.export_text()
+
+
+def _world1_job(ctx):
+    """A group of one: sharded prefill and generate, the cache holding everything."""
+    import treeattn.hf
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, 160, (1, 9), generator=torch.Generator().manual_seed(1))
+    want_ids, want_logits = _generate(model, ids)
+    model.set_attn_implementation("treeattn")
+    cache = treeattn.hf.ShardedCache(model.config, "tree", reserve=NEW_TOKENS)
+    assert treeattn.hf.sharded_prefill(model, ids, cache) == 8
+    got_ids, got_logits = _generate(model, ids, cache=cache)
+    assert torch.equal(got_ids, want_ids)
+    assert float((got_logits - want_logits).abs().max()) < LOGIT_ATOL
+    return cache.local_lengths
+
+
+def test_world_1_is_one_process():
+    assert launch(_world1_job, 1, LaunchOptions(timeout_s=120, threads=1)) == [40, 40]

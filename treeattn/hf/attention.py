@@ -71,12 +71,13 @@ def treeattn_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     if scaling is not None and attn.scale is None:
         attn.scale = float(scaling)  # the model's own score scale, on every rank alike
     q = query[:, :, 0]  # (B, Hq, D)
-    if softcap is None and sinks is None:
+    if softcap is None and sinks is None and attn.world > 1:
         out = attn(q, key, value, kv_len=layer.kv_len())  # (B, Hq, D), every rank
         return out[:, None], None  # (B, 1, Hq, D)
     scale = attn.scale if attn.scale is not None else q.shape[-1] ** -0.5
     o, lse = _partial(q, key, value, scale, softcap, layer.kv_len())
-    o, lse = attn.reduce(o, lse, lse_base="e", scale=scale)  # (B, Hq, D), (B, Hq)
+    if attn.world > 1:  # a group of one holds the whole cache: its partial is the answer
+        o, lse = attn.reduce(o, lse, lse_base="e", scale=scale)  # (B, Hq, D), (B, Hq)
     if sinks is not None:  # a sink logit per head joins the softmax's denominator
         sink = sinks.float().reshape(1, -1).to(lse.device)  # (1, Hq)
         o = o * torch.exp(lse - torch.logaddexp(lse, sink))[..., None]
