@@ -455,10 +455,11 @@ def test_generate_engine_hf_on_a_model_folder(tmp_path, capsys):
     prompt = " ".join(f"w{i}" for i in (5, 17, 3, 99, 42, 8, 61, 23, 7))
     assert main(["generate", "--engine", "hf", "--model", str(tmp_path), "--nproc", "2",
                  "--prompt", prompt, "--max-new-tokens", "6", "--algorithm", "butterfly",
-                 "--verify", "--json"]) == 0
+                 "--context-tokens", "30", "--verify", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["identical_to_single_process"] is True and len(record["tokens"]) == 6
-    assert record["prefilled_tokens"] == 8 and record["prefill"].startswith("sharded")
+    assert record["prefilled_tokens"] == 38 and record["prefill"].startswith("sharded")
+    assert record["memory_bytes_per_rank"]["full"] == 2 * 19 * 2 * 2 * 16 * 4  # 19 of 38
     # the same through make demo's summary (treeattn.commands.generate_hf.demo_hf)
     import argparse
 
@@ -496,3 +497,22 @@ def _world1_job(ctx):
 
 def test_world_1_is_one_process():
     assert launch(_world1_job, 1, LaunchOptions(timeout_s=120, threads=1)) == [40, 40]
+
+
+def test_generate_engine_hf_names_what_it_cannot_serve(tmp_path, capsys):
+    """A model type treeattn does not serve, and a config transformers cannot read: one
+    error line each, before any rank starts."""
+    from treeattn.cli import main
+
+    bloom = tmp_path / "bloom"
+    transformers.BloomConfig(n_layer=1, hidden_size=16, n_head=2,
+                             vocab_size=32).save_pretrained(bloom)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    for folder, message in ((bloom, "bloom is not served by treeattn: ALiBi"),
+                            (broken, "transformers cannot read the config of")):
+        assert main(["generate", "--engine", "hf", "--model", str(folder), "--prompt",
+                     "hi"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
