@@ -337,6 +337,22 @@ def test_unsupported_model_features_are_refused_by_name(config, feature):
         ShardedCache(config(), "tree")  # refused before any process group is needed
 
 
+@pytest.mark.parametrize("config,name", [
+    (lambda: transformers.FalconConfig(num_hidden_layers=1, hidden_size=16,
+                                       num_attention_heads=2, vocab_size=32), "falcon"),
+    (lambda: transformers.GPTNeoConfig(num_layers=2, hidden_size=16, num_heads=2,
+                                       vocab_size=32, attention_types=[[["global"], 2]]),
+     "gpt_neo"),
+])
+def test_models_with_their_own_attention_table_are_refused_when_loaded(config, name):
+    """Falcon and GPT-Neo look attention up in tables of their own: loading one with
+    attn_implementation="treeattn" is a named refusal, not a KeyError."""
+    from treeattn.hf import HFIntegrationError
+
+    with pytest.raises(HFIntegrationError, match=f"{name} is not served by treeattn"):
+        transformers.AutoModelForCausalLM.from_config(config(), attn_implementation="treeattn")
+
+
 def test_the_layout_owner_rule():
     from treeattn.hf import owner_of
 

@@ -181,9 +181,37 @@ def _real_keys(mask, batch: int) -> torch.Tensor | None:
 
 
 def register() -> None:
-    """Register ``"treeattn"`` with transformers' attention and mask interfaces (idempotent)."""
+    """Register ``"treeattn"`` with transformers' attention and mask interfaces, and as a
+    named refusal in the attention tables of the models that keep their own (so that loading
+    one with ``attn_implementation="treeattn"`` says why, not ``KeyError``). Idempotent."""
+    import importlib
+
     AttentionInterface.register(ATTENTION_NAME, treeattn_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    for name, (module, table) in OWN_ATTENTION_TABLES.items():
+        classes = getattr(importlib.import_module(module), table, None)
+        if isinstance(classes, dict):
+            classes.setdefault(ATTENTION_NAME, _Refused(name))
+
+
+# Models that pick their attention class from a table of their own, by implementation name.
+OWN_ATTENTION_TABLES = {
+    "falcon": ("transformers.models.falcon.modeling_falcon", "FALCON_ATTENTION_CLASSES"),
+    "gpt_neo": ("transformers.models.gpt_neo.modeling_gpt_neo", "GPT_NEO_ATTENTION_CLASSES"),
+}
+
+
+class _Refused:
+    """Stands for treeattn in a model's own attention table: building it refuses the model."""
+
+    def __init__(self, model_type: str) -> None:
+        self.model_type = model_type
+
+    def __call__(self, *args, **kwargs):
+        from treeattn.hf.support import REFUSED_MODEL_TYPES
+
+        raise HFIntegrationError(f"{self.model_type} is not served by treeattn: "
+                                 f"{REFUSED_MODEL_TYPES[self.model_type]}")
 
 
 
