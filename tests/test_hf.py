@@ -113,7 +113,29 @@ def _world2_job(ctx):
                                             cache=cache))
     sampled = _sampling(ctx, model)
     return {"report": report, "batch": batch, "padded": padded, "other": other,
-            "sampled": sampled, "silent": _silent_cases(ctx)}
+            "sampled": sampled, "silent": _silent_cases(ctx), "seeds": _seeds(ctx, model)}
+
+
+def _seeds(ctx, model) -> str:
+    """Sampling with a different seed on each rank and no RankZeroScores: every rank draws
+    rank 0's tokens (the cache gives every rank rank 0's random state at each forward),
+    those of transformers in one process seeded as rank 0."""
+    import torch.distributed as dist
+
+    import treeattn.hf
+
+    ids = torch.randint(0, 100, (1, 10), generator=torch.Generator().manual_seed(9))
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=True, temperature=1.5)
+    model.set_attn_implementation("sdpa")
+    torch.manual_seed(100)
+    want = model.generate(ids, **kw)
+    model.set_attn_implementation("treeattn")
+    torch.manual_seed(100 + ctx.rank)
+    got = model.generate(ids, cache=treeattn.hf.ShardedCache(model.config, "tree"), **kw)
+    everyone = [None] * ctx.world
+    dist.all_gather_object(everyone, got.tolist())
+    assert all(g == everyone[0] for g in everyone) and torch.equal(got, want)
+    return "alike"
 
 
 def _silent_cases(ctx) -> dict[str, str]:
@@ -142,10 +164,9 @@ def _silent_cases(ctx) -> dict[str, str]:
     cache = new()
     treeattn.hf.sharded_prefill(model, ids, cache)
     out["ids"] = _refused(lambda: model.generate(ids.flip(1), cache=cache, **kw))
-    # sampling with a different seed per rank and no RankZeroScores
-    torch.manual_seed(100 + ctx.rank)
-    out["seed"] = _refused(lambda: model.generate(ids, cache=new(), max_new_tokens=8,
-                                                  do_sample=True, temperature=5.0))
+    # different ids on each rank: the ranks' new keys differ at the first decode step
+    out["rank_ids"] = _refused(lambda: model.generate((ids + ctx.rank) % 160, cache=new(),
+                                                      **kw))
     # a second turn on the same cache
     cache = new()
     first = model.generate(ids, cache=cache, **kw)
@@ -195,7 +216,8 @@ def test_llama_gqa_world2_like_one_process_and_refusals():
     assert "attention_mask differs from the one sharded_prefill had" in silent["mask"]
     assert "attention_mask differs from the one sharded_prefill had" in silent["mask2"]
     assert "do not begin with the 10 prefilled positions" in silent["ids"]
-    assert "the ranks decode different tokens" in silent["seed"]
+    assert "the ranks decode different tokens" in silent["rank_ids"]
+    assert out["seeds"] == "alike"
     assert "a 4-token forward on a cache holding 14 positions" in silent["turn"]
     assert "made for 1 layers of llama" in silent["config"]
 

@@ -189,6 +189,8 @@ class ShardedLayer(CacheLayerMixin):
         c, (b, _, s, _) = self.cache, key_states.shape
         c.check_group()
         c.check_shape(self.index, key_states, value_states)
+        if c.ring is None and self.index == c.first_kv:
+            c.share_rng(key_states.device)
         if c.ring is not None:  # sharded prefill: this rank's chunks, for the ring
             self.mode = "ring"
             return key_states, value_states
@@ -339,8 +341,10 @@ class WindowLayer(DynamicSlidingWindowLayer):
             note_update(self, key_states)
             return key_states, value_states
         self.mode = "local"
-        if self.index == c.first_kv and self.cumulative_length and key_states.shape[2] == 1:
-            c.agree_on(key_states)
+        if self.index == c.first_kv:
+            c.share_rng(key_states.device)
+            if self.cumulative_length and key_states.shape[2] == 1:
+                c.agree_on(key_states)
         k, v = super().update(key_states, value_states, *args, **kwargs)
         note_update(self, k)
         return k, v
@@ -478,6 +482,23 @@ class ShardedCache(Cache):
             raise HFIntegrationError(f"{self.name}: layer {index}'s V heads ({got[2]}) differ "
                                      f"from its K heads ({got[1]}), which the sharded "
                                      "attention does not serve")
+
+    def share_rng(self, device: torch.device) -> None:
+        """Give every rank the first rank's random state, once per forward (at the first K/V
+        layer), so that sampling after it draws alike everywhere: the ranks' scores are the
+        same to the bit (the merged attention is, on every rank), and now so is the draw,
+        whatever each rank was seeded with (one broadcast of the generator's state)."""
+        if self.world == 1:
+            return
+        ctx = self.attention.ctx
+        src = ctx.ranks[0] if getattr(ctx, "ranks", None) else 0
+        state = torch.get_rng_state().to(ctx.device)  # (n,) uint8
+        dist.broadcast(state, src=src, group=ctx.group)
+        torch.set_rng_state(state.cpu())
+        if device.type == "cuda":
+            state = torch.cuda.get_rng_state(device).to(ctx.device)
+            dist.broadcast(state, src=src, group=ctx.group)
+            torch.cuda.set_rng_state(state.cpu(), device)
 
     def agree_on(self, key_states: torch.Tensor) -> None:
         """Every rank must decode the same token: a digest of the new token's K (B, Hkv, 1, D)
