@@ -172,6 +172,9 @@ def _silent_cases(ctx) -> dict[str, str]:
     first = model.generate(ids, cache=cache, **kw)
     more = torch.cat([first, ids[:, :3]], dim=1)
     out["turn"] = _refused(lambda: model.generate(more, cache=cache, **kw))
+    # a mask of the wrong length
+    out["mask_len"] = _refused(lambda: treeattn.hf.sharded_prefill(
+        model, ids, new(), attention_mask=torch.ones(2, 10, dtype=torch.long)))
     # a cache made for another config
     other = tiny_config("llama")
     other.num_hidden_layers = 1
@@ -220,6 +223,7 @@ def test_llama_gqa_world2_like_one_process_and_refusals():
     assert out["seeds"] == "alike"
     assert "a 4-token forward on a cache holding 14 positions" in silent["turn"]
     assert "made for 1 layers of llama" in silent["config"]
+    assert "attention_mask (2, 10) does not match input_ids (2, 11)" in silent["mask_len"]
 
 
 def test_qwen2_bias_world3_like_one_process():
@@ -351,6 +355,7 @@ def test_the_cache_runs_on_a_process_subgroup():
     (lambda: transformers.DiffLlamaConfig(), "diffllama .*twice per cache update"),
     (lambda: transformers.BartConfig(), "bart .*cross-attention"),
     (lambda: transformers.FalconMambaConfig(), "falcon_mamba .*no layer keeps K/V"),
+    (lambda: transformers.NemotronConfig(), "nemotron is not in treeattn's list of served"),
 ])
 def test_unsupported_model_features_are_refused_by_name(config, feature):
     from treeattn.hf import HFIntegrationError, ShardedCache

@@ -419,13 +419,15 @@ class ShardedCache(Cache):
     ``plan_or_algorithm``: what :class:`treeattn.ShardedAttention` takes (a ``Plan``, or an
     algorithm name; ``"auto"``: the planner's pick). ``layout``: ``"contiguous"`` or
     ``"interleaved"`` (``interleave_size`` positions per turn, as vLLM's flag). ``reserve``:
-    tokens to make room for up front (e.g. ``max_new_tokens``). Making it is collective.
+    tokens to make room for up front (e.g. ``max_new_tokens``). ``unlisted``: serve a model
+    type outside :data:`treeattn.hf.support.SERVED_MODEL_TYPES` (unvetted). Making it is
+    collective.
     """
 
     def __init__(self, config, plan_or_algorithm="auto", *, layout: str = "contiguous",
                  interleave_size: int = 1, reserve: int = 0, group=None,
-                 timeout_s: float = 60.0) -> None:
-        kinds = check_served(config)
+                 timeout_s: float = 60.0, unlisted: bool = False) -> None:
+        kinds = check_served(config, unlisted)
         if layout not in LAYOUTS:
             raise HFIntegrationError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         if not isinstance(interleave_size, int) or interleave_size < 1:

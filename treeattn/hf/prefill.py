@@ -97,11 +97,11 @@ def sharded_prefill(model, input_ids: torch.Tensor, cache: ShardedCache,
             "conv) layers, whose state passes from token to token: prefill replicated "
             "(generate on the empty ShardedCache), which shards the full layers' K/V as well")
     batch, length = input_ids.shape
+    if attention_mask is not None and tuple(attention_mask.shape) != (batch, length):
+        raise HFIntegrationError(f"attention_mask {tuple(attention_mask.shape)} does not "
+                                 f"match input_ids {(batch, length)}")
     padded = attention_mask is not None and not bool(attention_mask.all())
     if padded:
-        if tuple(attention_mask.shape) != (batch, length):
-            raise HFIntegrationError(f"attention_mask {tuple(attention_mask.shape)} does not "
-                                     f"match input_ids {(batch, length)}")
         real = attention_mask.bool()
         if not bool(real[:, -1].all()) or bool((real[:, 1:] < real[:, :-1]).any()):
             raise HFIntegrationError("sharded prefill takes left padding only: each "

@@ -54,6 +54,28 @@ REFUSED_MODEL_TYPES = {
 }
 
 
+# The decoders' model types tests/test_hf_architectures.py finds identical to transformers'
+# own generate (it checks this list against its run).
+SERVED_MODEL_TYPES = frozenset({
+    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "bamba", "beam", "bert",
+    "bert-generation", "biogpt", "bitnet", "camembert", "codegen", "cohere", "cohere2",
+    "cohere2_moe", "ctrl", "cwm", "data2vec-text", "electra", "emu3_text_model", "ernie",
+    "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint",
+    "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "gpt2", "gpt_bigcode",
+    "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
+    "granitemoehybrid", "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe",
+    "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jamba", "kolibri1",
+    "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4_text", "mellum", "mimo_v2_flash",
+    "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral",
+    "modernbert-decoder", "moshi", "nanochat", "nemotron_h", "olmo", "olmo2", "olmo3",
+    "olmo_hybrid", "olmoe", "opt", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe",
+    "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe",
+    "qwen3_next", "recurrent_gemma", "roberta", "roberta-prelayernorm", "roc_bert",
+    "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma",
+    "xlm-roberta", "xlm-roberta-xl",
+})
+
+
 def text_config(config):
     """The decoder's config of a (possibly multimodal) config."""
     get = getattr(config, "get_text_config", None)
@@ -86,9 +108,10 @@ def layer_kinds(config) -> list[str]:
     return kinds
 
 
-def check_served(config) -> list[str]:
+def check_served(config, unlisted: bool = False) -> list[str]:
     """Refuse, naming the model type and the reason, a model treeattn does not serve; returns
-    each layer's kind (:func:`layer_kinds`)."""
+    each layer's kind (:func:`layer_kinds`). A model type outside :data:`SERVED_MODEL_TYPES`
+    (the ones found identical to transformers) is refused too, unless ``unlisted``."""
     text, name = text_config(config), model_type(config)
     if name in REFUSED_MODEL_TYPES:
         raise HFIntegrationError(f"{name} is not served by treeattn: "
@@ -110,5 +133,9 @@ def check_served(config) -> list[str]:
     if "full" not in kinds and "window" not in kinds:
         raise HFIntegrationError(f"{name} is not served by treeattn: no layer keeps K/V, so "
                                  "there is nothing to shard (use transformers' own cache)")
+    if name not in SERVED_MODEL_TYPES and not unlisted:
+        raise HFIntegrationError(f"{name} is not in treeattn's list of served model types "
+                                 "(docs/hf.md, Architectures); ShardedCache(..., "
+                                 "unlisted=True) runs it unvetted")
     return kinds
 
