@@ -50,11 +50,9 @@ def treeattn_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
         return local_attention(module, query, key, value, attention_mask, dropout, scaling,
                                kwargs)
     softcap, sinks = _softcap(kwargs), _sinks(module, kwargs)
+    if layer.mode == "ring" and (softcap is not None or sinks is not None):
+        return _ring_capped(layer, query, key, value, scaling, softcap, sinks)
     if layer.mode == "ring":
-        if softcap is not None or sinks is not None:
-            raise HFIntegrationError(f"{layer.cache.name}: sharded_prefill does not run logit "
-                                     "soft-capping or attention sinks (use the replicated "
-                                     "prefill: generate on the empty cache)")
         cache = layer.cache
         own = torch.stack([key, value])  # (2, B, Hkv, T, D)
         out = ring_attention(cache.attention.ctx, cache.ring[0], query, own,
@@ -94,6 +92,60 @@ def _window_ring(layer: WindowLayer, module, query, key, value, dropout, scaling
     k_pos = torch.tensor(positions, device=query.device)
     mask = layer.sees(q_pos, k_pos)[None, None].expand(query.shape[0], 1, -1, -1)  # (B,1,T,m)
     return local_attention(module, query, kv[0], kv[1], mask, dropout, scaling, kwargs)
+
+
+def _ring_capped(layer: ShardedLayer, query, key, value, scaling, softcap, sinks):
+    """A full layer's sharded prefill with soft-capped logits or sinks: the pass-KV ring
+    carries the blocks (and the layer keeps its positions of each), and this rank's queries
+    (B, Hq, T, D) attend to each block they see as it passes, by global positions, merged by
+    log-sum-exp; a sink then joins each query's denominator."""
+    cache = layer.cache
+    layout, rank = cache.ring[0], cache.rank
+    b, hq, t, d = query.shape
+    scale = scaling if scaling is not None else d ** -0.5
+    q_pos = torch.tensor(layout.positions(rank, queries=True), device=query.device)  # (T,)
+    acc = [torch.zeros(b, hq, t, d, dtype=torch.float32, device=query.device),
+           torch.full((b, hq, t), float("-inf"), dtype=torch.float32, device=query.device)]
+
+    def keep(src: int, block: torch.Tensor) -> None:
+        layer.keep_ring_block(src, block)
+        if t and layout.sees(rank, src):
+            k_pos = torch.tensor(layout.positions(src), device=query.device)  # (S,)
+            o, lse = _block_partial(query, block[0], block[1], q_pos, k_pos, scale, softcap)
+            acc[:] = _merge(acc[0], acc[1], o, lse)
+
+    ring_attention(cache.attention.ctx, layout, query[:, :, :0], torch.stack([key, value]),
+                   keep)
+    o, lse = acc
+    if sinks is not None:
+        sink = sinks.float().reshape(1, -1, 1).to(lse.device)  # (1, Hq, 1)
+        o = o * torch.exp(lse - torch.logaddexp(lse, sink))[..., None]
+    return o.transpose(1, 2).to(query.dtype).contiguous(), None  # (B, T, Hq, D)
+
+
+def _block_partial(q, k, v, q_pos, k_pos, scale: float, softcap: float | None):
+    """Causal partial of ``q`` (B, Hq, T, D) at ``q_pos`` over ``k``, ``v`` (B, Hkv, S, D)
+    at ``k_pos``, logits soft-capped: ``o`` (B, Hq, T, D), ``lse`` (B, Hq, T) fp32."""
+    b, hq, t, d = q.shape
+    hkv = k.shape[1]
+    qg = q.float().reshape(b, hkv, hq // hkv, t, d)  # (B, Hkv, G, T, D)
+    scores = torch.einsum("bhgtd,bhsd->bhgts", qg, k.float()) * scale  # (B, Hkv, G, T, S)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    seen = k_pos[None, :] <= q_pos[:, None]  # (T, S)
+    scores = scores.masked_fill(~seen, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (B, Hkv, G, T)
+    weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+    o = torch.einsum("bhgts,bhsd->bhgtd", weights, v.float())
+    return o.reshape(b, hq, t, d), lse.reshape(b, hq, t)
+
+
+def _merge(o1, lse1, o2, lse2):
+    """Two partials of the same queries merged by log-sum-exp (a side may be empty: -inf)."""
+    lse = torch.logaddexp(lse1, lse2)
+    w1 = torch.exp(lse1 - lse).nan_to_num(0.0)[..., None]
+    w2 = torch.exp(lse2 - lse).nan_to_num(0.0)[..., None]
+    return o1 * w1 + o2 * w2, lse
 
 
 def _softcap(kwargs):
