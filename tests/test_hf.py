@@ -112,8 +112,25 @@ def _world2_job(ctx):
     other = _refused(lambda: model.generate(ids, max_new_tokens=2, do_sample=False,
                                             cache=cache))
     sampled = _sampling(ctx, model)
+    (got_ids, got_logits), (want_ids, want_logits) = second_turn(
+        model, ids, treeattn.hf.ShardedCache(model.config, "dcp", layout="interleaved"))
+    assert torch.equal(got_ids, want_ids)
+    assert float((got_logits - want_logits).abs().max()) < LOGIT_ATOL
     return {"report": report, "batch": batch, "padded": padded, "other": other,
             "sampled": sampled, "silent": _silent_cases(ctx), "seeds": _seeds(ctx, model)}
+
+
+def second_turn(model, ids, cache, reference: str = "sdpa"):
+    """A first turn of 4 tokens on ``cache``, then a second (its output and three more ids)
+    on the same cache; returns the second turn's (ids, logits), and transformers' own for
+    the same ids in one process from scratch with ``reference`` attention."""
+    first = model.generate(ids, cache=cache, max_new_tokens=4, do_sample=False)
+    more = torch.cat([first, ids[:, :3]], dim=1)
+    got = _generate(model, more, cache=cache)
+    model.set_attn_implementation(reference)
+    want = _generate(model, more)
+    model.set_attn_implementation("treeattn")
+    return got, want
 
 
 def _seeds(ctx, model) -> str:
@@ -167,11 +184,13 @@ def _silent_cases(ctx) -> dict[str, str]:
     # different ids on each rank: the ranks' new keys differ at the first decode step
     out["rank_ids"] = _refused(lambda: model.generate((ids + ctx.rank) % 160, cache=new(),
                                                       **kw))
-    # a second turn on the same cache
+    # a second turn on the cache of a left-padded batch
     cache = new()
-    first = model.generate(ids, cache=cache, **kw)
+    first = model.generate(ids, cache=cache, attention_mask=mask, **kw)
     more = torch.cat([first, ids[:, :3]], dim=1)
-    out["turn"] = _refused(lambda: model.generate(more, cache=cache, **kw))
+    more_mask = torch.cat([mask, torch.ones(2, 7, dtype=mask.dtype)], dim=1)
+    out["turn"] = _refused(lambda: model.generate(more, cache=cache, attention_mask=more_mask,
+                                                  **kw))
     # a mask of the wrong length
     out["mask_len"] = _refused(lambda: treeattn.hf.sharded_prefill(
         model, ids, new(), attention_mask=torch.ones(2, 10, dtype=torch.long)))
@@ -221,7 +240,8 @@ def test_llama_gqa_world2_like_one_process_and_refusals():
     assert "do not begin with the 10 prefilled positions" in silent["ids"]
     assert "the ranks decode different tokens" in silent["rank_ids"]
     assert out["seeds"] == "alike"
-    assert "a 4-token forward on a cache holding 14 positions" in silent["turn"]
+    assert "a 4-token forward on a cache holding 14 positions (a second turn) is served " \
+        "for models without recurrent layers and batches without padding" in silent["turn"]
     assert "made for 1 layers of llama" in silent["config"]
     assert "attention_mask (2, 10) does not match input_ids (2, 11)" in silent["mask_len"]
 

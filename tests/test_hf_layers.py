@@ -78,6 +78,7 @@ def tiny_config(kind: str):
 # sharded_prefill: windows and chunks straddle the ranks' zig-zag chunks (2-3 tokens each)
 SHARDED_PREFILL = ("mistral", "qwen2_window", "gemma2", "gemma3", "gpt_oss", "cohere2",
                    "llama4")
+SECOND_TURN = ("gemma2", "gpt_oss", "llama4")
 KINDS = ("mistral", "qwen2_window", "gemma2", "gemma3", "gpt_oss", "cohere2", "llama4",
          "jamba", "lfm2", "qwen3_next", "granitemoehybrid")
 
@@ -94,6 +95,19 @@ def _generate(model, ids, **kw):
                          do_sample=False, output_logits=True, return_dict_in_generate=True,
                          **kw)
     return out.sequences, torch.stack(out.logits)
+
+
+def second_turn(model, ids, cache):
+    """A first turn of 4 tokens on ``cache``, then a second (its output and three more ids)
+    on the same cache; returns its (ids, logits) and transformers' own (eager, one process,
+    from scratch) for the same ids."""
+    first = model.generate(ids, cache=cache, max_new_tokens=4, do_sample=False)
+    more = torch.cat([first, ids[:, :3]], dim=1)
+    got = _generate(model, more, cache=cache)
+    model.set_attn_implementation("eager")
+    want = _generate(model, more)
+    model.set_attn_implementation("treeattn")
+    return got, want
 
 
 def _all_kinds_job(ctx, algorithm: str):
@@ -113,6 +127,12 @@ def _all_kinds_job(ctx, algorithm: str):
         err = float((got_logits - want_logits).abs().max())
         assert err < LOGIT_ATOL, (kind, err)
         memory = cache.memory_bytes()
+        if kind in SECOND_TURN:  # a second turn on the same cache
+            (turn_ids, turn_logits), (ref_ids, ref_logits) = second_turn(
+                model, ids, treeattn.hf.ShardedCache(model.config, algorithm))
+            assert torch.equal(turn_ids, ref_ids), ("second turn", kind)
+            err = max(err, float((turn_logits - ref_logits).abs().max()))
+            assert err < LOGIT_ATOL, ("second turn", kind, err)
         if kind in SHARDED_PREFILL:
             cache = treeattn.hf.ShardedCache(model.config, algorithm, reserve=NEW_TOKENS)
             assert treeattn.hf.sharded_prefill(model, ids, cache) == PROMPT - 1

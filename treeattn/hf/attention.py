@@ -64,6 +64,8 @@ def treeattn_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
             layer.drop_padding(real)  # a left-padded batch: keep the real tokens only
         return local_attention(module, query, key, value, attention_mask, dropout, scaling,
                                kwargs)
+    if layer.mode == "append":
+        return _append(layer, query, key, value, scaling, softcap, sinks)
     _check_decode_mask(layer, attention_mask)
     attn = layer.cache.attention
     if scaling is not None and attn.scale is None:
@@ -121,6 +123,33 @@ def _ring_capped(layer: ShardedLayer, query, key, value, scaling, softcap, sinks
         sink = sinks.float().reshape(1, -1, 1).to(lse.device)  # (1, Hq, 1)
         o = o * torch.exp(lse - torch.logaddexp(lse, sink))[..., None]
     return o.transpose(1, 2).to(query.dtype).contiguous(), None  # (B, T, Hq, D)
+
+
+def _append(layer: ShardedLayer, query, key, value, scaling, softcap, sinks):
+    """A second turn: the new tokens' queries (B, Hq, S, D) over every rank's earlier shard
+    (all of it in their past) and, on the group's first rank only, over the new tokens
+    themselves (causally; every rank holds them whole), merged across the ranks."""
+    cache = layer.cache
+    attn = cache.attention
+    b, hq, s, d = query.shape
+    scale = scaling if scaling is not None else d ** -0.5
+    new_pos = torch.arange(s, device=query.device) + layer.total - s  # (S,)
+    k_old, v_old = (t[:, :, : layer.before] for t in layer.shard())  # (B, Hkv, n, D)
+    past = torch.zeros(k_old.shape[2], dtype=torch.long, device=query.device)
+    o, lse = _block_partial(query, k_old, v_old, new_pos, past, scale, softcap)
+    if cache.rank == 0:
+        o2, lse2 = _block_partial(query, key, value, new_pos, new_pos, scale, softcap)
+        o, lse = _merge(o, lse, o2, lse2)
+    if attn.world > 1:  # each query a row of the merge: (B * S, Hq, D)
+        flat_o = o.permute(0, 2, 1, 3).reshape(b * s, hq, d)
+        flat_lse = lse.permute(0, 2, 1).reshape(b * s, hq)
+        flat_o, flat_lse = attn.reduce(flat_o, flat_lse, lse_base="e", scale=scale)
+        o = flat_o.reshape(b, s, hq, d).permute(0, 2, 1, 3)
+        lse = flat_lse.reshape(b, s, hq).permute(0, 2, 1)
+    if sinks is not None:
+        sink = sinks.float().reshape(1, -1, 1).to(lse.device)  # (1, Hq, 1)
+        o = o * torch.exp(lse - torch.logaddexp(lse, sink))[..., None]
+    return o.transpose(1, 2).to(query.dtype).contiguous(), None  # (B, S, Hq, D)
 
 
 def _block_partial(q, k, v, q_pos, k_pos, scale: float, softcap: float | None):

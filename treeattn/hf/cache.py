@@ -143,6 +143,7 @@ class ShardedLayer(CacheLayerMixin):
         # ring pieces kept: (sequence or None for the whole batch, positions, kv)
         self.pieces: list[tuple[int | None, torch.Tensor, torch.Tensor]] = []
         self.ring_like: torch.Tensor | None = None  # the last ring block seen
+        self.before = 0  # a second turn: tokens held here before its new ones
 
     @property
     def local(self) -> int:
@@ -200,25 +201,31 @@ class ShardedLayer(CacheLayerMixin):
             self.prompt = (key_states, value_states)  # until the attention saw the mask
             return key_states, value_states
         self.prompt = None
-        if s != 1:
+        if s != 1 and ("recurrent" in c.kinds or any(r != self.total for r in self.real)):
             raise HFIntegrationError(
-                f"{c.name}: a {s}-token forward on a cache holding {self.total} positions: "
-                "treeattn decodes one token per step (a second turn, chunked prefill or "
-                "speculative verification); prefill the whole conversation into a new "
-                "ShardedCache")
+                f"{c.name}: a {s}-token forward on a cache holding {self.total} positions "
+                "(a second turn) is served for models without recurrent layers and batches "
+                "without padding; prefill the whole conversation into a new ShardedCache")
         if self.index == c.first_kv:
             c.agree_on(key_states)
-        for i in range(b):
-            if c.owner(self.real[i], self.prompt_real[i]) == c.rank:
-                self._room(key_states.shape, self.counts[i] + 1)
-                at = self.counts[i]
-                self.store[0, i, :, at : at + 1] = key_states[i]  # (Hkv, 1, D)
-                self.store[1, i, :, at : at + 1] = value_states[i]
-                self.counts[i] += 1
-            self.real[i] += 1
-        self.total += 1
-        self.mode = "decode"
-        return self.shard()
+        before = self.local
+        for j in range(s):
+            for i in range(b):
+                if c.owner(self.real[i], self.prompt_real[i]) == c.rank:
+                    self._room(key_states.shape, self.counts[i] + 1)
+                    at = self.counts[i]
+                    self.store[0, i, :, at : at + 1] = key_states[i, :, j : j + 1]  # (Hkv,1,D)
+                    self.store[1, i, :, at : at + 1] = value_states[i, :, j : j + 1]
+                    self.counts[i] += 1
+                self.real[i] += 1
+        self.total += s
+        if s == 1:
+            self.mode = "decode"
+            return self.shard()
+        # a second turn: the new tokens' K/V, whole here; attention adds this rank's earlier
+        # shard (its first `before` tokens)
+        self.mode, self.before = "append", before
+        return key_states, value_states
 
     def drop_padding(self, real: torch.Tensor) -> None:
         """After a padded prefill: ``real`` (B, S) bool marks the prompt's real positions;
