@@ -12,12 +12,21 @@ is (``ShardedLayer.mode``):
   mask transformers built for the chunk alone is not used);
 - **prefill**: ``key``/``value`` are the whole prompt's (replicated prefill): ordinary SDPA
   with the causal (and padding) mask, exact;
+- **append** (a second turn): ``key``/``value`` are the new tokens'; their queries attend
+  to every rank's earlier shard and, on the first rank, to themselves, merged across ranks;
 - **decode**: ``key``/``value`` are this rank's shard; the query's attention over every
   rank's shard is :class:`treeattn.ShardedAttention`, by the plan's schedule. A decode step's
   mask is all-true over the real tokens, which are all the cache keeps: at a left-padded
   prefill the mask's last row told the layer which prompt positions are padding, and the
   layer dropped them (``ShardedLayer.drop_padding``), so each sequence attends to its own
   tokens (``kv_len``).
+
+A sliding-window or chunked layer (:class:`~treeattn.hf.cache.WindowLayer`) is whole on
+every rank and attended locally with transformers' mask (in a sharded prefill, over the keys
+its queries see, gathered round the ring). Logit soft-capping and attention sinks take the
+model's own eager attention where the K/V are whole, and a capped partial merged by
+log-sum-exp (the sink joining after the merge) where they are sharded. Every call claims the
+cache update just before it (:func:`~treeattn.hf.cache.claim`): once per update, or refused.
 
 Without a ``ShardedCache`` (e.g. a forward with ``use_cache=False``) it is plain SDPA. The
 mask function registered beside it is transformers' SDPA mask: transformers ignores the mask
@@ -299,13 +308,13 @@ class _Refused:
 class RankZeroScores:
     """A transformers logits processor that gives every rank rank 0's scores.
 
-    Greedy decoding needs nothing: every algorithm leaves the same merged attention on every
-    rank up to the last bit, and argmax ties are vanishingly rare. Sampling draws on each rank
-    from its own generator; seeded alike (``torch.manual_seed`` on every rank), ranks draw the
-    same token only from bit-identical scores, which this makes sure of (one broadcast of
-    (B, vocab) floats per step). Pass it as ``model.generate(..., logits_processor=
-    [treeattn.hf.RankZeroScores()])``; with the cache on a process subgroup, pass that group
-    (its first member's scores are used).
+    Not needed for rank-consistent decoding: every algorithm leaves the same merged attention
+    on every rank up to the last bit, and the cache gives every rank rank 0's random state at
+    each forward (``ShardedCache.share_rng``), so ranks sample alike. This makes the scores
+    themselves the same by construction too (one broadcast of (B, vocab) floats per step).
+    Pass it as ``model.generate(..., logits_processor=[treeattn.hf.RankZeroScores()])``;
+    with the cache on a process subgroup, pass that group (its first member's scores are
+    used).
     """
 
     def __init__(self, group=None) -> None:

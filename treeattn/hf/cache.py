@@ -1,5 +1,9 @@
-"""``ShardedCache``: a transformers ``Cache`` whose K/V are split along the sequence across
-the ranks of a ``torch.distributed`` group.
+"""``ShardedCache``: a transformers ``Cache`` whose full-attention layers' K/V are split
+along the sequence across the ranks of a ``torch.distributed`` group.
+
+Layers that do not grow with the context are not split (:mod:`treeattn.hf.support` reads each
+layer's kind): a sliding-window or chunked layer is transformers' own bounded layer, whole on
+every rank (:class:`WindowLayer`); a recurrent layer keeps transformers' own state.
 
 Each rank keeps, per layer, only the positions its layout names:
 
