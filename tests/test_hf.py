@@ -112,8 +112,94 @@ def _world2_job(ctx):
     other = _refused(lambda: model.generate(ids, max_new_tokens=2, do_sample=False,
                                             cache=cache))
     sampled = _sampling(ctx, model)
+    (got_ids, got_logits), (want_ids, want_logits) = second_turn(
+        model, ids, treeattn.hf.ShardedCache(model.config, "dcp", layout="interleaved"))
+    assert torch.equal(got_ids, want_ids)
+    assert float((got_logits - want_logits).abs().max()) < LOGIT_ATOL
     return {"report": report, "batch": batch, "padded": padded, "other": other,
-            "sampled": sampled}
+            "sampled": sampled, "silent": _silent_cases(ctx), "seeds": _seeds(ctx, model)}
+
+
+def second_turn(model, ids, cache, reference: str = "sdpa"):
+    """A first turn of 4 tokens on ``cache``, then a second (its output and three more ids)
+    on the same cache; returns the second turn's (ids, logits), and transformers' own for
+    the same ids in one process from scratch with ``reference`` attention."""
+    first = model.generate(ids, cache=cache, max_new_tokens=4, do_sample=False)
+    more = torch.cat([first, ids[:, :3]], dim=1)
+    got = _generate(model, more, cache=cache)
+    model.set_attn_implementation(reference)
+    want = _generate(model, more)
+    model.set_attn_implementation("treeattn")
+    return got, want
+
+
+def _seeds(ctx, model) -> str:
+    """Sampling with a different seed on each rank and no RankZeroScores: every rank draws
+    rank 0's tokens (the cache gives every rank rank 0's random state at each forward),
+    those of transformers in one process seeded as rank 0."""
+    import torch.distributed as dist
+
+    import treeattn.hf
+
+    ids = torch.randint(0, 100, (1, 10), generator=torch.Generator().manual_seed(9))
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=True, temperature=1.5)
+    model.set_attn_implementation("sdpa")
+    torch.manual_seed(100)
+    want = model.generate(ids, **kw)
+    model.set_attn_implementation("treeattn")
+    torch.manual_seed(100 + ctx.rank)
+    got = model.generate(ids, cache=treeattn.hf.ShardedCache(model.config, "tree"), **kw)
+    everyone = [None] * ctx.world
+    dist.all_gather_object(everyone, got.tolist())
+    assert all(g == everyone[0] for g in everyone) and torch.equal(got, want)
+    return "alike"
+
+
+def _silent_cases(ctx) -> dict[str, str]:
+    """What once decoded wrong tokens without an error, each now refused on every rank before
+    generate returns: the refusal messages by case."""
+    import treeattn.hf
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, 160, (2, 11), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    new = functools.partial(treeattn.hf.ShardedCache, model.config, "tree")
+    kw = dict(max_new_tokens=4, do_sample=False)
+    out = {}
+    # a model whose attention is not treeattn's, given a ShardedCache (replicated prefill)
+    out["sdpa"] = _refused(lambda: model.generate(ids, cache=new(), **kw))
+    model.set_attn_implementation("treeattn")
+    # the prefill's mask not given to generate, and the other way round
+    cache = new()
+    treeattn.hf.sharded_prefill(model, ids, cache, attention_mask=mask)
+    out["mask"] = _refused(lambda: model.generate(ids, cache=cache, **kw))
+    cache = new()
+    treeattn.hf.sharded_prefill(model, ids, cache)
+    out["mask2"] = _refused(lambda: model.generate(ids, cache=cache, attention_mask=mask, **kw))
+    # generate given other ids than the prefill's
+    cache = new()
+    treeattn.hf.sharded_prefill(model, ids, cache)
+    out["ids"] = _refused(lambda: model.generate(ids.flip(1), cache=cache, **kw))
+    # different ids on each rank: the ranks' new keys differ at the first decode step
+    out["rank_ids"] = _refused(lambda: model.generate((ids + ctx.rank) % 160, cache=new(),
+                                                      **kw))
+    # a second turn on the cache of a left-padded batch
+    cache = new()
+    first = model.generate(ids, cache=cache, attention_mask=mask, **kw)
+    more = torch.cat([first, ids[:, :3]], dim=1)
+    more_mask = torch.cat([mask, torch.ones(2, 7, dtype=mask.dtype)], dim=1)
+    out["turn"] = _refused(lambda: model.generate(more, cache=cache, attention_mask=more_mask,
+                                                  **kw))
+    # a mask of the wrong length
+    out["mask_len"] = _refused(lambda: treeattn.hf.sharded_prefill(
+        model, ids, new(), attention_mask=torch.ones(2, 10, dtype=torch.long)))
+    # a cache made for another config
+    other = tiny_config("llama")
+    other.num_hidden_layers = 1
+    small = treeattn.hf.ShardedCache(other, "tree")
+    out["config"] = _refused(lambda: model.generate(ids, cache=small, **kw))
+    return out
 
 
 def _sampling(ctx, model):
@@ -147,6 +233,17 @@ def test_llama_gqa_world2_like_one_process_and_refusals():
     assert len(out["padded"]) == 2 and len(out["sampled"][0]) == 26
     assert "this ShardedCache was made for rank 1 of 2, and is used by rank 0 of 2" \
         in out["other"]
+    silent = out["silent"]
+    assert "did not attend through treeattn" in silent["sdpa"]
+    assert "attention_mask differs from the one sharded_prefill had" in silent["mask"]
+    assert "attention_mask differs from the one sharded_prefill had" in silent["mask2"]
+    assert "do not begin with the 10 prefilled positions" in silent["ids"]
+    assert "the ranks decode different tokens" in silent["rank_ids"]
+    assert out["seeds"] == "alike"
+    assert "a 4-token forward on a cache holding 14 positions (a second turn) is served " \
+        "for models without recurrent layers and batches without padding" in silent["turn"]
+    assert "made for 1 layers of llama" in silent["config"]
+    assert "attention_mask (2, 10) does not match input_ids (2, 11)" in silent["mask_len"]
 
 
 def test_qwen2_bias_world3_like_one_process():
@@ -273,17 +370,34 @@ def test_the_cache_runs_on_a_process_subgroup():
 
 
 @pytest.mark.parametrize("config,feature", [
-    (lambda: transformers.MistralConfig(sliding_window=16), "sliding-window"),
-    (lambda: transformers.Qwen2Config(use_sliding_window=True, sliding_window=16,
-                                      max_window_layers=0), "sliding-window"),
-    (lambda: transformers.DeepseekV3Config(), "multi-head latent attention"),
-    (lambda: transformers.Gemma2Config(), "sliding-window|soft-capping"),
+    (lambda: transformers.DeepseekV3Config(), "deepseek_v3 .*multi-head latent attention"),
+    (lambda: transformers.BloomConfig(), "bloom .*ALiBi"),
+    (lambda: transformers.DiffLlamaConfig(), "diffllama .*twice per cache update"),
+    (lambda: transformers.BartConfig(), "bart .*cross-attention"),
+    (lambda: transformers.FalconMambaConfig(), "falcon_mamba .*no layer keeps K/V"),
+    (lambda: transformers.NemotronConfig(), "nemotron is not in treeattn's list of served"),
 ])
 def test_unsupported_model_features_are_refused_by_name(config, feature):
-    from treeattn.hf.cache import HFIntegrationError, refuse_unsupported
+    from treeattn.hf import HFIntegrationError, ShardedCache
 
     with pytest.raises(HFIntegrationError, match=feature):
-        refuse_unsupported(config())
+        ShardedCache(config(), "tree")  # refused before any process group is needed
+
+
+@pytest.mark.parametrize("config,name", [
+    (lambda: transformers.FalconConfig(num_hidden_layers=1, hidden_size=16,
+                                       num_attention_heads=2, vocab_size=32), "falcon"),
+    (lambda: transformers.GPTNeoConfig(num_layers=2, hidden_size=16, num_heads=2,
+                                       vocab_size=32, attention_types=[[["global"], 2]]),
+     "gpt_neo"),
+])
+def test_models_with_their_own_attention_table_are_refused_when_loaded(config, name):
+    """Falcon and GPT-Neo look attention up in tables of their own: loading one with
+    attn_implementation="treeattn" is a named refusal, not a KeyError."""
+    from treeattn.hf import HFIntegrationError
+
+    with pytest.raises(HFIntegrationError, match=f"{name} is not served by treeattn"):
+        transformers.AutoModelForCausalLM.from_config(config(), attn_implementation="treeattn")
 
 
 def test_the_layout_owner_rule():
@@ -356,9 +470,10 @@ def test_smollm2_gguf_like_one_process(smollm2):
 
 @pytest.mark.parametrize("args,message", [
     (["--model", "debug"], "--engine hf needs a transformers model"),
-    (["--nproc", "1"], "--nproc must be at least 2"),
+    (["--nproc", "0"], "--nproc must be at least 1"),
     (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
-    (["--context-tokens", "100"], "--context-tokens is not supported with --engine hf"),
+    (["--context-tokens", "-5"], "--context-tokens must not be negative"),
+    (["--cuda-graph"], "--cuda-graph is not supported with --engine hf"),
 ])
 def test_generate_engine_hf_refuses_with_one_line(args, message, capsys):
     from treeattn.cli import main
@@ -403,10 +518,11 @@ def test_generate_engine_hf_on_a_model_folder(tmp_path, capsys):
     prompt = " ".join(f"w{i}" for i in (5, 17, 3, 99, 42, 8, 61, 23, 7))
     assert main(["generate", "--engine", "hf", "--model", str(tmp_path), "--nproc", "2",
                  "--prompt", prompt, "--max-new-tokens", "6", "--algorithm", "butterfly",
-                 "--verify", "--json"]) == 0
+                 "--context-tokens", "30", "--verify", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["identical_to_single_process"] is True and len(record["tokens"]) == 6
-    assert record["prefilled_tokens"] == 8 and record["prefill"].startswith("sharded")
+    assert record["prefilled_tokens"] == 38 and record["prefill"].startswith("sharded")
+    assert record["memory_bytes_per_rank"]["full"] == 2 * 19 * 2 * 2 * 16 * 4  # 19 of 38
     # the same through make demo's summary (treeattn.commands.generate_hf.demo_hf)
     import argparse
 
@@ -424,3 +540,42 @@ def test_generate_engine_hf_on_a_model_folder(tmp_path, capsys):
     assert demo_hf(console, args, planned_schedule) == 0
     assert "greedy tokens identical to transformers' own single-process generate" in \
         console.export_text()
+
+
+def _world1_job(ctx):
+    """A group of one: sharded prefill and generate, the cache holding everything."""
+    import treeattn.hf
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, 160, (1, 9), generator=torch.Generator().manual_seed(1))
+    want_ids, want_logits = _generate(model, ids)
+    model.set_attn_implementation("treeattn")
+    cache = treeattn.hf.ShardedCache(model.config, "tree", reserve=NEW_TOKENS)
+    assert treeattn.hf.sharded_prefill(model, ids, cache) == 8
+    got_ids, got_logits = _generate(model, ids, cache=cache)
+    assert torch.equal(got_ids, want_ids)
+    assert float((got_logits - want_logits).abs().max()) < LOGIT_ATOL
+    return cache.local_lengths
+
+
+def test_world_1_is_one_process():
+    assert launch(_world1_job, 1, LaunchOptions(timeout_s=120, threads=1)) == [40, 40]
+
+
+def test_generate_engine_hf_names_what_it_cannot_serve(tmp_path, capsys):
+    """A model type treeattn does not serve, and a config transformers cannot read: one
+    error line each, before any rank starts."""
+    from treeattn.cli import main
+
+    bloom = tmp_path / "bloom"
+    transformers.BloomConfig(n_layer=1, hidden_size=16, n_head=2,
+                             vocab_size=32).save_pretrained(bloom)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    for folder, message in ((bloom, "bloom is not served by treeattn: ALiBi"),
+                            (broken, "transformers cannot read the config of")):
+        assert main(["generate", "--engine", "hf", "--model", str(folder), "--prompt",
+                     "hi"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err

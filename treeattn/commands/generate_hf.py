@@ -33,17 +33,26 @@ def _check(args: argparse.Namespace) -> int:
     if torchrun_mode(args):
         raise UserError("--engine hf runs local ranks (--nproc); under torchrun use "
                         "treeattn.hf in your own script (docs/hf.md)")
-    for flag, value in (("--cuda-graph", args.cuda_graph), ("--context-tokens",
-                                                             args.context_tokens),
-                        ("--profile", args.profile)):
+    for flag, value in (("--cuda-graph", args.cuda_graph), ("--profile", args.profile)):
         if value:
             raise UserError(f"{flag} is not supported with --engine hf")
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if args.context_tokens < 0:
+        raise UserError(f"--context-tokens must not be negative, got {args.context_tokens}")
     world = 2 if args.nproc is None else args.nproc
-    if world < 2:
-        raise UserError("--engine hf shards the cache: --nproc must be at least 2")
+    if world < 1:
+        raise UserError(f"--nproc must be at least 1, got {world}")
     return world
+
+
+def reference_attention(config) -> str | None:
+    """The attention transformers' own reference runs with: the model's eager attention where
+    it soft-caps its logits (SDPA does not), else transformers' default for the model (SDPA
+    where the model supports it, its eager attention otherwise, as for attention sinks)."""
+    from treeattn.hf.support import text_config
+
+    return "eager" if getattr(text_config(config), "attn_logit_softcapping", None) else None
 
 
 def load_hf(spec: str | None):
@@ -59,13 +68,30 @@ def load_hf(spec: str | None):
     if path == "debug":
         raise UserError("--engine hf needs a transformers model: a .gguf file, a Hugging Face "
                         "directory, or the default smollm2-135m-instruct")
+    from treeattn.hf import check_served
+
     p = Path(path)
     kw = {} if p.is_dir() else {"gguf_file": p.name}
     where = str(p if p.is_dir() else p.parent)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        where, dtype=torch.float32, attn_implementation="sdpa", **kw).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(where, **kw)
+    try:
+        config = transformers.AutoConfig.from_pretrained(where, **kw)
+    except Exception as exc:  # noqa: BLE001 - transformers' reason, on one line
+        raise UserError(f"transformers cannot read the config of {path}: "
+                        f"{_one_line(exc)}") from exc
+    check_served(config)  # refused by name before any rank starts
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            where, dtype=torch.float32, attn_implementation=reference_attention(config),
+            **kw).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(where, **kw)
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"transformers cannot load {path}: {_one_line(exc)}") from exc
     return model, tokenizer, path
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 def sampling_kwargs(sampling) -> dict:
@@ -82,6 +108,7 @@ def _rank(ctx, folder: str, algorithm, max_new_tokens: int, sampling):
     import transformers
 
     import treeattn.hf
+    from treeattn.runtime.errors import RuntimeFailure
     from treeattn.runtime.group import all_gather_objects
 
     config = transformers.AutoConfig.from_pretrained(folder)
@@ -91,25 +118,46 @@ def _rank(ctx, folder: str, algorithm, max_new_tokens: int, sampling):
     model.eval()
     ids = torch.load(Path(folder, "ids.pt"))
     cache = treeattn.hf.ShardedCache(model.config, algorithm, reserve=max_new_tokens)
-    t0 = time.perf_counter()
-    prefilled = treeattn.hf.sharded_prefill(model, ids, cache)
-    prefill_s = time.perf_counter() - t0
-    if not sampling.greedy:
-        torch.manual_seed(sampling.seed)  # every rank alike; RankZeroScores: the same scores
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(ids, cache=cache, max_new_tokens=max_new_tokens,
-                             logits_processor=[treeattn.hf.RankZeroScores()],
-                             output_logits=True, return_dict_in_generate=True,
-                             **sampling_kwargs(sampling))
-    decode_s = time.perf_counter() - t0
+    sharded = set(cache.kinds) <= {"full", "none"}  # else the replicated prefill
+    try:
+        t0 = time.perf_counter()
+        prefilled = treeattn.hf.sharded_prefill(model, ids, cache) if sharded else 0
+        prefill_s = time.perf_counter() - t0
+        if not sampling.greedy:
+            torch.manual_seed(sampling.seed)  # every rank alike; RankZeroScores: same scores
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, cache=cache, max_new_tokens=max_new_tokens,
+                                 logits_processor=[treeattn.hf.RankZeroScores()],
+                                 output_logits=True, return_dict_in_generate=True,
+                                 **sampling_kwargs(sampling))
+        decode_s = time.perf_counter() - t0
+    except (treeattn.hf.HFIntegrationError, RuntimeFailure):
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers failed: named, on one line
+        raise treeattn.hf.HFIntegrationError(
+            f"{cache.name}: transformers failed on rank {ctx.rank}: {_one_line(exc)}") from exc
     tokens = out.sequences[0, ids.shape[1]:].tolist()
     agree = all(t == tokens for t in all_gather_objects(ctx, tokens))
     attention = cache.attention
     return {"tokens": tokens, "logits": torch.stack(out.logits), "decode_s": decode_s,
             "attention_s": attention.elapsed_s, "attention_calls": attention.calls,
             "ranks_agree": agree, "prefill_s": prefill_s, "prefilled": prefilled,
-            "local_tokens": cache.layers[0].local}
+            "sharded_prefill": sharded, "memory_bytes": cache.memory_bytes(),
+            "layer_kinds": cache.kinds}
+
+
+def context_ids(tokenizer, n: int):
+    """(1, n) ids of a long repeated document (treeattn's own --context-tokens text), put
+    before the prompt: a long context through transformers."""
+    import torch
+
+    from treeattn.llm.generate_context import DOCUMENT
+
+    piece = tokenizer(DOCUMENT, add_special_tokens=False)["input_ids"]
+    if not piece:
+        raise UserError("the tokenizer encodes the context document to no tokens")
+    return torch.tensor([(piece * (n // len(piece) + 1))[:n]])
 
 
 def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
@@ -131,6 +179,8 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
         ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
     else:
         ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    if args.context_tokens:
+        ids = torch.cat([context_ids(tokenizer, args.context_tokens), ids], dim=1)
     algorithm = args.algorithm
     if args.plan:
         algorithm = read_plan(args.plan, world)
@@ -152,7 +202,11 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
               "prompt_tokens": int(ids.shape[1]), "decode_s": result["decode_s"],
               "attention_s_per_token": result["attention_s"] / steps,
               "attention_calls": result["attention_calls"], "layers": layers,
-              "ranks_agree": result["ranks_agree"], "prefill": "sharded (pass-KV ring)",
+              "ranks_agree": result["ranks_agree"],
+              "prefill": "sharded (pass-KV ring)" if result["sharded_prefill"] else
+              "replicated (the model has sliding-window or recurrent layers)",
+              "context_tokens": args.context_tokens, "layer_kinds": result["layer_kinds"],
+              "memory_bytes_per_rank": result["memory_bytes"],
               "prefill_s": result["prefill_s"], "prefilled_tokens": result["prefilled"],
               "decode_s_per_token": result["decode_s"] / steps}
     if not sampling.greedy:
@@ -185,8 +239,8 @@ def handle_hf(args: argparse.Namespace, read_plan) -> int:
         line = (f"{len(record['tokens'])} tokens on {record['world']} ranks through "
                 f"transformers, {record['algorithm']}: attention "
                 f"{record['attention_s_per_token'] * 1e3:.2f} ms per token (all layers), "
-                f"sharded prefill {record['prefill_s']:.2f} s "
-                f"({record['prefilled_tokens']} prompt tokens)")
+                f"{record['prefill'].split(' (')[0]} prefill of {record['prompt_tokens']} "
+                f"tokens")
         sys.stderr.write(line + "\n")
         if "identical_to_single_process" in record:
             verdict = ("identical to" if record["identical_to_single_process"]

@@ -8,14 +8,16 @@ function with transformers; then, on every rank of a ``torch.distributed`` group
     treeattn.hf.sharded_prefill(model, ids, cache)  # optional: else a replicated prefill
     model.generate(ids, cache=cache, max_new_tokens=32)
 
-See ``docs/hf.md``: what is sharded, how prefill runs, and what is refused by name.
+See ``docs/hf.md``: which layers are sharded, how prefill runs, and what is refused by name.
 """
 
 from treeattn.hf.attention import ATTENTION_NAME, RankZeroScores, register, treeattn_attention
-from treeattn.hf.cache import LAYOUTS, HFIntegrationError, ShardedCache, ShardedLayer, owner_of
+from treeattn.hf.cache import LAYOUTS, ShardedCache, ShardedLayer, WindowLayer, owner_of
 from treeattn.hf.prefill import sharded_prefill
+from treeattn.hf.support import HFIntegrationError, check_served, layer_kinds
 
 register()
 
 __all__ = ["ATTENTION_NAME", "LAYOUTS", "HFIntegrationError", "RankZeroScores", "ShardedCache",
-           "ShardedLayer", "owner_of", "register", "sharded_prefill", "treeattn_attention"]
+           "ShardedLayer", "WindowLayer", "check_served", "layer_kinds", "owner_of", "register",
+           "sharded_prefill", "treeattn_attention"]

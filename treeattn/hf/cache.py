@@ -1,5 +1,9 @@
-"""``ShardedCache``: a transformers ``Cache`` whose K/V are split along the sequence across
-the ranks of a ``torch.distributed`` group.
+"""``ShardedCache``: a transformers ``Cache`` whose full-attention layers' K/V are split
+along the sequence across the ranks of a ``torch.distributed`` group.
+
+Layers that do not grow with the context are not split (:mod:`treeattn.hf.support` reads each
+layer's kind): a sliding-window or chunked layer is transformers' own bounded layer, whole on
+every rank (:class:`WindowLayer`); a recurrent layer keeps transformers' own state.
 
 Each rank keeps, per layer, only the positions its layout names:
 
@@ -32,27 +36,74 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import (
+    Cache,
+    CacheLayerMixin,
+    DummyLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionLayer,
+    get_layer_types_and_kwargs,
+)
 
-from treeattn.runtime.errors import RuntimeFailure
+from treeattn.hf.support import HFIntegrationError, check_served, model_type, text_config
 from treeattn.runtime.sharded_attention import ShardedAttention
 from treeattn.schedule.ir import Schedule
 
 LAYOUTS = ("contiguous", "interleaved")
-# The layer each recent cache updated last, newest first: transformers calls the attention
-# function right after that layer's update, with what it returned (see hf/attention.py).
-_RECENT: list[ShardedLayer] = []
 
 
-def active_layer(index: int) -> ShardedLayer | None:
-    """The ShardedLayer of model layer ``index`` updated just before this attention call,
-    taken (so that a later forward without the cache cannot see it)."""
-    layer = _RECENT.pop() if _RECENT else None
-    return layer if layer is not None and layer.index == index else None
+class _Claim:
+    """The cache layer updated last and the K its ``update`` returned: transformers calls the
+    attention function right after that update, with those K/V (see hf/attention.py). Each
+    update must be attended exactly once through treeattn: the next update of the same cache,
+    or a second attention call on the same K, refuses a model that does otherwise."""
+
+    layer = None  # a ShardedLayer or WindowLayer
+    key = None
+    calls = 0
 
 
-class HFIntegrationError(RuntimeFailure):
-    """A model, cache or call the transformers integration does not serve (named)."""
+_CLAIM = _Claim()
+
+
+def note_update(layer, key) -> None:
+    """Called by every K/V update of a ShardedCache layer: the previous update of the same
+    cache must have been attended through treeattn."""
+    prev = _CLAIM.layer
+    if prev is not None and prev.cache is layer.cache and _CLAIM.calls == 0:
+        _CLAIM.layer = None
+        raise HFIntegrationError(
+            f"{layer.cache.name}: layer {prev.index} updated the ShardedCache but did not "
+            "attend through treeattn (load the model with attn_implementation=\"treeattn\"; "
+            "a layer that computes its attention itself is not served)")
+    _CLAIM.layer, _CLAIM.key, _CLAIM.calls = layer, key, 0
+
+
+def claim(module, key):
+    """The cache layer whose update returned ``key`` (attention's first call after it), or
+    None: a forward without a ShardedCache. Refuses a second call on the same update."""
+    layer = _CLAIM.layer
+    if layer is None:
+        return None
+    if _CLAIM.calls == 0:
+        index = getattr(module, "layer_idx", None)
+        if index is not None and index != layer.index:
+            raise HFIntegrationError(f"{layer.cache.name}: layer {index} attends right after "
+                                     f"the cache update of layer {layer.index}")
+        _CLAIM.calls = 1
+        return layer
+    if key is _CLAIM.key:
+        raise HFIntegrationError(f"{layer.cache.name}: layer {layer.index} calls attention "
+                                 "more than once per cache update, which treeattn does not "
+                                 "serve")
+    _CLAIM.layer = None  # a later forward without the cache
+    return None
+
+
+def release(cache) -> None:
+    """Forget the claim of ``cache`` (a failed or reset forward)."""
+    if _CLAIM.layer is not None and _CLAIM.layer.cache is cache:
+        _CLAIM.layer = None
 
 
 def owner_of(position: int, prompt: int, world: int, layout: str, interleave: int = 1) -> int:
@@ -70,27 +121,6 @@ def owner_of(position: int, prompt: int, world: int, layout: str, interleave: in
     base, extra = divmod(prompt, world)
     edge = extra * (base + 1)  # the first `extra` ranks hold base + 1 tokens
     return position // (base + 1) if position < edge else extra + (position - edge) // base
-
-
-def refuse_unsupported(config) -> None:
-    """Raise :class:`HFIntegrationError` naming the first feature this integration does not
-    serve: sliding-window layers, attention sinks, MLA, logit soft-capping, cross-attention."""
-    text = getattr(config, "get_text_config", lambda: config)()
-    types = getattr(text, "layer_types", None) or []
-    if "sliding_attention" in types or (getattr(text, "sliding_window", None)
-                                        and getattr(text, "use_sliding_window", True)
-                                        and not types):
-        raise HFIntegrationError("sliding-window attention layers are not served by treeattn "
-                                 "(every layer must attend to the whole cache)")
-    for name, feature in (("kv_lora_rank", "multi-head latent attention (MLA)"),
-                          ("attn_logit_softcapping", "attention logit soft-capping"),
-                          ("num_sink_tokens", "attention sinks")):
-        if getattr(text, name, None):
-            raise HFIntegrationError(f"{feature} is not served by treeattn ({name} is set)")
-    if getattr(text, "model_type", "") == "gpt_oss":
-        raise HFIntegrationError("attention sinks (gpt-oss) are not served by treeattn")
-    if getattr(text, "is_encoder_decoder", False):
-        raise HFIntegrationError("encoder-decoder cross-attention is not served by treeattn")
 
 
 class ShardedLayer(CacheLayerMixin):
@@ -118,6 +148,7 @@ class ShardedLayer(CacheLayerMixin):
         # ring pieces kept: (sequence or None for the whole batch, positions, kv)
         self.pieces: list[tuple[int | None, torch.Tensor, torch.Tensor]] = []
         self.ring_like: torch.Tensor | None = None  # the last ring block seen
+        self.before = 0  # a second turn: tokens held here before its new ones
 
     @property
     def local(self) -> int:
@@ -154,11 +185,18 @@ class ShardedLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Keep this rank's positions of the new K/V (B, Hkv, S, D); return what attention
         needs: the whole prompt at prefill, this rank's shard at a decode step."""
+        k, v = self._update(key_states, value_states)
+        note_update(self, k)
+        return k, v
+
+    def _update(self, key_states: torch.Tensor, value_states: torch.Tensor):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         c, (b, _, s, _) = self.cache, key_states.shape
         c.check_group()
-        _RECENT[:] = [self]
+        c.check_shape(self.index, key_states, value_states)
+        if c.ring is None and self.index == c.first_kv:
+            c.share_rng(key_states.device)
         if c.ring is not None:  # sharded prefill: this rank's chunks, for the ring
             self.mode = "ring"
             return key_states, value_states
@@ -168,21 +206,31 @@ class ShardedLayer(CacheLayerMixin):
             self.prompt = (key_states, value_states)  # until the attention saw the mask
             return key_states, value_states
         self.prompt = None
-        if s != 1:
-            raise HFIntegrationError(f"a {s}-token forward after the prefill: treeattn decodes "
-                                     "one token per step (no chunked prefill, no speculative "
-                                     "verification)")
-        for i in range(b):
-            if c.owner(self.real[i], self.prompt_real[i]) == c.rank:
-                self._room(key_states.shape, self.counts[i] + 1)
-                at = self.counts[i]
-                self.store[0, i, :, at : at + 1] = key_states[i]  # (Hkv, 1, D)
-                self.store[1, i, :, at : at + 1] = value_states[i]
-                self.counts[i] += 1
-            self.real[i] += 1
-        self.total += 1
-        self.mode = "decode"
-        return self.shard()
+        if s != 1 and ("recurrent" in c.kinds or any(r != self.total for r in self.real)):
+            raise HFIntegrationError(
+                f"{c.name}: a {s}-token forward on a cache holding {self.total} positions "
+                "(a second turn) is served for models without recurrent layers and batches "
+                "without padding; prefill the whole conversation into a new ShardedCache")
+        if self.index == c.first_kv:
+            c.agree_on(key_states)
+        before = self.local
+        for j in range(s):
+            for i in range(b):
+                if c.owner(self.real[i], self.prompt_real[i]) == c.rank:
+                    self._room(key_states.shape, self.counts[i] + 1)
+                    at = self.counts[i]
+                    self.store[0, i, :, at : at + 1] = key_states[i, :, j : j + 1]  # (Hkv,1,D)
+                    self.store[1, i, :, at : at + 1] = value_states[i, :, j : j + 1]
+                    self.counts[i] += 1
+                self.real[i] += 1
+        self.total += s
+        if s == 1:
+            self.mode = "decode"
+            return self.shard()
+        # a second turn: the new tokens' K/V, whole here; attention adds this rank's earlier
+        # shard (its first `before` tokens)
+        self.mode, self.before = "append", before
+        return key_states, value_states
 
     def drop_padding(self, real: torch.Tensor) -> None:
         """After a padded prefill: ``real`` (B, S) bool marks the prompt's real positions;
@@ -273,6 +321,108 @@ class ShardedLayer(CacheLayerMixin):
                                  "treeattn")
 
 
+class WindowLayer(DynamicSlidingWindowLayer):
+    """A sliding-window or chunked layer: transformers' own bounded layer (the last
+    ``sliding_window - 1`` tokens), whole on every rank and attended locally.
+
+    In a sharded prefill (``mode == "ring"``) each rank's chunks need the ``window - 1``
+    positions before them, which may lie on other ranks: the K/V blocks go once round the
+    ranks (the pass-KV ring's order, no attention merged), and each rank keeps only the
+    positions some query of its own sees, and the prompt's last ``window - 1`` (the layer's
+    state for the decode steps, the same on every rank); then it attends locally with
+    transformers' mask rule (:meth:`sees`).
+    """
+
+    def __init__(self, cache: ShardedCache, index: int, sliding_window: int,
+                 chunked: bool = False) -> None:
+        super().__init__(sliding_window=sliding_window)
+        self.cache, self.index, self.chunked, self.mode = cache, index, chunked, "local"
+        self.pieces: list[tuple[list[int], torch.Tensor]] = []  # ring: (positions, kv)
+        self.tail: list[tuple[list[int], torch.Tensor]] = []
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        c = self.cache
+        c.check_group()
+        c.check_shape(self.index, key_states, value_states)
+        if c.ring is not None:  # sharded prefill: this rank's chunks, for the gather
+            if c.ring[2] is not None:
+                raise HFIntegrationError(f"{c.name}: sharded_prefill of a left-padded batch "
+                                         "runs full-attention layers only; prefill it "
+                                         "replicated (generate on the empty ShardedCache)")
+            self.mode = "ring"
+            note_update(self, key_states)
+            return key_states, value_states
+        self.mode = "local"
+        if self.index == c.first_kv:
+            c.share_rng(key_states.device)
+            if self.cumulative_length and key_states.shape[2] == 1:
+                c.agree_on(key_states)
+        k, v = super().update(key_states, value_states, *args, **kwargs)
+        note_update(self, k)
+        return k, v
+
+    def sees(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """(T, S) bool: query positions ``q_pos`` (T,) see keys ``k_pos`` (S,), by
+        transformers' sliding-window (``k > q - window``) or chunked (same chunk) rule,
+        causal."""
+        q, k = q_pos[:, None], k_pos[None, :]
+        near = (k // self.sliding_window == q // self.sliding_window) if self.chunked \
+            else k > q - self.sliding_window
+        return near & (k <= q)
+
+    def gather(self, own: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """Sharded prefill: the positions this rank's queries see, from every rank's block
+        (``own``: this rank's (2, B, Hkv, T, D)); returns them ascending and their K/V
+        (2, B, Hkv, m, D). Collective (the ring)."""
+        from treeattn.runtime.prefill_ring import ring_attention
+
+        c = self.cache
+        layout, prompt, _ = c.ring
+        mine = layout.positions(c.rank, queries=True)
+        lo = prompt - (self.sliding_window - 1)  # the state kept for decoding starts here
+        wanted = set(range(max(lo, 0), prompt))
+        for q in mine:
+            wanted.update(range(max(q - self.sliding_window + 1, 0), q + 1))
+        found: list[tuple[list[int], torch.Tensor]] = []
+
+        def keep(src: int, block: torch.Tensor) -> None:
+            positions = layout.positions(src)
+            take = [i for i, p in enumerate(positions) if p in wanted]
+            if take:
+                index = torch.tensor(take, dtype=torch.long, device=block.device)
+                found.append(([positions[i] for i in take], block.index_select(3, index)))
+
+        b, hkv, _, d = own.shape[1:]
+        q = own.new_empty(b, hkv, 0, d)  # no queries: the ring only carries the blocks
+        ring_attention(c.attention.ctx, layout, q, own, keep)
+        positions = [p for ps, _ in found for p in ps]
+        kv = torch.cat([piece for _, piece in found], dim=3)
+        order = sorted(range(len(positions)), key=positions.__getitem__)
+        kv = kv.index_select(3, torch.tensor(order, dtype=torch.long, device=kv.device))
+        positions = [positions[i] for i in order]
+        tail = [i for i, p in enumerate(positions) if p >= lo]
+        self.tail = [([positions[i] for i in tail],
+                      kv.index_select(3, torch.tensor(tail, dtype=torch.long,
+                                                      device=kv.device)))]
+        return positions, kv
+
+    def finish_ring(self, prompt: int) -> None:
+        """After the sharded prefill: the prompt's last ``window - 1`` positions are the
+        layer's state, as transformers' own layer holds it after ``prompt`` tokens."""
+        if not self.tail:
+            raise HFIntegrationError(f"layer {self.index} saw no ring block")
+        _, kv = self.tail[0]
+        self.device, self.dtype = kv.device, kv.dtype
+        self.keys, self.values = kv[0].contiguous(), kv[1].contiguous()
+        self._sliding_window_tensor = self._sliding_window_tensor.to(self.device)
+        self.cumulative_length, self.is_initialized = prompt, True
+        self.tail, self.mode = [], "local"
+
+    def reset(self) -> None:
+        super().reset()
+        self.pieces, self.tail, self.mode = [], [], "local"
+
+
 class ShardedCache(Cache):
     """A transformers ``Cache`` sharded along the sequence over a process group (``group``:
     the default group when None, or a subgroup from ``dist.new_group``).
@@ -282,20 +432,25 @@ class ShardedCache(Cache):
     algorithm name; ``"auto"``: the planner's pick, on ``topology`` for a CUDA group, as
     :class:`treeattn.ShardedAttention` takes it). ``layout``: ``"contiguous"`` or
     ``"interleaved"`` (``interleave_size`` positions per turn, as vLLM's flag). ``reserve``:
-    tokens to make room for up front (e.g. ``max_new_tokens``). Making it is collective.
+    tokens to make room for up front (e.g. ``max_new_tokens``). ``unlisted``: serve a model
+    type outside :data:`treeattn.hf.support.SERVED_MODEL_TYPES` (unvetted). Making it is
+    collective.
     """
 
     def __init__(self, config, plan_or_algorithm="auto", *, layout: str = "contiguous",
                  interleave_size: int = 1, reserve: int = 0, group=None, topology=None,
-                 timeout_s: float = 60.0) -> None:
-        refuse_unsupported(config)
+                 timeout_s: float = 60.0, unlisted: bool = False) -> None:
+        kinds = check_served(config, unlisted)
         if layout not in LAYOUTS:
             raise HFIntegrationError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         if not isinstance(interleave_size, int) or interleave_size < 1:
             raise HFIntegrationError(f"interleave_size must be a positive integer, got "
                                      f"{interleave_size!r}")
-        text = getattr(config, "get_text_config", lambda: config)()
-        n_layers = int(text.num_hidden_layers)
+        text = text_config(config)
+        self.name, self.kinds = model_type(config), kinds
+        # the first layer with K/V: its decode steps compare a digest across the ranks
+        self.first_kv = next(i for i, k in enumerate(kinds) if k in ("full", "window"))
+        self.head_shape: dict[int, tuple[int, int, int]] = {}  # layer: (Hkv, Dk, Dv) seen
         kind = ("algorithm" if isinstance(plan_or_algorithm, str) else "schedule"
                 if isinstance(plan_or_algorithm, Schedule) else "plan")
         self.attention = ShardedAttention(group=group, topology=topology, timeout_s=timeout_s,
@@ -305,7 +460,79 @@ class ShardedCache(Cache):
         # during a sharded prefill: (PrefillLayout, prompt positions, the sequence the ring is
         # of, or None for the whole batch)
         self.ring = None
-        super().__init__(layers=[ShardedLayer(self, i) for i in range(n_layers)])
+        self.prefilled = None  # (ids, mask) of sharded_prefill, for generate to check
+        types, per_layer = get_layer_types_and_kwargs(text)
+        layers = []
+        for i, (kind, kw) in enumerate(zip(kinds, per_layer)):
+            if kind == "full":
+                layers.append(ShardedLayer(self, i))
+            elif kind == "window":
+                layers.append(WindowLayer(self, i, kw["sliding_window"],
+                                          chunked=types[i] == "chunked_attention"))
+            elif kind == "recurrent":
+                layers.append(LinearAttentionLayer(**kw))
+            else:
+                layers.append(DummyLayer())
+        super().__init__(layers=layers)
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        if not 0 <= layer_idx < len(self.layers):
+            raise HFIntegrationError(f"layer {layer_idx} updates a ShardedCache made for "
+                                     f"{len(self.layers)} layers of {self.name} (a cache "
+                                     "built for another config)")
+        if isinstance(self.layers[layer_idx], (LinearAttentionLayer, DummyLayer)):
+            raise HFIntegrationError(f"layer {layer_idx} of {self.name} stores K/V, and the "
+                                     "config says it has none (a cache built for another "
+                                     "config)")
+        return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def check_shape(self, index: int, key_states: torch.Tensor,
+                    value_states: torch.Tensor) -> None:
+        """Refuse K/V whose heads change from one update to the next (a cache used by
+        another model), and V heads wider or narrower than K's on a sharded layer."""
+        got = (int(key_states.shape[1]), int(key_states.shape[3]), int(value_states.shape[3]))
+        want = self.head_shape.setdefault(index, got)
+        if got != want:
+            raise HFIntegrationError(f"{self.name}: layer {index} stores K/V of {got[0]} heads "
+                                     f"of {got[1]}, after {want[0]} of {want[1]} (a cache "
+                                     "used by another model)")
+        if got[1] != got[2] and self.kinds[index] == "full":
+            raise HFIntegrationError(f"{self.name}: layer {index}'s V heads ({got[2]}) differ "
+                                     f"from its K heads ({got[1]}), which the sharded "
+                                     "attention does not serve")
+
+    def share_rng(self, device: torch.device) -> None:
+        """Give every rank the first rank's random state, once per forward (at the first K/V
+        layer), so that sampling after it draws alike everywhere: the ranks' scores are the
+        same to the bit (the merged attention is, on every rank), and now so is the draw,
+        whatever each rank was seeded with (one broadcast of the generator's state)."""
+        if self.world == 1:
+            return
+        ctx = self.attention.ctx
+        src = ctx.ranks[0] if getattr(ctx, "ranks", None) else 0
+        state = torch.get_rng_state().to(ctx.device)  # (n,) uint8
+        dist.broadcast(state, src=src, group=ctx.group)
+        torch.set_rng_state(state.cpu())
+        if device.type == "cuda":
+            state = torch.cuda.get_rng_state(device).to(ctx.device)
+            dist.broadcast(state, src=src, group=ctx.group)
+            torch.cuda.set_rng_state(state.cpu(), device)
+
+    def agree_on(self, key_states: torch.Tensor) -> None:
+        """Every rank must decode the same token: a digest of the new token's K (B, Hkv, 1, D)
+        at the first sharded layer, compared across the group (one all-reduce of two numbers
+        per step). Ranks that sampled differently, or were given different ids, are refused
+        before they attend to one another's shards."""
+        k = key_states.detach().double().flatten()
+        weights = torch.arange(1, k.numel() + 1, dtype=torch.float64, device=k.device)
+        mine = torch.stack([k.sum(), (k * weights).sum()])
+        both = torch.cat([mine, -mine])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.attention.ctx.group)
+        if not torch.equal(both[:2], -both[2:]):
+            raise HFIntegrationError(
+                f"{self.name}: the ranks decode different tokens (their new keys differ): "
+                "give every rank the same ids, and when sampling seed every rank alike and "
+                "pass logits_processor=[treeattn.hf.RankZeroScores()]")
 
     def begin_ring(self, layout, prompt: int, seq: int | None = None) -> None:
         """Enter one ring of a sharded prefill (:func:`treeattn.hf.sharded_prefill`): updates
@@ -317,10 +544,14 @@ class ShardedCache(Cache):
         """Leave sharded prefill: every layer's kept pieces become its shard."""
         self.ring = None
         for layer in self.layers:
-            layer.finish_ring(prompts, total, len(prompts))
+            if isinstance(layer, ShardedLayer):
+                layer.finish_ring(prompts, total, len(prompts))
+            elif isinstance(layer, WindowLayer):
+                layer.finish_ring(total)
 
     def reset(self) -> None:
         self.ring = None
+        release(self)
         super().reset()
 
     def owner(self, position: int, prompt: int) -> int:
@@ -340,5 +571,26 @@ class ShardedCache(Cache):
 
     @property
     def local_lengths(self) -> list[int]:
-        """Tokens each layer holds here for its longest sequence."""
-        return [layer.local for layer in self.layers]
+        """Tokens each layer holds here for its longest sequence (0: a layer without K/V)."""
+        return [layer.local if isinstance(layer, ShardedLayer) else
+                int(layer.keys.shape[-2]) if isinstance(layer, WindowLayer)
+                and layer.is_initialized else 0 for layer in self.layers]
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds per layer kind: ``full`` (its shards' tokens, not the
+        storage's spare room), ``window`` (the bounded K/V, whole) and ``recurrent`` (the
+        conv and recurrent states)."""
+        out = {"full": 0, "window": 0, "recurrent": 0}
+        for layer in self.layers:
+            if isinstance(layer, ShardedLayer) and layer.store is not None:
+                per_token = layer.store[:, :, :, :1].numel() * layer.store.element_size()
+                out["full"] += per_token * sum(layer.counts)
+            elif isinstance(layer, WindowLayer) and layer.is_initialized:
+                out["window"] += sum(t.numel() * t.element_size()
+                                     for t in (layer.keys, layer.values))
+            elif isinstance(layer, LinearAttentionLayer):
+                for states in (layer.conv_states, layer.recurrent_states):
+                    for t in (states.values() if isinstance(states, dict) else states or []):
+                        if isinstance(t, torch.Tensor):
+                            out["recurrent"] += t.numel() * t.element_size()
+        return out

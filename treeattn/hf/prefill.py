@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from treeattn.hf.cache import HFIntegrationError, ShardedCache
+from treeattn.hf.cache import HFIntegrationError, ShardedCache, ShardedLayer, WindowLayer, release
+from treeattn.hf.support import model_type
 from treeattn.runtime.prefill_ring import ring_attention
 from treeattn.sim.prefill.layout import PrefillLayout
 
@@ -59,7 +60,10 @@ def _ring(model, ids: torch.Tensor, cache: ShardedCache, seq: int | None) -> Non
     q = torch.empty(batch, hq, 0, d, dtype=dtype, device=ids.device)
     own = torch.empty(2, batch, hkv, 0, d, dtype=dtype, device=ids.device)
     for layer in cache.layers:
-        ring_attention(ctx, layout, q, own, layer.keep_ring_block)
+        if isinstance(layer, ShardedLayer):
+            ring_attention(ctx, layout, q, own, layer.keep_ring_block)
+        elif isinstance(layer, WindowLayer):
+            layer.gather(own)
 
 
 @torch.no_grad()
@@ -83,12 +87,21 @@ def sharded_prefill(model, input_ids: torch.Tensor, cache: ShardedCache,
     if implementation != "treeattn":
         raise HFIntegrationError(f"the model attends with {implementation!r}: load it with "
                                  "attn_implementation=\"treeattn\"")
+    if model_type(model.config) != cache.name or len(cache.layers) != _layers(model.config):
+        raise HFIntegrationError(f"the ShardedCache was made for {cache.name} with "
+                                 f"{len(cache.layers)} layers, and the model is "
+                                 f"{model_type(model.config)} with {_layers(model.config)}")
+    if "recurrent" in cache.kinds:
+        raise HFIntegrationError(
+            f"{cache.name}: sharded_prefill does not run recurrent (Mamba, linear-attention, "
+            "conv) layers, whose state passes from token to token: prefill replicated "
+            "(generate on the empty ShardedCache), which shards the full layers' K/V as well")
     batch, length = input_ids.shape
+    if attention_mask is not None and tuple(attention_mask.shape) != (batch, length):
+        raise HFIntegrationError(f"attention_mask {tuple(attention_mask.shape)} does not "
+                                 f"match input_ids {(batch, length)}")
     padded = attention_mask is not None and not bool(attention_mask.all())
     if padded:
-        if tuple(attention_mask.shape) != (batch, length):
-            raise HFIntegrationError(f"attention_mask {tuple(attention_mask.shape)} does not "
-                                     f"match input_ids {(batch, length)}")
         real = attention_mask.bool()
         if not bool(real[:, -1].all()) or bool((real[:, 1:] < real[:, :-1]).any()):
             raise HFIntegrationError("sharded prefill takes left padding only: each "
@@ -110,4 +123,50 @@ def sharded_prefill(model, input_ids: torch.Tensor, cache: ShardedCache,
     except BaseException:
         cache.reset()  # half a prefill is no cache
         raise
+    _expect_in_generate(model, cache, input_ids, attention_mask if padded else None)
     return length - 1
+
+
+def _layers(config) -> int:
+    text = getattr(config, "get_text_config", lambda **_: config)(decoder=True)
+    return int(text.num_hidden_layers)
+
+
+def _expect_in_generate(model, cache: ShardedCache, ids: torch.Tensor, mask) -> None:
+    """Make ``model.generate`` on ``cache`` check that it continues the ids (and mask) that
+    were prefilled: the first step's ``prepare_inputs_for_generation`` compares them (each
+    rank alike), before any token is returned."""
+    cache.prefilled = (ids.detach().clone(), None if mask is None else mask.detach().clone())
+    if getattr(model, "_treeattn_checks_prefill", False):
+        return
+    prepare = model.prepare_inputs_for_generation
+
+    def checked(input_ids, *args, **kwargs):
+        given = kwargs.get("cache", kwargs.get("past_key_values"))
+        expected = getattr(given, "prefilled", None)
+        if expected is not None:
+            given.prefilled = None
+            _compare(given, expected, input_ids, kwargs.get("attention_mask"))
+        return prepare(input_ids, *args, **kwargs)
+
+    model.prepare_inputs_for_generation = checked
+    model._treeattn_checks_prefill = True
+
+
+def _compare(cache: ShardedCache, expected, input_ids, mask) -> None:
+    ids, want_mask = expected
+    n = ids.shape[1] - 1
+    if input_ids.shape[0] != ids.shape[0] or input_ids.shape[1] < ids.shape[1] \
+            or not torch.equal(input_ids[:, :n].to(ids.device), ids[:, :n]):
+        release(cache)
+        raise HFIntegrationError(f"{cache.name}: generate was given ids "
+                                 f"{tuple(input_ids.shape)} that do not begin with the "
+                                 f"{n} prefilled positions of {tuple(ids.shape)}: pass "
+                                 "generate the ids sharded_prefill had")
+    given = None if mask is None or bool(mask.all()) else mask[:, : ids.shape[1]]
+    if (given is None) != (want_mask is None) or (
+            given is not None and not torch.equal(given.to(want_mask.device).bool(),
+                                                  want_mask.bool())):
+        raise HFIntegrationError(f"{cache.name}: generate's attention_mask differs from the "
+                                 "one sharded_prefill had (without one, generate masks the "
+                                 "ids equal to pad_token_id): pass both the same mask")
