@@ -129,6 +129,8 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
         ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
     else:
         ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    if ids.shape[1] == 0:
+        raise UserError(f"the prompt {args.prompt[:40]!r} tokenizes to no tokens")
     algorithm = args.algorithm
     if args.plan:
         algorithm = read_plan(args.plan, world)

@@ -17,11 +17,36 @@ import json
 
 from rich.console import Console
 
+from treeattn.commands._args import positive_int, refuse_unread
 from treeattn.commands.tables import Column, print_table
 from treeattn.schedule.payloads import SimError
 from treeattn.schedule.workload import ModelConfig
 from treeattn.sim.deploy.capacity import Split, dtype_name, memory_check
 from treeattn.sim.network import TRANSPORTS
+
+# The flags (argparse dests) each mode reads; any other flag given a value is refused.
+TOKEN_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile", "token",
+                         "batch", "tp", "dcp", "weights_dtype", "kv_dtype", "transport"})
+GPUS_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile", "gpus",
+                        "batch", "weights_dtype", "kv_dtype", "transport"})
+NOT_TOKEN = {
+    "trace": "a whole step is priced without drawing its timeline: `treeattn predict "
+             "--trace` draws the merge's",
+    "layout": "a whole step places the merged output as its split needs: head-sharded for "
+              "TP alone, else replicated",
+    "include_model": "a whole step always reads the model's weights",
+    "context_tokens": "--context-tokens prices a prefill after cached tokens: use it with "
+                      "--prefill",
+}
+NOT_GPUS = {
+    "tp": "the search tries every TP × DCP × CP split",
+    "dcp": "the search tries every TP × DCP × CP split",
+    "layout": "each split places the merged output as it needs",
+    "include_model": "a whole step always reads the model's weights",
+    "output": "-o writes one merge's plan for run/generate --plan: plan without --gpus",
+    "trace": "--trace draws one merge's timeline: plan without --gpus",
+    "emit": "--emit prints one merge's engine flags: plan without --gpus",
+}
 
 
 def add_token_flags(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +55,7 @@ def add_token_flags(parser: argparse.ArgumentParser) -> None:
                         help="weight dtype of the deployment (default: the model's)")
     parser.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8", "fp32"), default=None,
                         help="KV-cache dtype (default: the model's)")
-    parser.add_argument("--dcp", type=int, default=1,
+    parser.add_argument("--dcp", type=positive_int, default=1,
                         help="decode context parallelism inside the TP group (with --token): "
                              "the KV cache sharded over this many of the TP ranks")
     parser.add_argument("--transport", action="append", choices=TRANSPORTS, default=None,
@@ -108,6 +133,7 @@ def handle_predict_token(args: argparse.Namespace) -> int:
     from treeattn.sim.files.export import tagged
     from treeattn.sim.host.profiles import plan_overrides
 
+    refuse_unread(args, "predict --token", TOKEN_READS, NOT_TOKEN)
     topo = _topology(args.topology)
     model = ModelConfig.from_name(args.model)
     weights, kv = _dtypes(args, model)
@@ -157,10 +183,15 @@ def handle_plan_gpus(args: argparse.Namespace) -> int:
     from treeattn.sim.files.export import tagged
     from treeattn.sim.host.profiles import plan_overrides
 
+    refuse_unread(args, "plan --gpus", GPUS_READS, NOT_GPUS)
     topo = _topology(args.topology)
     model = ModelConfig.from_name(args.model)
     weights, kv = _dtypes(args, model)
-    overrides = plan_overrides(args.profile, topo) if topo.num_gpus == args.gpus else {}
+    if args.profile and topo.num_gpus != args.gpus:
+        raise SimError(f"--profile calibrates all {topo.num_gpus} GPUs of {args.topology}; "
+                       f"plan --gpus {args.gpus} searches a slice of them: drop --profile or "
+                       f"give --gpus {topo.num_gpus}")
+    overrides = plan_overrides(args.profile, topo)
     # the budget's GPUs, and a TP group inside the first host
     first_host = len(topo.gpus_on(topo.hosts[0]))
     groups = [list(range(min(args.gpus, topo.num_gpus))),

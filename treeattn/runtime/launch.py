@@ -46,6 +46,9 @@ MAX_LOCAL_WORLD = 64
 FAULT_ENV = "TREEATTN_FAULT_KILL"  # "RANK:SECONDS": that rank SIGKILLs itself (tests only)
 FAULT_STOP_ENV = "TREEATTN_FAULT_STOP"  # "RANK:SECONDS": that rank SIGSTOPs itself (tests only)
 MIN_TIMEOUT_S = 1.0  # below this a busy machine's scheduling jitter reads as a lost peer
+# A week: past any wait worth having, and within what a process group's timeout holds (gloo
+# keeps milliseconds in 32 bits, and timedelta overflows on 1e300 seconds).
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 WATCH_POLL_S = 0.25  # how often the launcher looks at its ranks and their heartbeats
 
 
@@ -77,11 +80,12 @@ def check_world(world: int) -> None:
 def check_timeout(timeout_s: float) -> float:
     """Return ``timeout_s`` if it is a sane per-wait timeout, else raise RuntimeFailure.
 
-    NaN, infinity and tiny values would either never fire or fire on every wait.
+    NaN, infinity, huge and tiny values would either never fire, overflow the process group's
+    clock or fire on every wait.
     """
-    if not math.isfinite(timeout_s) or timeout_s < MIN_TIMEOUT_S:
-        raise RuntimeFailure(
-            f"--timeout must be a finite number of seconds >= {MIN_TIMEOUT_S:g}, got {timeout_s}")
+    if not math.isfinite(timeout_s) or not MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S:
+        raise RuntimeFailure(f"--timeout must be a number of seconds from {MIN_TIMEOUT_S:g} to "
+                             f"{MAX_TIMEOUT_S:g}, got {timeout_s:g}")
     return float(timeout_s)
 
 
