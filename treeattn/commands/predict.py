@@ -57,6 +57,7 @@ NOT_PREFILL = {
     "dcp": "--dcp shards a TP group's cache in a whole decode step",
     "layout": "--layout places a decode's merged output",
 }
+MAX_SEQ_LENS = 16  # predict's --seq-len values: each is a planner run (a second or more)
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")
 DEMO_SEQ_LENS = (32 * 1024, 128 * 1024, 1024 * 1024)
 DEMO_MODEL = "llama-3.1-8b"
@@ -171,6 +172,10 @@ def handle_prefill(args: argparse.Namespace) -> int:
 
 
 def handle_predict(args: argparse.Namespace) -> int:
+    args.seq_len = list(dict.fromkeys(args.seq_len))  # each length once, in the given order
+    if len(args.seq_len) > MAX_SEQ_LENS:
+        raise SimError(f"{len(args.seq_len)} --seq-len values, expected at most "
+                       f"{MAX_SEQ_LENS} (each is one planner run): predict fewer at a time")
     if args.prefill:
         refuse_unread(args, "predict --prefill", PREFILL_READS, NOT_PREFILL)
         return handle_prefill(args)

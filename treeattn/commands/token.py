@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from rich.console import Console
 
@@ -23,6 +24,15 @@ from treeattn.schedule.payloads import SimError
 from treeattn.schedule.workload import ModelConfig
 from treeattn.sim.deploy.capacity import Split, dtype_name, memory_check
 from treeattn.sim.network import TRANSPORTS
+
+# plan --gpus prices every split of its budget, each a planner run on its CP ranks: measured
+# 20 s for --gpus 512 (treeattn plan --gpus 512 --topology dgx-h100:nodes=64 --model
+# llama-3.1-8b --seq-len 1M, the 2-core CPU host), about SEARCH_SECONDS_PER_GPU each. Past
+# SEARCH_NOTE_GPUS a note gives that estimate first; past MAX_SEARCH_GPUS (over a minute) the
+# search is refused before any work: search a slice, or plan one split with predict --token.
+SEARCH_SECONDS_PER_GPU = 0.04
+SEARCH_NOTE_GPUS = 256
+MAX_SEARCH_GPUS = 2048
 
 # The flags (argparse dests) each mode reads; any other flag given a value is refused.
 TOKEN_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile", "token",
@@ -95,9 +105,30 @@ def _dtypes(args, model: ModelConfig) -> tuple[str, str]:
 
 
 def _topology(spec: str):
+    """The topology of ``spec``, built within the planner's bounds (a note on stderr before a
+    long plan, a refusal past the largest)."""
+    from treeattn.sim.planning.plan_size import check_planning_size, planning_limits
     from treeattn.topo import Topology
 
-    return Topology.load(spec)
+    with planning_limits():
+        topology = Topology.load(spec)
+    note = check_planning_size(topology.num_gpus, f"topology {spec!r}")
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    return topology
+
+
+def check_search_size(gpus: int) -> None:
+    """Refuse a deployment search past MAX_SEARCH_GPUS; a note on stderr past
+    SEARCH_NOTE_GPUS (see the constants)."""
+    seconds = gpus * SEARCH_SECONDS_PER_GPU
+    if gpus > MAX_SEARCH_GPUS:
+        raise SimError(f"plan --gpus {gpus:,}: expected at most {MAX_SEARCH_GPUS:,} GPUs for "
+                       f"the deployment search (about {seconds:.0f} s on one core); search "
+                       "fewer GPUs, or price one split with predict --token --tp")
+    if gpus > SEARCH_NOTE_GPUS:
+        print(f"note: searching the splits of {gpus:,} GPUs takes about {seconds:.0f} s on one "
+              "core", file=sys.stderr, flush=True)
 
 
 def _capacity(topology) -> float:
@@ -184,6 +215,7 @@ def handle_plan_gpus(args: argparse.Namespace) -> int:
     from treeattn.sim.host.profiles import plan_overrides
 
     refuse_unread(args, "plan --gpus", GPUS_READS, NOT_GPUS)
+    check_search_size(args.gpus)
     topo = _topology(args.topology)
     model = ModelConfig.from_name(args.model)
     weights, kv = _dtypes(args, model)
