@@ -9,7 +9,8 @@ added, a required flag dropped, or a flag given twice. The contract, per case: e
 output (stdout, or a file written), or exit 2 with exactly one ``error:`` line on stderr.
 Anything else is counted by class: ``traceback`` (an exception escaped ``main``), ``silent``
 (exit 0, nothing printed or written), ``bad-error`` (exit 2 but not one ``error:`` line),
-``crash`` (another exit status) and, here only, ``hang`` (a case past :data:`HANG_S`).
+``crash`` (another exit status), ``clobber`` (an output replaced the symlink loop it was
+pointed at) and, here only, ``hang`` (a case past :data:`HANG_S`).
 
 ``tests/test_cli_fuzz.py`` runs a small campaign of the same generator in the suite; this
 script runs a larger one, on larger clusters (3-node ones among them), and writes
@@ -32,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 
 HANG_S = 120.0  # a case past this is a hang (the slowest accepted planner run is ~a minute)
-OUTCOMES = ("ok", "refused", "traceback", "silent", "bad-error", "crash", "hang")
+OUTCOMES = ("ok", "refused", "traceback", "silent", "bad-error", "crash", "hang", "clobber")
 GOOD = ("ok", "refused")
 
 # Valid starting points, one per surface. SMALL: the suite's (fast); LARGE: the benchmark's.
@@ -164,6 +165,8 @@ def prepare(scratch: Path) -> None:
     """The paths the hostile values name: a symlink loop, and nothing at out.json."""
     loop = scratch / "loop"
     if not loop.is_symlink():
+        if loop.exists():
+            loop.unlink()
         loop.symlink_to(loop)
     (scratch / "out.json").unlink(missing_ok=True)
 
@@ -203,7 +206,9 @@ def run_case(argv: list[str], scratch: Path, hang_s: float | None = None) -> dic
     seconds = time.perf_counter() - t0
     written = {p.name for p in scratch.iterdir()} - before
     lines = err.getvalue().strip().splitlines()
-    if escaped == "hang":
+    if not (scratch / "loop").is_symlink():
+        outcome = "clobber"  # an output replaced the symlink loop it was pointed at
+    elif escaped == "hang":
         outcome = "hang"
     elif escaped is not None or "Traceback (most recent call last)" in err.getvalue():
         outcome = "traceback"

@@ -245,7 +245,7 @@ def test_comm_cli_prints_nccl_tests_rows(capsys):
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["bytes"] for r in rows] == [1 << 20, 2 << 20, 4 << 20]
     assert set(rows[0]) == {"op", "bytes", "time_us", "algbw_gbps", "busbw_gbps", "algorithm",
-                            "protocol", "transport"}
+                            "protocol", "transport", "ranks", "dtype"}
     assert rows[0]["transport"] == "nccl"
     assert rows[0]["busbw_gbps"] == pytest.approx(rows[0]["algbw_gbps"] * 14 / 8, rel=1e-2)
 
@@ -282,7 +282,7 @@ def test_collectives_count_the_bytes_nccl_tests_busbw_implies():
     from treeattn.sim import DecodeWorkload, build_schedule, simulate
 
     topo = Topology.from_spec("dgx-h100")
-    w = DecodeWorkload("llama-3.1-8b", 65536)
+    w = DecodeWorkload("llama-3.1-8b", 65536, partial_dtype="fp32")  # one partial format
     two = simulate(build_schedule("allreduce2", topo, w), topo, w)
     buffers = w.max_bytes + w.buffer_bytes("numden")
     assert two.comm_bytes == 8 * int(2 * 7 / 8 * w.max_bytes) + 8 * int(
@@ -352,3 +352,135 @@ def test_comm_cli_prices_the_symmetric_transport_or_refuses_it(capsys):
                  "--transport", "nccl-symm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "directly on NVLink" in err[0]
+
+
+# --- groups of 2, 4 and 8 GPUs of a node, by GPU generation (search.cc, tuning.cc) -------
+
+@pytest.mark.parametrize("spec, links, channels, speed", [
+    # NVLink total = links × NCCL's per-link figure (topo.h); the first search speed that
+    # fits, as many channels as fit at it, doubled at half the speed (ncclTopoDupChannels)
+    ("dgx-h100", 18, 12, 30.0),  # 18 × 20.6 = 370.8: 6 × 60 -> 12 × 30 (NCCL's logs)
+    ("dgx-b200", 18, 16, 45.0),  # 18 × 40.1 = 721.8: sm100 speeds, 8 × 90 -> 16 × 45
+    ("dgx-a100", 12, 12, 20.0),  # 12 × 20 = 240: 6 × 40 -> 12 × 20
+])
+def test_a_2_gpu_ring_has_the_channels_of_nccls_search(spec, links, channels, speed):
+    topo = Topology.from_spec(spec)
+    for n in (2, 4, 8):  # behind an NVSwitch every GPU's ring sees the same links
+        shape = GroupShape.of(topo, range(n))
+        assert (shape.channels, shape.intra_speed) == (channels, speed)
+    big = 1 << 30
+    two = GroupShape.of(topo, range(2))
+    ring = collective_cost("all_reduce", big, two, algorithm="ring", protocol="Simple")
+    # ring Simple bus bandwidth = channels × speed; a 2-rank all-reduce's busbw = algbw
+    assert ring.bandwidth_Bps == pytest.approx(channels * speed * 1e9 * 2 / (2 * 1))
+
+
+def test_nvls_runs_one_channel_per_gpu_so_small_groups_take_the_ring():
+    topo = Topology.from_spec("dgx-h100")
+    busbw = {}
+    for n in (2, 4, 8):
+        shape = GroupShape.of(topo, range(n))
+        nvls = collective_cost("all_reduce", 1 << 30, shape, algorithm="nvls")
+        busbw[n] = nvls.bandwidth_Bps / 1e9 * 2 * (n - 1) / n
+    # one channel per GPU; a GPU carries (n + 1) × speed on its 370.8 GB/s: n=8 -> 40, else
+    # 60 (the largest Hopper speed); busBw = n × min(speed·0.85·(n−1)/n·2, bwInter)
+    assert busbw[8] == pytest.approx(8 * min(40 * 0.85 * 7 / 8 * 2, 60))  # 476
+    assert busbw[4] == pytest.approx(4 * min(60 * 0.85 * 3 / 4 * 2, 60))  # 240
+    assert busbw[2] == pytest.approx(2 * min(60 * 0.85 * 1 / 2 * 2, 60))  # 102
+    # the ring's 12 × 30 = 360 beats NVLS on 2 and 4 GPUs, not on 8
+    for n, algorithm in ((2, "ring"), (4, "ring"), (8, "nvls")):
+        shape = GroupShape.of(topo, range(n))
+        assert collective_cost("all_reduce", 1 << 30, shape).algorithm == algorithm
+
+
+@pytest.mark.parametrize("dtype, reduction, allowed", [
+    ("bfloat16", "sum", True), ("float32", "sum", True), ("bfloat16", "max", True),
+    ("float32", "max", False), ("float8_e4m3", "sum", False), ("int8", "sum", False),
+])
+def test_nvls_runs_only_the_dtypes_and_ops_nccl_builds_it_for(dgx, dtype, reduction, allowed):
+    """``ncclNvlsSupported`` (device.h): fp16/bf16/int32/int64 sum and min/max, fp32/fp64
+    sum only, no 8-bit type."""
+    algos = {c.algorithm for c in candidates("all_reduce", 1 << 30, dgx, dtype, reduction)}
+    assert ("nvls" in algos) is allowed
+    if not allowed:
+        assert collective_cost("all_reduce", 1 << 30, dgx, dtype=dtype,
+                               reduction=reduction).algorithm != "nvls"
+    # an all-gather moves bytes: NVLS is offered whatever the dtype
+    assert "nvls" in {c.algorithm for c in candidates("all_gather", 1 << 30, dgx, dtype)}
+
+
+def test_fp8_reductions_need_hopper_and_avoid_deep_rings(dgx2):
+    a100 = GroupShape.of(Topology.from_spec("dgx-a100"), range(8))
+    with pytest.raises(SimError, match="Hopper"):
+        collective_cost("all_reduce", 1 << 20, a100, dtype="float8_e4m3")
+    assert collective_cost("all_gather", 1 << 20, a100, dtype="float8_e4m3").time_s > 0
+    with pytest.raises(SimError, match="no dtype"):
+        collective_cost("all_reduce", 1 << 20, a100, dtype="complex64")
+    # enqueue.cc: an fp8 ring of more than 8 ranks is ranked × 1024 (priced as it runs);
+    # bf16, and fp8 on 8 ranks, keep the ring's own estimate
+    def ring(shape, dtype):
+        return next(c for c in candidates("all_reduce", 1 << 30, shape, dtype)
+                    if c.algorithm == "ring" and c.protocol == "Simple")
+
+    deep = ring(dgx2, "float8_e4m3")
+    assert deep.choice_s == pytest.approx(1024 * deep.time_s)
+    assert ring(dgx2, "bfloat16").choice_s == ring(dgx2, "bfloat16").time_s
+    one_node = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+    assert ring(one_node, "float8_e4m3").choice_s == ring(one_node, "float8_e4m3").time_s
+
+
+def test_all_to_all_latency_grows_with_the_peers():
+    """Our analogy (NCCL has no all-to-all entry): a ring all-gather's latency over the same
+    ranks, ring LL base 6.6 µs + (n − 1) NVLink LL hops of 0.6 µs."""
+    topo = Topology.from_spec("dgx-h100")
+    latency = {n: collective_cost("all_to_all", 8 * n, GroupShape.of(topo, range(n))).latency_s
+               for n in (2, 8)}
+    assert latency[2] * 1e6 == pytest.approx(6.6 + 1 * 0.6)  # one send/recv
+    assert latency[8] * 1e6 == pytest.approx(6.6 + 7 * 0.6)
+
+
+def test_all_to_all_gives_one_peer_its_channels_not_the_whole_nvlink():
+    """2 H100s, 1 GiB: 512 MiB to the peer over p2p channels (paths.cc, enqueue.cc): 24
+    compute channels -> 32 p2p channels, 2 × 18 NVLinks = 36 -> 32 a peer, halved to 16 so 2
+    ranks fit; each at the ring's 30 GB/s search speed over 2 compute channels: 240 GB/s,
+    not the GPU's 370.8."""
+    shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(2))
+    cost = collective_cost("all_to_all", 1 << 30, shape)
+    wire = cost.time_s - cost.latency_s
+    assert wire == pytest.approx((1 << 29) / (16 * 15e9))
+    # 8 ranks: 4 channels a peer (4 × 8 = 32), 7 peers × 60 GB/s > 370.8: the NVLink binds
+    eight = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+    cost = collective_cost("all_to_all", 1 << 30, eight)
+    assert cost.time_s - cost.latency_s == pytest.approx(7 * (1 << 27) / 370.8e9)
+
+
+def test_comm_prices_a_2_gpu_group_of_a_dgx_b200(capsys):
+    import json
+
+    from treeattn.cli import main
+
+    assert main(["comm", "--topology", "dgx-b200", "--gpus", "2", "--op", "all_reduce",
+                 "--min-bytes", "8", "--max-bytes", "8", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    # a 2-rank ring all-reduce: 2 (n − 1) = 2 NVLink LL hops after the 6.6 µs base
+    assert (row["ranks"], row["algorithm"], row["protocol"]) == (2, "ring", "LL")
+    assert row["time_us"] == pytest.approx(6.6 + 2 * 0.6, abs=1e-3)
+    assert main(["comm", "--topology", "dgx-b200", "--ranks", "1,5", "--op", "all_to_all",
+                 "--max-bytes", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["ranks"] == 2
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--gpus", "9"], "has 8 GPU(s)"),
+    (["--ranks", "0,8"], "out of range"),
+    (["--ranks", "0,0"], "twice"),
+    (["--gpus", "2", "--dtype", "complex64"], "no dtype"),
+])
+def test_comm_group_and_dtype_bad_input(capsys, argv, needle):
+    from treeattn.cli import main
+
+    assert main(["comm", "--topology", "dgx-b200", "--op", "all_reduce", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+    assert main(["comm", "--topology", "dgx-a100", "--op", "all_reduce", "--dtype", "fp8"]) == 2
+    assert "Hopper" in capsys.readouterr().err

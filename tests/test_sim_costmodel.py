@@ -178,10 +178,16 @@ def test_oneshot_merge_reads_p_partials_and_writes_one():
     from treeattn.schedule.algorithms import build_schedule
     from treeattn.schedule.ir import Merge
 
-    w = DecodeWorkload("llama-3.1-8b", 4096)
-    s = build_schedule("oneshot", Topology.from_spec("dgx-h100"), w)
-    merges = [st_ for st_ in s.steps[0] if isinstance(st_, Merge)]
+    topo = Topology.from_spec("dgx-h100")
+    w = DecodeWorkload("llama-3.1-8b", 4096, partial_dtype="fp32")
+    merges = [st_ for st_ in build_schedule("oneshot", topo, w).steps[0]
+              if isinstance(st_, Merge)]
     assert [m.nbytes for m in merges] == [9 * w.partial_bytes]
+    # the engine's own format (bf16 o, fp32 lse): 32 heads x (128 x 2 + 4) bytes a partial
+    w = DecodeWorkload("llama-3.1-8b", 4096)
+    merges = [st_ for st_ in build_schedule("oneshot", topo, w).steps[0]
+              if isinstance(st_, Merge)]
+    assert [m.nbytes for m in merges] == [9 * 32 * (128 * 2 + 4)]
 
 
 def test_dcp_reduce_scatters_the_attention_dtype():

@@ -63,13 +63,19 @@ def test_an_inexpressible_pick_is_said_with_the_ratio():
 
 
 def test_an_expressible_pick_names_the_backend_that_runs_it():
-    """On a GB200 rack SGLang's a2a and fi_a2a are both Helix; the pick, Helix on the LL128
-    fabric (one flag-carrying exchange against NCCL's grouped sends), is fi_a2a's."""
+    """On a GB200 rack SGLang's a2a and fi_a2a are both Helix. With fp32 partials (18.5 KB
+    to each of 3 peers, Simple on NCCL) the pick is Helix on the LL128 fabric, fi_a2a's;
+    with the bf16 o the engines move, whichever transport wins names its own backend."""
     from treeattn.sim.parallel import sub_topology
 
     rack = sub_topology(Topology.from_spec("gb200-nvl72"), list(range(16)))
-    record = emit("sglang", rack, DecodeWorkload("deepseek-v3", 32768, tp=4))
+    record = emit("sglang", rack, DecodeWorkload("deepseek-v3", 32768, tp=4,
+                                                 partial_dtype="fp32"))
     assert record["pick"] == "helix@mnnvl_ll128" and record["pick_backend"] == "fi_a2a"
     row = next(r for r in record["backends"] if r["backend"] == "fi_a2a")
     assert (row["algorithm"], row["transport"]) == ("helix", "mnnvl_ll128")
     assert "runs with --dcp-comm-backend fi_a2a." in "\n".join(describe(record))
+    record = emit("sglang", rack, DecodeWorkload("deepseek-v3", 32768, tp=4))
+    algorithm, _, transport = record["pick"].partition("@")
+    assert algorithm == "helix"
+    assert record["pick_backend"] == {"mnnvl_ll128": "fi_a2a", "": "a2a"}[transport]

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from treeattn.cli import main
@@ -104,6 +104,9 @@ def test_sums_only_a_max_falls_back_to_nccl():
 @settings(max_examples=60, deadline=None)
 @given(op=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]),
        ranks=st.integers(2, 8), small=st.integers(1, 1 << 22), extra=st.integers(0, 1 << 22))
+# a fresh clone's run: 6 ranks, 75,014 B cost 9.12 us and 98,305 B 8.67 us when the second
+# block halved each block's share
+@example(op="reduce_scatter", ranks=6, small=75_014, extra=98_305 - 75_014)
 def test_symm_mem_costs_grow_with_size_and_never_beat_their_fixed_cost(op, ranks, small,
                                                                       extra):
     shape = _shape(ONE_BOX, ranks)
@@ -111,8 +114,7 @@ def test_symm_mem_costs_grow_with_size_and_never_beat_their_fixed_cost(op, ranks
     b = SYMM.cost(op, small + extra, shape, "sum")
     floor = 4.5 + (1 if op == "all_to_all" else 2) * 1.65
     assert a.time_s * 1e6 >= floor - 1e-9
-    # a larger op may launch one more block and so run a little faster (as on the GPU)
-    assert b.time_s >= 0.95 * a.time_s
+    assert b.time_s >= a.time_s * (1 - 1e-12)  # a price never falls as the op grows
     # and never faster than the data it must move out of or into one GPU at the ceiling
     moved = (ranks - 1) / ranks * small if op != "all_reduce" else small / ranks
     ceiling = 480 if op == "all_reduce" else 320

@@ -177,7 +177,8 @@ def test_pass_q_is_priced_step_by_step_as_the_runtime_runs_it(spec, prompt, cont
             if n else 0.0
 
     def msg(a, b, nbytes):
-        return cm.least_send_s + cm.wire(a, b, nbytes) + cm.least_recv_s if nbytes else 0.0
+        return (cm.send_cost(nbytes) + cm.wire(a, b, nbytes) + cm.recv_cost(nbytes)
+                if nbytes else 0.0)
 
     q_bytes = [len(lay.positions(r, queries=True)) * m.n_heads * m.head_dim * p.item
                for r in range(w)]
@@ -209,7 +210,7 @@ def test_pass_q_is_priced_step_by_step_as_the_runtime_runs_it(spec, prompt, cont
         out = [(o, piece(r, o)) for o in range(w) if o != r and piece(r, o)]
         into = [(k, piece(k, r)) for k in range(w) if k != r and piece(k, r)]
         sent = t[r] + sum(route(r, o, n)[1] for o, n in out)
-        got_in = (max(t[k] + route(k, r, n)[0] + cm.least_send_s + cm.least_recv_s
+        got_in = (max(t[k] + route(k, r, n)[0] + cm.send_cost(n) + cm.recv_cost(n)
                       for k, n in into) + sum(route(k, r, n)[1] for k, n in into)
                   if into else 0.0)
         end[r] = max(t[r], sent, got_in)

@@ -108,3 +108,12 @@ def refuse_unread(args: argparse.Namespace, mode: str, reads: Collection[str],
     reasons = "; ".join(dict.fromkeys(why[dest] for dest, _ in unread if why and dest in why))
     raise UserError(f"{mode} does not use {names}" + (f" ({reasons})" if reasons else "")
                     + (": drop it" if len(unread) == 1 else ": drop them"))
+
+
+def add_nccl_env_flag(parser: argparse.ArgumentParser) -> None:
+    """``--nccl-env NAME=VALUE`` (repeatable): an NCCL variable the priced library runs with
+    (checked by :func:`treeattn.sim.nccl.env.parse_nccl_env`)."""
+    parser.add_argument("--nccl-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an NCCL variable the library runs with, as far as the cost "
+                             "model reads it (repeatable): NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 "
+                             "lets small send/recv across hosts use LL (default: Simple)")

@@ -15,7 +15,13 @@ from rich.console import Console
 
 from treeattn import atomic
 from treeattn.atomic import check_distinct, check_output_path
-from treeattn.commands._args import parse_tokens, positive_int, record_flags, refuse_unread
+from treeattn.commands._args import (
+    add_nccl_env_flag,
+    parse_tokens,
+    positive_int,
+    record_flags,
+    refuse_unread,
+)
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.commands.token import (
     add_token_flags,
@@ -25,6 +31,7 @@ from treeattn.commands.token import (
     transports_of,
 )
 from treeattn.schedule.algorithms import ALGORITHM_NAMES, SOURCES
+from treeattn.schedule.payloads import PARTIAL_DTYPES
 from treeattn.sim import DecodeWorkload, SimError, plan
 from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
@@ -36,9 +43,10 @@ from treeattn.sweep.rows import PICK, algorithm_rows
 PLAN_PREFILL_GPUS = 1024  # plan prices the prefill beside the decode up to here (~1.4 s)
 # The flags (argparse dests) each mode of the two commands reads; any other flag given a
 # value is refused (treeattn.commands._args.refuse_unread), with the reason where one helps.
-SHARED_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile"})
+SHARED_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile",
+                          "nccl_env"})
 DECODE_READS = SHARED_READS | {"batch", "tp", "layout", "include_model", "trace",
-                               "weights_dtype", "kv_dtype", "transport"}
+                               "weights_dtype", "kv_dtype", "transport", "partial_dtype"}
 PREFILL_READS = SHARED_READS | {"prefill", "context_tokens"}
 NOT_DECODE = {
     "context_tokens": "--context-tokens prices a prefill after cached tokens: use it with "
@@ -78,6 +86,11 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
                              "tensor-parallel output projection follows)")
     parser.add_argument("--profile", help="calibration profile JSON: CPU ranks (calibrate) or "
                                           "a GPU cluster (calibrate --nccl-tests)")
+    add_nccl_env_flag(parser)
+    parser.add_argument("--partial-dtype", choices=PARTIAL_DTYPES, default=None,
+                        help="how partials travel for every algorithm: fp32, or bf16 (o in "
+                             "bf16, lse in fp32); default: treeattn's schedules fp32, each "
+                             "baseline its engine's format (bf16 o for a 16-bit model)")
     parser.add_argument("--include-model", action="store_true",
                         help="add the replicated non-attention weights read to token latency")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -129,8 +142,9 @@ def _load(args: argparse.Namespace, seq_len: int):
     if note:
         sys.stderr.write(note + "\n")
     workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
-                              include_model=args.include_model, layout=args.layout, tp=args.tp)
-    return topo, workload, plan_overrides(args.profile, topo)
+                              include_model=args.include_model, layout=args.layout, tp=args.tp,
+                              partial_dtype=args.partial_dtype)
+    return topo, workload, plan_overrides(args.profile, topo, args.nccl_env)
 
 
 def _prefill(args: argparse.Namespace, seq_len: int) -> list:
@@ -140,7 +154,7 @@ def _prefill(args: argparse.Namespace, seq_len: int) -> list:
 
     with planning_limits():
         topo = Topology.load(args.topology)
-    overrides = plan_overrides(args.profile, topo)
+    overrides = plan_overrides(args.profile, topo, args.nccl_env)
     return predict_prefill(topo, args.model, seq_len, overrides.get("hardware"),
                            overrides.get("backend"),
                            context=getattr(args, "context_tokens", 0))
@@ -171,11 +185,21 @@ def handle_prefill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _decode_merge_only(args: argparse.Namespace, flag: str) -> None:
+    """``--partial-dtype`` prices the decode's merge; the whole-step searches do not take it."""
+    if args.partial_dtype:
+        raise SimError(f"--partial-dtype sets how the decode's partials travel; {flag} does "
+                       "not take it (drop one)")
+
+
 def handle_predict(args: argparse.Namespace) -> int:
     args.seq_len = list(dict.fromkeys(args.seq_len))  # each length once, in the given order
     if len(args.seq_len) > MAX_SEQ_LENS:
         raise SimError(f"{len(args.seq_len)} --seq-len values, expected at most "
                        f"{MAX_SEQ_LENS} (each is one planner run): predict fewer at a time")
+    for flag, on in (("--prefill", args.prefill), ("--token", args.token)):
+        if on:
+            _decode_merge_only(args, flag)
     if args.prefill:
         refuse_unread(args, "predict --prefill", PREFILL_READS, NOT_PREFILL)
         return handle_prefill(args)
@@ -234,6 +258,7 @@ def handle_predict(args: argparse.Namespace) -> int:
 
 def handle_plan(args: argparse.Namespace) -> int:
     if args.gpus is not None:
+        _decode_merge_only(args, "--gpus")
         return handle_plan_gpus(args)
     refuse_unread(args, "plan", DECODE_READS | {"output", "emit"}, NOT_DECODE)
     check_distinct(args.output, args.trace)

@@ -22,6 +22,7 @@ from treeattn.errors import UserError
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.local.binding import BIND_CHOICES
 from treeattn.schedule.algorithms import CLI_CHOICES
+from treeattn.schedule.payloads import PARTIAL_DTYPES
 from treeattn.schedule.workload import DTYPE_BYTES
 from treeattn.sim.files.export import tagged
 
@@ -63,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--algorithm", action="append", choices=ALGORITHMS, default=None,
                      help="algorithm (repeatable; default auto: the planner's choice)")
     run.add_argument("--shape", default=None, help="tree shape for tree/allreduce3 (tree)")
+    run.add_argument("--partial-dtype", choices=PARTIAL_DTYPES, default=None,
+                     help="how partials travel: fp32, or bf16 (o rounded to bf16 on its "
+                          "sender, lse fp32); default: each algorithm's own")
     run.add_argument("--native", action="store_true",
                      help="run allreduce3 on the backend's own all_reduce")
     run.add_argument("--check", action="store_true",
@@ -92,8 +96,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("-o", "--output", default=None, help="write the profile here (JSON)")
     cal.add_argument("--nccl-tests", nargs="+", metavar="FILE", default=None,
                      help="calibrate a GPU cluster from nccl-tests/rccl-tests outputs instead")
+    cal.add_argument("--kernels", metavar="FILE", default=None,
+                     help="calibrate a GPU's kernels from a measured table (CSV: GEMM shapes "
+                          "and attention points with times; format in docs/token.md)")
     cal.add_argument("--topology", default=None,
-                     help="with --nccl-tests: the cluster (spec or file) they were run on")
+                     help="with --nccl-tests or --kernels: the cluster (spec or file) they "
+                          "were run on")
     cal.add_argument("--max-bytes", type=parse_bytes, default=None, metavar="SIZE",
                      help="measure the concurrent exchange up to messages of SIZE (e.g. 1G; "
                           "default 64M, at most 1G): a profile for runs whose schedules move "
@@ -207,9 +215,9 @@ def _apply_plan(args: argparse.Namespace) -> tuple[dict | None, tuple[int, ...] 
         return None, None
     from treeattn.sim.files.plan_file import read_plan
 
-    if args.seq_len or args.algorithm:
-        raise UserError("--plan fixes the context and the algorithm: drop --seq-len and "
-                        "--algorithm")
+    if args.seq_len or args.algorithm or args.partial_dtype:
+        raise UserError("--plan fixes the context, the algorithm and its wire format: drop "
+                        "--seq-len, --algorithm and --partial-dtype")
     checked = read_plan(args.plan)  # every field, every size, deadlock: before any rank
     model = checked.model
     args.seq_len, args.algorithm = [checked.workload.seq_len], ["plan"]
@@ -219,11 +227,28 @@ def _apply_plan(args: argparse.Namespace) -> tuple[dict | None, tuple[int, ...] 
     return checked.record["schedule"], checked.shard_lengths
 
 
+def check_partial_dtype(algorithms, partial_dtype: str | None) -> None:
+    """Refuse a wire format that a named algorithm cannot use, before any rank starts."""
+    if partial_dtype is None:
+        return
+    from treeattn.schedule.algorithms import partial_dtype_for
+    from treeattn.schedule.workload import DecodeWorkload
+
+    probe = DecodeWorkload("debug", 1, partial_dtype=partial_dtype)
+    for name in algorithms:
+        if name not in ("auto", "plan"):
+            try:
+                partial_dtype_for(name, probe)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+
+
 def build_request(args: argparse.Namespace):
     from treeattn.runtime.measure.calibrate import read_profile
     from treeattn.runtime.measure.check import RunRequest
 
     plan, plan_lengths = _apply_plan(args)
+    check_partial_dtype(args.algorithm or [], args.partial_dtype)
     profile = read_profile(args.profile) if args.profile else None
     params = {"shape": args.shape} if args.shape else {}
     return RunRequest(
@@ -234,6 +259,7 @@ def build_request(args: argparse.Namespace):
         check=args.check, profile=profile, native=args.native,
         reference=not args.no_reference, seed=args.seed, params=params,
         topology=args.topology, plan=plan, plan_lengths=plan_lengths,
+        partial_dtype=args.partial_dtype,
     )
 
 
@@ -355,6 +381,12 @@ class CalibrateJob:
 
 
 def handle_calibrate(args: argparse.Namespace) -> int:
+    if args.kernels and args.nccl_tests:
+        raise UserError("--kernels and --nccl-tests calibrate different things; give one")
+    if args.kernels:  # a GPU's kernels, from a measured table: no ranks, no torch
+        from treeattn.commands import kernel_calibrate
+
+        return kernel_calibrate.handle(args)
     if args.nccl_tests:  # a GPU cluster, from its nccl-tests tables: no ranks, no torch
         from treeattn.commands import nccl_calibrate
 

@@ -36,9 +36,10 @@ MAX_SEARCH_GPUS = 2048
 
 # The flags (argparse dests) each mode reads; any other flag given a value is refused.
 TOKEN_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile", "token",
-                         "batch", "tp", "dcp", "weights_dtype", "kv_dtype", "transport"})
+                         "batch", "tp", "dcp", "weights_dtype", "kv_dtype", "transport",
+                         "nccl_env"})
 GPUS_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile", "gpus",
-                        "batch", "weights_dtype", "kv_dtype", "transport"})
+                        "batch", "weights_dtype", "kv_dtype", "transport", "nccl_env"})
 NOT_TOKEN = {
     "trace": "a whole step is priced without drawing its timeline: `treeattn predict "
              "--trace` draws the merge's",
@@ -171,7 +172,7 @@ def handle_predict_token(args: argparse.Namespace) -> int:
     if topo.num_gpus % args.tp:
         raise SimError(f"--tp {args.tp} must divide the {topo.num_gpus} GPUs")
     split = Split(tp=args.tp, cp=topo.num_gpus // args.tp, dcp=args.dcp)
-    overrides = plan_overrides(args.profile, topo)
+    overrides = plan_overrides(args.profile, topo, args.nccl_env)
     # the merge's GPUs, and the TP group whose all-reduces may use a transport on their own
     allowed = transports_of(args, topo, [list(range(topo.num_gpus)), list(range(args.tp))])
     rows = []
@@ -223,7 +224,7 @@ def handle_plan_gpus(args: argparse.Namespace) -> int:
         raise SimError(f"--profile calibrates all {topo.num_gpus} GPUs of {args.topology}; "
                        f"plan --gpus {args.gpus} searches a slice of them: drop --profile or "
                        f"give --gpus {topo.num_gpus}")
-    overrides = plan_overrides(args.profile, topo)
+    overrides = plan_overrides(args.profile, topo, args.nccl_env)
     # the budget's GPUs, and a TP group inside the first host
     first_host = len(topo.gpus_on(topo.hosts[0]))
     groups = [list(range(min(args.gpus, topo.num_gpus))),

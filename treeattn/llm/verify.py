@@ -8,7 +8,7 @@ ranks' partials so the caller can compare each with the reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,16 +26,19 @@ from treeattn.runtime.wire import AttnDims
 
 @dataclass(frozen=True)
 class Case:
-    """One schedule to run: the algorithm, its generator parameters, native all-reduce."""
+    """One schedule to run: the algorithm, its generator parameters, native all-reduce, and
+    how its partials travel (``None``: the algorithm's own format)."""
 
     algorithm: str
     params: dict = field(default_factory=dict, hash=False)
     native: bool = False
+    partial_dtype: str | None = None
 
     @property
     def label(self) -> str:
         extra = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
-        return f"{self.algorithm}[{extra}]" + ("+native" if self.native else "")
+        return (f"{self.algorithm}[{extra}]" + ("+native" if self.native else "")
+                + (f"@{self.partial_dtype}" if self.partial_dtype else ""))
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ def run_cases(ctx, q, k, v, lengths, cases) -> dict | None:
     topology, workload = local_topology(ctx.world), workload_for(dims, lengths)
     mine = {}
     for case in cases:
-        schedule = build(case.algorithm, topology, workload, **case.params)
+        wire = replace(workload, partial_dtype=case.partial_dtype)
+        schedule = build(case.algorithm, topology, wire, **case.params)
         kv = cache.kv(0)  # (2, B, Hkv, n, D)
         run = step_runner(ctx, schedule, lengths, dims, q, kv, cache.tensors(), case.native)
         (o, lse), stats = run()

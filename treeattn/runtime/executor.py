@@ -124,8 +124,10 @@ class Executor:
         self.owned = {b.untyped_storage().data_ptr()
                       for b in [*self.recv_buffers.values(), self.identity]}
         self.peaks: dict[tuple, int] = {}  # input signature -> CPU memory peak of a run
-        # A partial-only reduction over the mailboxes runs as one C call (shm_program.py)
-        self.program = None if self.on_cuda or not compiled else compile_program(
+        # A partial-only reduction over the mailboxes runs as one C call (shm_program.py);
+        # it moves fp32 partials, so a bf16 wire format keeps the Python steps
+        plain = compiled and not self.on_cuda and schedule.partial_dtype == "fp32"
+        self.program = None if not plain else compile_program(
             self.steps, self.names, ctx.rank, self.transport.channel, self.dims)
 
     # -- public ----------------------------------------------------------------------------

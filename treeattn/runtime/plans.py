@@ -129,7 +129,8 @@ def shard_offsets(lengths: list[int]) -> list[int]:
 def workload_for(dims: AttnDims, lengths: list[int]) -> DecodeWorkload:
     """The decode workload of one attention layer with these exact shard lengths."""
     return DecodeWorkload(
-        attn_model(dims), sum(lengths), batch=dims.batch, shard_lengths=tuple(lengths)
+        attn_model(dims), sum(lengths), batch=dims.batch, shard_lengths=tuple(lengths),
+        partial_dtype=dims.partial_dtype,
     )
 
 

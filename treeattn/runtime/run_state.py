@@ -28,6 +28,7 @@ from treeattn.runtime.wire import (
     message_numel,
     pack_partial,
     put_slice,
+    round_wire,
     take_slice,
     unpack_heads,
     unpack_partial,
@@ -194,8 +195,17 @@ class RunState:
             raise RuntimeFailure(f"rank {self.ex.ctx.rank}: sends {payload!r} before it is set")
         return buf.reshape(-1)  # a view when contiguous; a copy (the snapshot) otherwise
 
+    def _wire_rounded(self, payload: str, chunk) -> torch.Tensor:
+        """The payload's flat buffer with what it is about to move rounded to the wire
+        format; the sender keeps the rounded buffer (replicas stay bit-identical)."""
+        flat = self._payload_flat(payload)
+        rounded = round_wire(flat, self.ex.dims, payload, chunk, self.ex.schedule.partial_dtype)
+        if rounded is not flat:
+            self.bufs[payload] = rounded
+        return rounded
+
     def send(self, index: int, step: Send) -> None:
-        flat = self._payload_flat(step.payload)
+        flat = self._wire_rounded(step.payload, step.chunk)
         tensor = take_slice(flat, self.ex.dims, step.payload, step.chunk)
         self.stats.bytes_sent += tensor.numel() * tensor.element_size()
         work = self.ex.transport.isend(tensor, step.dst, step.tag)
@@ -252,7 +262,7 @@ class RunState:
         if step.payload == "query":
             flat = self.q.reshape(-1)
         else:
-            flat = self._payload_flat(step.payload)
+            flat = self._wire_rounded(step.payload, None)
         if step.payload == "outbox":
             how, value = passq.run_collective(ex.ctx, ex.groups[step.group], step, flat,
                                               ex.dims)
@@ -329,7 +339,7 @@ class RunState:
             raise RuntimeFailure(f"rank {self.ex.ctx.rank}: merge of tag {step.tag} before recv")
         recv, msg = queue.pop(0)
         if step.op == "partial":
-            self._merge_partial(msg, recv.chunk)
+            self._merge_partial(msg, recv.chunk, recv.src)
             return
         flat = self._payload_flat(recv.payload).clone()
         lo, hi = chunk_bounds(flat.numel(), recv.chunk)
@@ -354,15 +364,26 @@ class RunState:
         merged = merge(unpack_partial(mine, dims), unpack_partial(msg, dims))
         self.bufs["residue"] = pack_partial(*merged)
 
-    def _merge_partial(self, other: torch.Tensor, chunk: tuple[int, int] | None = None) -> None:
+    def _merge_partial(self, other: torch.Tensor, chunk: tuple[int, int] | None = None,
+                       src: int | None = None) -> None:
+        """``partial ← partial ⊕ other``. On a bf16 wire, with the sender ``src`` known, the
+        lower rank's partial goes first, so two ranks that merge each other's partials (a
+        butterfly round) run the same floating-point operations and keep the same bits (the
+        merge kernels fuse a multiply-add, so operand order shows in the last bit). An fp32
+        wire keeps (mine, theirs), the order the compiled program
+        (:mod:`treeattn.runtime.local.shm_program`) merges in, bit for bit."""
         dims, mine = self.ex.dims, self.bufs["partial"]
+        first = (src is None or self.ex.schedule.partial_dtype == "fp32"
+                 or self.ex.ctx.rank < src)
         if chunk is None:
-            self.bufs["partial"] = merge_packed(mine, other, dims.batch * dims.n_heads)
+            pair = (mine, other) if first else (other, mine)
+            self.bufs["partial"] = merge_packed(*pair, dims.batch * dims.n_heads)
             return
         h0, h1 = chunk_bounds(dims.n_heads, chunk)  # this message holds heads h0..h1
         o, lse = unpack_partial(mine, dims)
+        ours = (o[:, h0:h1], lse[:, h0:h1])  # (B, h, D), (B, h)
         theirs = unpack_heads(other, dims, h1 - h0)  # (B, h, D), (B, h)
-        merged = pack_partial(*merge((o[:, h0:h1], lse[:, h0:h1]), theirs))
+        merged = pack_partial(*(merge(ours, theirs) if first else merge(theirs, ours)))
         self.bufs["partial"] = put_slice(mine, dims, "partial", chunk, merged)
 
     # -- bookkeeping -----------------------------------------------------------------------

@@ -9,6 +9,11 @@ slice sent without a copy:
 - ``"qblock"`` (Bq, Hq, D) in the cache dtype, ``"outbox"`` ``o`` (P, Bq, Hq, D) then
   ``lse`` (P, Bq, Hq) fp32 (``ring-passq``, see :mod:`treeattn.runtime.passq`).
 
+When the schedule's ``partial_dtype`` is ``"bf16"`` (:mod:`treeattn.schedule.ir`), a sender
+rounds the ``o`` it is about to move of a partial or an outbox to bf16 (:func:`round_wire`)
+and keeps the rounded buffer, so every replica merges exactly the values its peers received;
+the buffers stay fp32 tensors holding bf16-representable values.
+
 Only a KV block's length varies. :func:`kv_message_lengths` runs the schedule symbolically
 (no data) to learn the length of every KV message, so each rank can post its receives with
 the right size even when the shards are uneven.
@@ -16,6 +21,7 @@ the right size even when the shards are uneven.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +47,8 @@ class AttnDims:
     head_dim: int  # D
     kv_dtype: torch.dtype = torch.float32
     world: int = 1  # P: sizes pass-Q's query block and outbox (the executor sets it)
+    # how partials travel (DecodeWorkload.partial_dtype; None: each algorithm's own)
+    partial_dtype: str | None = None
 
     @property
     def query_slots(self) -> int:
@@ -71,6 +79,26 @@ def unpack_partial(flat: torch.Tensor, dims: AttnDims) -> tuple[torch.Tensor, to
     o = flat[: b * hq * d].view(b, hq, d)  # (B, Hq, D)
     lse = flat[b * hq * d :].view(b, hq)  # (B, Hq)
     return o, lse
+
+
+def round_wire(flat: torch.Tensor, dims: AttnDims, payload: str, chunk,
+               partial_dtype: str) -> torch.Tensor:
+    """``flat`` with the ``o`` that a Send of ``chunk`` (or a collective, ``chunk=None``)
+    moves rounded to the wire format: a new tensor, or ``flat`` itself when nothing rounds
+    (fp32, or a payload that is no partial)."""
+    layout = PAYLOAD_LAYOUTS[Payload(payload)]
+    if partial_dtype == "fp32" or not layout.wire:
+        return flat
+    out = flat.clone()
+    first = layout.arrays[0]
+    sizes = {"B": dims.batch, "Hq": dims.n_heads, "D": dims.head_dim, "P": dims.world,
+             "Bq": dims.query_slots}
+    o = out[: math.prod(sizes[a] for a in first)].view(*(sizes[a] for a in first))
+    if chunk is not None and layout.chunk_axis == "Hq":
+        h0, h1 = _heads(dims, chunk)
+        o = o[:, h0:h1]  # (B, h, D): the heads this message carries
+    o.copy_(o.to(torch.bfloat16))
+    return out
 
 
 def _heads(dims: AttnDims, chunk: tuple[int, int] | None) -> tuple[int, int]:

@@ -54,7 +54,10 @@ Steps, run in list order per rank:
 
 * :class:`Send` posts a non-blocking send of the rank's current ``payload`` buffer (or one
   ``chunk`` of it, see below) to ``dst``. The executor snapshots what it sends, so later steps
-  may change the buffer freely. All sends complete before the rank's schedule ends.
+  may change the buffer freely. All sends complete before the rank's schedule ends. When the
+  schedule's ``partial_dtype`` is ``"bf16"``, a Send or Collective that moves a partial's
+  ``o`` (a payload laid out ``wire``) first rounds the part it moves to bf16 in the sender's
+  own buffer, so the sender goes on with exactly what its peers receive.
 * :class:`Recv` blocks until the message from ``src`` with ``tag`` has arrived. An executor may
   *post* the receive earlier (the runtime posts a rank's next receive as soon as its previous
   one completed, so at most one receive is in flight ahead); that is what lets ring overlap
@@ -230,6 +233,9 @@ class Schedule:
     steps: list[list[Step]]
     params: dict = field(default_factory=dict)
     output_layout: str = "replicated"
+    # How its partials travel (treeattn.schedule.payloads.PARTIAL_DTYPES): a sender rounds
+    # what it sends of a partial to this format and keeps the rounded copy
+    partial_dtype: str = "fp32"
 
     @property
     def world(self) -> int:

@@ -119,15 +119,26 @@ class PayloadLayout:
     arrays: tuple[tuple[str, ...], ...]
     dtype: str = "fp32"
     chunk_axis: str | None = None
+    # A partial's (o, lse): its first array (o) travels in the schedule's partial wire
+    # format (:data:`PARTIAL_DTYPES`), the others (lse) stay fp32.
+    wire: bool = False
 
 
-_PARTIAL_LAYOUT = PayloadLayout((("B", "Hq", "D"), ("B", "Hq")), chunk_axis="Hq")  # o, lse
+# The partial wire formats: bytes per element of ``o`` (``lse`` stays fp32). ``bf16`` is what
+# the serving engines move (vLLM's DCP all-to-all, Star Attention's all-gather): o in the
+# attention dtype, lse in fp32. A bf16 partial is rounded once on its sender, which keeps
+# the rounded copy too (every replica merges the same values).
+PARTIAL_DTYPES = {"fp32": 4, "bf16": 2}
+
+_PARTIAL_LAYOUT = PayloadLayout((("B", "Hq", "D"), ("B", "Hq")), chunk_axis="Hq",
+                                wire=True)  # o, lse
 # THE table of payload shapes: the memory model, the simulator's message sizes, the numpy
 # reference executor and the runtime's wire format all read it.
 PAYLOAD_LAYOUTS: dict[Payload, PayloadLayout] = {
     Payload.PARTIAL: _PARTIAL_LAYOUT,
     Payload.RESIDUE: _PARTIAL_LAYOUT,
-    Payload.NUMDEN: _PARTIAL_LAYOUT,  # num (B, Hq, D) then den (B, Hq), packed (allreduce2)
+    Payload.NUMDEN: PayloadLayout((("B", "Hq", "D"), ("B", "Hq")),
+                                  chunk_axis="Hq"),  # num then den, packed (allreduce2)
     Payload.QUERY: PayloadLayout((("B", "Hq", "D"),), dtype="cache", chunk_axis="Hq"),
     Payload.MAX: PayloadLayout((("B", "Hq"),)),
     Payload.NUM: PayloadLayout((("B", "Hq", "D"),)),
@@ -135,7 +146,8 @@ PAYLOAD_LAYOUTS: dict[Payload, PayloadLayout] = {
     Payload.KV: PayloadLayout((("2", "B", "Hkv", "T", "D"),), dtype="cache"),  # K then V
     # ring-passq: the query block a rank holds, and one (o, lse) slot per origin rank.
     Payload.QBLOCK: PayloadLayout((("Bq", "Hq", "D"),), dtype="cache"),
-    Payload.OUTBOX: PayloadLayout((("P", "Bq", "Hq", "D"), ("P", "Bq", "Hq")), chunk_axis="P"),
+    Payload.OUTBOX: PayloadLayout((("P", "Bq", "Hq", "D"), ("P", "Bq", "Hq")), chunk_axis="P",
+                                  wire=True),
 }
 # Which buffers each Compute label sets (the memory model counts them from then on).
 COMPUTE_SETS: dict[ComputeLabel, tuple[Payload, ...]] = {
@@ -165,6 +177,32 @@ def payload_numel(payload: str, dims: dict[str, int]) -> int:
     layout = PAYLOAD_LAYOUTS[Payload(payload)]
     return sum(prod(int(s) if s.isdigit() else dims[s] for s in shape)
                for shape in layout.arrays)
+
+
+def payload_bytes(payload: str, dims: dict[str, int], cache_bytes: int,
+                  partial_dtype: str = "fp32") -> int:
+    """Bytes of ``payload``'s buffer: :func:`payload_numel`'s elements, each array in its
+    element type (the KV cache's, fp32, or for a partial's ``o`` the wire format's).
+
+    >>> payload_bytes("partial", {"B": 1, "Hq": 4, "D": 16}, 2, "bf16")  # 64·2 + 4·4
+    144
+    """
+    layout = PAYLOAD_LAYOUTS[Payload(payload)]
+    total = 0
+    for index, shape in enumerate(layout.arrays):
+        numel = prod(int(s) if s.isdigit() else dims[s] for s in shape)
+        total += numel * element_bytes(layout, index, cache_bytes, partial_dtype)
+    return total
+
+
+def element_bytes(layout: PayloadLayout, index: int, cache_bytes: int,
+                  partial_dtype: str = "fp32") -> int:
+    """Bytes per element of array ``index`` of ``layout``."""
+    if layout.dtype == "cache":
+        return cache_bytes
+    if layout.wire and index == 0:
+        return PARTIAL_DTYPES[partial_dtype]
+    return 4
 
 
 def query_slots(batch: int, world: int) -> int:

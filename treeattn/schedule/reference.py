@@ -56,6 +56,28 @@ def merge(a, b):
     return oa * wa[..., None] + ob * wb[..., None], lse
 
 
+def round_bf16(x):
+    """``x`` rounded to the nearest bfloat16 (ties to even) through fp32, as torch rounds a
+    float32 tensor: what a bf16 wire carries, returned as float64."""
+    f = np.asarray(x, dtype=np.float32)
+    bits = f.view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    out = bits.astype(np.uint32).view(np.float32)
+    return np.where(np.isfinite(f), out, f).astype(np.float64)
+
+
+def _round_sent(buffers, payload, chunk, partial_dtype: str) -> None:
+    """Round the ``o`` a Send of ``chunk`` (a collective: ``None``) moves to the wire format,
+    in the sender's own buffer (see :mod:`treeattn.schedule.ir`)."""
+    if partial_dtype == "fp32" or not PAYLOAD_LAYOUTS[Payload(payload)].wire:
+        return
+    o, lse = buffers[payload]
+    s = _slices(o.shape[0], chunk if _by_heads(payload) else None)
+    o = o.copy()
+    o[s] = round_bf16(o[s])
+    buffers[payload] = (o, lse)
+
+
 def full_attention(q, k, v):
     """What every rank must end with: attention over the whole sequence."""
     return partial(q, k, v)
@@ -265,6 +287,7 @@ def execute(schedule: Schedule, q, shards) -> list:
             while pc[r] < len(steps):
                 s = steps[pc[r]]
                 if isinstance(s, Send):
+                    _round_sent(buffers[r], s.payload, s.chunk, schedule.partial_dtype)
                     mail[(r, s.dst, s.tag)] = _get(buffers[r][s.payload], s.payload, s.chunk)
                 elif isinstance(s, Recv):
                     key = (s.src, r, s.tag)
@@ -278,6 +301,9 @@ def execute(schedule: Schedule, q, shards) -> list:
                 elif isinstance(s, Collective):
                     if not all(_at(schedule, pc, m, s) for m in s.group):
                         break  # a rendezvous: wait until every member stands at it
+                    if s.payload != Payload.QUERY:
+                        for m in s.group:
+                            _round_sent(buffers[m], s.payload, None, schedule.partial_dtype)
                     _collective([buffers[m] for m in range(world)], kept, s)
                     for m in s.group:
                         if s.tag is not None:

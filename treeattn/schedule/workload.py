@@ -3,9 +3,16 @@
 Sizes (all in bytes, ``B`` the batch, ``n`` a shard's token count):
 
 * KV block of ``n`` tokens: ``2 · B · n · Hkv · D · dtype_bytes`` (the 2 is K and V);
-* partial ``(o, lse)``: ``4 · B · Hq · (D + 1)`` (fp32);
+* partial ``(o, lse)``: ``4 · B · Hq · (D + 1)`` (fp32), or ``2 · B · Hq · D + 4 · B · Hq``
+  when the partials travel in bf16 (``partial_dtype``, below);
 * ``max`` and ``den``: ``4 · B · Hq``; ``num``: ``4 · B · Hq · D``;
 * attention FLOPs over ``n`` tokens: ``4 · B · Hq · n · D`` (q·Kᵀ and p·V, 2 per MAC).
+
+Wire format (``partial_dtype``): how a partial ``(o, lse)`` travels, ``"fp32"`` or ``"bf16"``
+(o in bf16, lse in fp32; :data:`~treeattn.schedule.payloads.PARTIAL_DTYPES`). ``None``, the
+default, lets each algorithm move its own: treeattn's schedules fp32, each baseline the format
+its engine moves (:data:`treeattn.schedule.algorithms.ENGINE_PARTIAL_DTYPE`). Every payload
+whose layout is marked ``wire`` follows it, so a new algorithm's messages do too.
 
 Sharding rule (:func:`treeattn.schedule.ir.shard_sizes`): the sequence is split into
 contiguous shards, rank ``r`` holding a shard of ``seq_len // p`` tokens, and the first
@@ -52,10 +59,12 @@ from dataclasses import dataclass, field
 
 from treeattn.schedule.ir import Compute
 from treeattn.schedule.payloads import (
+    PARTIAL_DTYPES,
     PAYLOAD_LAYOUTS,
     ComputeLabel,
     Payload,
     SimError,
+    payload_bytes,
     payload_numel,
     query_slots,
     shard_sizes,
@@ -210,8 +219,14 @@ class DecodeWorkload:
     # Tensor parallelism: heads split over this many GPUs, the sequence over the rest (see
     # treeattn.sim.parallel). 1: every GPU holds every head of its shard.
     tp: int = 1
+    # How partials travel: "fp32", "bf16" (o in bf16, lse in fp32), or None: each
+    # algorithm's own format (see the module docstring)
+    partial_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        if self.partial_dtype is not None and self.partial_dtype not in PARTIAL_DTYPES:
+            raise SimError(f"partial dtype must be one of {', '.join(PARTIAL_DTYPES)}, got "
+                           f"{self.partial_dtype!r}")
         if not isinstance(self.tp, int) or self.tp < 1:
             raise SimError(f"tensor-parallel size must be a positive integer, got {self.tp!r}")
         if self.layout not in ("replicated", "head_sharded"):
@@ -288,9 +303,14 @@ class DecodeWorkload:
             layout = PAYLOAD_LAYOUTS.get(payload)
             if layout is None or payload == Payload.KV:
                 raise SimError(f"no fixed size for payload {payload!r}")
-            item = FP32 if layout.dtype == "fp32" else self.model.dtype_bytes
-            cache[key] = item * payload_numel(payload, self.dims(world=world))
+            cache[key] = payload_bytes(payload, self.dims(world=world), self.model.dtype_bytes,
+                                       self.wire_dtype)
         return cache[key]
+
+    @property
+    def wire_dtype(self) -> str:
+        """The partial wire format sizes are priced in (``partial_dtype``, fp32 when unset)."""
+        return self.partial_dtype or "fp32"
 
     def chunk_bytes(self, payload: str, count: int) -> list[int]:
         """Bytes of each of ``count`` chunks of a payload buffer (schedule.py's chunks).
@@ -302,7 +322,8 @@ class DecodeWorkload:
         [136, 68, 68]
         """
         if PAYLOAD_LAYOUTS[Payload(payload)].chunk_axis == "Hq":
-            per_head = FP32 * payload_numel(payload, {**self.dims(), "Hq": 1})
+            per_head = payload_bytes(payload, {**self.dims(), "Hq": 1}, self.model.dtype_bytes,
+                                     self.wire_dtype)
             return [per_head * h for h in shard_sizes(self.model.n_heads, count)]
         elements = self.buffer_bytes(payload) // FP32
         return [FP32 * n for n in shard_sizes(elements, count)]

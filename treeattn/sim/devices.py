@@ -39,11 +39,13 @@ arrived. The small-message latency is therefore ``α = send_s + route latency + 
 
 Sources:
 
-* ``nccl``: NCCL keeps no cost table for send/recv; we price one p2p message as one ring
-  hop of its LL protocol (see :func:`treeattn.sim.nccl.collectives.p2p_cost`): the ring LL base
-  of NCCL 2.30.7's ``tuning.cc`` (6.6 µs), split between the two ends (3.3 µs each), plus
-  the route's per-hop latency, which lives in the topology's links (0.6 µs NVLink, 1.0 µs
-  PCIe, 2.7 µs network). Collectives are priced by the library's own model instead.
+* ``nccl``: NCCL keeps no cost table for send/recv; we price one p2p message as one hop of
+  the protocol NCCL picks for it (see :func:`treeattn.sim.nccl.collectives.p2p_cost`): inside
+  a host LL up to 16 KiB, the ring LL base of NCCL 2.30.7's ``tuning.cc`` (6.6 µs) split
+  between the two ends (3.3 µs each) plus the class's hop (0.6 µs NVLink, 1.0 µs PCIe);
+  across hosts Simple (8.4 µs base, 14 µs network hop) unless ``nccl_env`` sets
+  ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` (LL: 6.6 + 5.0 µs). ``send_s``/``recv_s`` below
+  are those halves on LL. Collectives are priced by the library's own model instead.
 * ``rccl``: the same with RCCL's ring LL base for gfx942 (12.0 µs, ``tuning_model_5``):
   6.0 µs each end.
 * ``gloo``: TCP on loopback through gloo's pair transport costs tens of µs per message on a
@@ -98,6 +100,9 @@ class HardwareModel:
     # not the matmul peak: CPUs, where the softmax's exponentials cost as much as the products
     # (benchmarks/prefill_check.py measures it); 0: peak_flops
     attention_flops: float = 0.0
+    # ((weight dtype, bytes/s), ...): the rate decode GEMMs read weights of that dtype, from a
+    # measured kernel table (treeattn.sim.deploy.kernel_table); empty: the sourced defaults
+    gemm_bandwidth: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth_Bps <= 0 or self.peak_flops <= 0 or self.launch_s < 0:
@@ -144,7 +149,42 @@ CPU_LAUNCH_S = 20e-6  # placeholder: `treeattn calibrate` measures it
 # bf16, B=1, Hq=32, Hkv=8, D=128, CUDA-graph replays): 0.82 at T=64k, 0.88 at 128k, 0.90 at
 # 256k, 0.93 at 512k, 0.94 at 1M; we take the median, 0.90. The H100 has the same SM, memory
 # controller design and kernel, so it takes the H200's figure until it is measured itself.
-MEMORY_EFFICIENCY = {"H200": 0.90, "H100": 0.90}
+# Blackwell (B200, and the GB200's same GPU): CUDA's bandwidthTest sample on 8 B200s (HGX,
+# CUDA 12.8) measured device-to-device copies at "over 6,000 GB/s" (newmind.ai journal 18,
+# "Unlocking Next-Generation AI Performance: Inside NVIDIA's Blackwell B200 Architecture"),
+# the sample counting each byte read and written: 6.0 of the 8.0 TB/s datasheet, 0.75.
+MEMORY_EFFICIENCY = {"H200": 0.90, "H100": 0.90, "B200": 0.75, "GB200": 0.75}
+# Fraction of the datasheet HBM rate at which a decode GEMM reads FP8 weights, by GPU
+# generation (the token model's weight reads; bf16 weights read at MEMORY_EFFICIENCY).
+# Hopper: DeepGEMM's README at commit 7a70b43 (deepseek-ai/DeepGEMM, "Normal GEMMs for dense
+# models", H800 SXM5, HBM3 at 3.35 TB/s, NVCC 12.8): its six M = 64 decode-sized rows read
+# at 1688, 2455, 2143, 2668, 2320 and 2470 GB/s; their median, 2388 GB/s, is 0.71 of the
+# datasheet. Generations without a published FP8 decode GEMM table here keep the bf16 rate.
+FP8_GEMM_EFFICIENCY = {"hopper": 0.71}
+FP8_GEMM_SOURCES = {"hopper": "DeepGEMM README @7a70b43, H800, M=64 rows, median 2388 GB/s"}
+
+
+def weight_read_factor(gpu_model: str, weight_dtype: str, hardware_name: str = "") -> float:
+    """How many times longer a decode GEMM takes to read ``weight_dtype`` weights on a
+    ``gpu_model`` GPU (as the topology names it) than the hardware model's memory bandwidth
+    says: 1 for 16-bit weights and for generations without a sourced FP8 row; for FP8 the
+    hardware's memory efficiency (``hardware_name``'s, else the GPU model's) over
+    :data:`FP8_GEMM_EFFICIENCY`'s (Hopper: 0.90 / 0.71).
+
+    >>> round(weight_read_factor("H200", "float8"), 3), weight_read_factor("H200", "bfloat16")
+    (1.268, 1.0)
+    """
+    from treeattn.sim.nccl.tables import ARCH_OF_MODEL
+
+    if not str(weight_dtype).startswith("float8"):
+        return 1.0
+    fp8 = FP8_GEMM_EFFICIENCY.get(ARCH_OF_MODEL.get(str(gpu_model), ""))
+    if fp8 is None:
+        return 1.0
+    efficiency = MEMORY_EFFICIENCY.get(hardware_name, MEMORY_EFFICIENCY.get(str(gpu_model)))
+    return (efficiency or 1.0) / fp8
+
+
 # One model per row of THE GPU table, so every GPU a topology can name has one.
 HARDWARE: dict[str, HardwareModel] = {
     name: HardwareModel(name, spec.memory_bandwidth * MEMORY_EFFICIENCY.get(name, 1.0),
@@ -184,10 +224,17 @@ class BackendModel:
     calibration: object = field(default=None, compare=False, hash=False)
     # CPU ranks of one host: the C program's message costs (treeattn.sim.host.partial_reduction)
     program: ProgramCosts | None = None
+    # The NCCL/RCCL variables the library runs with, as far as the cost model reads them
+    # (treeattn.sim.nccl.env): ``(name, value)`` pairs, ``--nccl-env NAME=VALUE``.
+    nccl_env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.send_s < 0 or self.recv_s < 0:
             raise SimError(f"backend {self.name}: overheads must be non-negative")
+        if self.nccl_env:
+            from treeattn.sim.nccl.env import parse_nccl_env
+
+            object.__setattr__(self, "nccl_env", parse_nccl_env(self.nccl_env))
 
     def measured_collective(self, op: str, world: int) -> tuple[float, float] | None:
         """``(alpha_s, seconds_per_byte)`` calibrated for ``op`` at ``world`` ranks, if any."""

@@ -298,8 +298,8 @@ class CostModel:
 
     def pair_summary(self, src: np.ndarray, dst: np.ndarray, nbytes: float = 0.0) -> np.ndarray:
         """``(p, 2)`` array of :meth:`P2PModel.summary` rows for messages of ``nbytes``
-        (the size picks the protocol), cached per pair list and protocol."""
-        key = (src.tobytes(), dst.tobytes(), self.p2p.protocol(nbytes))
+        (the size picks the protocols), cached per pair list and pair of protocols."""
+        key = (src.tobytes(), dst.tobytes(), self.p2p.regime(nbytes))
         found = self._pair_cache.get(key)
         if found is None:
             found = np.array([self.p2p.summary(int(a), int(b), nbytes)
@@ -314,15 +314,16 @@ class CostModel:
         if not self.p2p.library:
             summ = self.pair_summary(src, dst)
             return summ[:, 0] + sizes * summ[:, 1]
-        if sizes.size and sizes.min() == sizes.max():  # one size: one protocol
+        if sizes.size and sizes.min() == sizes.max():  # one size: one pair of protocols
             summ = self.pair_summary(src, dst, float(sizes.flat[0]))
             return summ[:, 0] + sizes * summ[:, 1]
         out = np.empty(src.shape)
         values, inverse = np.unique(sizes, return_inverse=True)
-        protocols = np.array([self.p2p.protocol(float(v)) for v in values])[inverse]
-        protocols = protocols.reshape(src.shape)
-        for p in set(protocols.tolist()):
-            pick = protocols == p
+        codes = [self.p2p.regime(float(v)) for v in values]  # (inside, across), each -1..2
+        regimes = np.array([4 * a + b for a, b in codes])[inverse]
+        regimes = regimes.reshape(src.shape)
+        for p in set(regimes.tolist()):
+            pick = regimes == p
             summ = self.pair_summary(src, dst, float(sizes[pick][0]))
             out[pick] = summ[pick, 0] + sizes[pick] * summ[pick, 1]
         return out
@@ -373,7 +374,10 @@ class CostModel:
         if self.one_sided(op, group):
             return self.one_sided_transport.cost(op.library_op, max(1, nbytes), shape,
                                                  _reduction(op)).time_s
-        return collective_cost(op.library_op, max(1, nbytes), shape).time_s
+        # the merges' collectives carry fp32 (PAYLOAD_LAYOUTS): NCCL's NVLS sums them but
+        # has no fp32 max, so a max all-reduce takes the ring or the tree
+        return collective_cost(op.library_op, max(1, nbytes), shape, dtype="float32",
+                               reduction=_reduction(op)).time_s
 
     def one_sided(self, op: CollectiveOp | str, group: tuple[int, ...]) -> bool:
         """Whether ``op`` on ``group`` runs on this cost model's one-sided transport (it has
@@ -386,11 +390,13 @@ class CostModel:
 
     def _shape(self, group: tuple[int, ...]):
         """How the tuning model sees the communicator of ``group`` (cached)."""
+        from treeattn.sim.nccl.env import with_env
         from treeattn.sim.nccl.group_shape import GroupShape
 
         shape = self._group_shapes.get(group)
         if shape is None:
-            shape = self._group_shapes[group] = GroupShape.of(self.topology, group)
+            shape = self._group_shapes[group] = with_env(GroupShape.of(self.topology, group),
+                                                         self.backend.nccl_env)
         return shape
 
 

@@ -25,23 +25,14 @@ def message_prices(topology, message_bytes: float,
     """``(C, send + recv)``: :func:`cost_matrix` and the two ends' software cost, priced as
     the engine prices a message (:mod:`treeattn.sim.nccl.p2p`: on NCCL/RCCL the protocol's
     per-class hop latency and the pair's bandwidth capped at the library's figure)."""
-    from treeattn.sim.nccl.collectives import p2p_parts
     from treeattn.sim.nccl.p2p import P2PModel
     from treeattn.sim.network import Network
 
-    lat = np.asarray(topology.latency_matrix(), dtype=float)
-    bw = np.asarray(topology.bandwidth_matrix(), dtype=float)
     model = P2PModel(topology, backend, Network(topology, backend),
                      resolve_hardware(topology, None))
     send, recv = model.send_s(message_bytes), model.recv_s(message_bytes)
-    if model.library:
-        hosts = np.array([topology.host_of(r) for r in range(topology.num_gpus)])
-        across = hosts[:, None] != hosts[None, :]
-        parts = [p2p_parts(message_bytes, model.shape, a) for a in (False, True)]
-        lat = np.where(across, parts[1][2], parts[0][2]) * 1e-6
-        bw = np.minimum(bw, np.where(across, parts[1][3], parts[0][3]) * 1e9)
-    with np.errstate(divide="ignore"):
-        cost = send + lat + message_bytes / bw + recv
+    lat, inv = model.summary_matrices(message_bytes)
+    cost = send + lat + message_bytes * inv + recv
     np.fill_diagonal(cost, np.inf)
     return cost, send + recv
 

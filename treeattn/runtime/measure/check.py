@@ -82,11 +82,12 @@ class RunRequest:
     # the plan's own shard lengths.
     plan: dict | None = None
     plan_lengths: tuple[int, ...] | None = None
+    partial_dtype: str | None = None  # how partials travel (None: each algorithm's own)
 
     @property
     def dims(self) -> AttnDims:
         return AttnDims(self.batch, self.n_heads, self.n_kv_heads, self.head_dim,
-                        DTYPES[self.dtype])
+                        DTYPES[self.dtype], partial_dtype=self.partial_dtype)
 
     def __call__(self, ctx: RankContext) -> list[dict] | None:
         return run_points(ctx, self)

@@ -19,10 +19,30 @@
 Each schedule says where its output lands (``Schedule.output_layout``); the head-scatter
 algorithms append the gather of head shards when the workload wants a replicated output.
 :data:`SOURCES` names the system each algorithm comes from, for every report.
+
+Each schedule also says how its partials travel (``Schedule.partial_dtype``): the workload's
+``partial_dtype`` when it sets one, otherwise the algorithm's own (:data:`ENGINE_PARTIAL_DTYPE`):
+treeattn's schedules fp32, and a baseline the format its engine moves, o in the attention
+dtype with lse in fp32 when the model computes in 16 bits:
+
+* ``helix``: vLLM's DCP all-to-all (``vllm/v1/attention/ops/dcp_alltoall.py``,
+  ``dcp_a2a_lse_reduce``) sends the attention output as the kernel wrote it and the LSE in
+  fp32;
+* ``dcp``: vLLM's ``cp_lse_ag_out_rs`` reduce-scatters the rescaled output in the attention
+  dtype (priced in :func:`~treeattn.schedule.algorithms.serving.build_dcp`); the gather of
+  head shards moves the same;
+* ``oneshot``: Star Attention's decode (``star_flash_attn.py``) all-gathers FlashAttention's
+  output (the query's dtype) and its fp32 LSE;
+* ``ring-passq``: no public engine to read; its outbox holds the attention kernel's output,
+  priced like the engines above.
+
+An algorithm that moves no partial (the all-reduce forms, ``ring``) cannot take a bf16 wire
+format: asking for one raises :class:`WireFormatRefused`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 from treeattn.schedule.algorithms.allgather import build_allgather
@@ -30,7 +50,12 @@ from treeattn.schedule.algorithms.allreduce3 import build_allreduce2, build_allr
 from treeattn.schedule.algorithms.butterfly import build_butterfly
 from treeattn.schedule.algorithms.passq import build_ring_passq
 from treeattn.schedule.algorithms.ring import build_ring
-from treeattn.schedule.algorithms.serving import build_dcp, build_helix, build_oneshot
+from treeattn.schedule.algorithms.serving import (
+    LayoutRefused,
+    build_dcp,
+    build_helix,
+    build_oneshot,
+)
 from treeattn.schedule.algorithms.tree import build_tree
 from treeattn.schedule.ir import Schedule
 from treeattn.schedule.payloads import SimError
@@ -72,6 +97,35 @@ SOURCES = {
 OWN = ("tree", "butterfly", "allgather")
 BASELINES = tuple(a for a in ALGORITHM_NAMES if a not in OWN)
 TREE_PARAMS = {"shape", "root", "k", "inner", "outer", "tree", "backend"}
+# The partial wire format each engine moves when the model computes in 16 bits (module
+# docstring); an algorithm not listed moves fp32 partials unless the workload says otherwise.
+ENGINE_PARTIAL_DTYPE = {"oneshot": "bf16", "helix": "bf16", "dcp": "bf16",
+                        "ring-passq": "bf16"}
+# Algorithms whose messages carry no partial (o, lse): a wire format does not apply to them.
+NO_PARTIAL_ON_WIRE = ("allreduce3", "allreduce2", "ring")
+
+
+class WireFormatRefused(LayoutRefused):
+    """A partial wire format an algorithm cannot use (the planner leaves it out)."""
+
+
+def partial_dtype_for(algorithm: str, workload: DecodeWorkload) -> str:
+    """How ``algorithm``'s partials travel for ``workload`` (see the module docstring).
+
+    >>> w = DecodeWorkload("llama-3.1-8b", 1024)
+    >>> partial_dtype_for("helix", w), partial_dtype_for("tree", w)
+    ('bf16', 'fp32')
+    """
+    algorithm = ALIASES.get(algorithm, algorithm)
+    if workload.partial_dtype is not None:
+        if workload.partial_dtype != "fp32" and algorithm in NO_PARTIAL_ON_WIRE:
+            raise WireFormatRefused(
+                f"{algorithm} moves no partial (o, lse): a {workload.partial_dtype} partial "
+                "wire format does not apply to it (its messages are fp32 sums, maxima or KV "
+                "blocks)")
+        return workload.partial_dtype
+    engine = ENGINE_PARTIAL_DTYPE.get(algorithm, "fp32")
+    return engine if workload.model.dtype_bytes == 2 else "fp32"
 
 
 def build_schedule(algorithm: str, topology, workload: DecodeWorkload, **params) -> Schedule:
@@ -98,4 +152,9 @@ def build_schedule(algorithm: str, topology, workload: DecodeWorkload, **params)
     if unknown:
         raise SimError(f"{algorithm}: unknown parameter(s) {', '.join(sorted(unknown))}")
     workload.shards(topology.num_gpus)  # raises for one GPU or seq_len < p
-    return generator(topology, workload, **params)
+    wire = partial_dtype_for(algorithm, workload)
+    if wire != workload.wire_dtype:
+        workload = dataclasses.replace(workload, partial_dtype=wire)
+    schedule = generator(topology, workload, **params)
+    schedule.partial_dtype = wire
+    return schedule

@@ -66,7 +66,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from treeattn.schedule.payloads import SimError
-from treeattn.schedule.workload import STORAGE_DTYPE_BYTES, DecodeWorkload, ModelConfig
+from treeattn.schedule.workload import (
+    DTYPE_BYTES,
+    STORAGE_DTYPE_BYTES,
+    DecodeWorkload,
+    ModelConfig,
+)
 from treeattn.sim.deploy.capacity import (
     MemoryCheck,
     Split,
@@ -74,10 +79,13 @@ from treeattn.sim.deploy.capacity import (
     memory_check,
     step_weight_reads,
 )
+from treeattn.sim.deploy.kernel_table import CANONICAL
+from treeattn.sim.devices import weight_read_factor
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import TRANSPORTS, resolve_hardware
 from treeattn.sim.onesided import one_sided
 from treeattn.sim.parallel import cp_group, group_workload, sub_topology
+from treeattn.topo.hardware import normalize_model
 
 #: Kernels per layer outside attention, and once per step (see the module docstring).
 KERNELS_PER_LAYER = {"gqa_attention": 5, "mla_attention": 11, "dense_mlp": 3,
@@ -158,10 +166,10 @@ def deployment_topology(topology, split: Split):
 
 
 def _collective(op: str, nbytes: int, topology, ranks: list[int],
-                transports: tuple[str, ...]) -> tuple[float, str]:
-    """(seconds, transport) of the fastest of ``transports`` that runs ``op`` on ``ranks``;
-    NCCL's regular path where it is allowed or none of the one-sided ones runs the op (the
-    libraries' own fallback)."""
+                transports: tuple[str, ...], dtype: str = "bfloat16") -> tuple[float, str]:
+    """(seconds, transport) of the fastest of ``transports`` that runs ``op`` on ``ranks``
+    (``dtype`` data, summed); NCCL's regular path where it is allowed or none of the
+    one-sided ones runs the op (the libraries' own fallback)."""
     if len(ranks) < 2 or nbytes < 1:
         return 0.0, "none"
     shape = GroupShape.of(topology, ranks)
@@ -171,7 +179,7 @@ def _collective(op: str, nbytes: int, topology, ranks: list[int],
         if transport is not None and transport.unavailable(op, shape, "sum") is None:
             options.append((transport.cost(op, int(nbytes), shape, "sum").time_s, name))
     if "nccl" in transports or not options:
-        options.append((collective_cost(op, int(nbytes), shape).time_s, "nccl"))
+        options.append((collective_cost(op, int(nbytes), shape, dtype=dtype).time_s, "nccl"))
     return min(options)
 
 
@@ -215,13 +223,22 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     parts: dict[str, float] = {}
 
     reads = step_weight_reads(model, split.tp, STORAGE_DTYPE_BYTES[wdt], batch)
-    parts["weights"] = sum(count * (hw.compute_time(nbytes, flops) - hw.launch_s)
-                           for _, count, nbytes, flops in reads)
+    measured = dict(hw.gemm_bandwidth).get(CANONICAL.get(wdt, wdt))
+    if measured:  # the user's kernel table (calibrate --kernels) has this dtype's GEMMs
+        parts["weights"] = sum(count * max(nbytes / measured, flops / hw.peak_flops)
+                               for _, count, nbytes, flops in reads)
+    else:  # FP8 GEMMs read their weights below the bf16 rate (devices.FP8_GEMM_EFFICIENCY)
+        slower = weight_read_factor(normalize_model(topo.gpu_model(0)), wdt, hw.name)
+        parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
+                               for _, count, nbytes, flops in reads)
     parts["kernels"] = kernels_per_step(model) * hw.launch_s
 
     tp_ranks = list(range(split.tp))
     hidden = batch * model.dim * act
-    all_reduce_s, tp_transport = _collective("all_reduce", hidden, topo, tp_ranks, transports)
+    # the activations are summed in the model's compute dtype (bf16 for an fp8 checkpoint)
+    act_dtype = model.dtype if model.dtype in DTYPE_BYTES else "bfloat16"
+    all_reduce_s, tp_transport = _collective("all_reduce", hidden, topo, tp_ranks, transports,
+                                             act_dtype)
     parts["tp_all_reduce"] = (2 * model.n_layers + 1) * all_reduce_s
     parts["lm_head_gather"] = _collective("all_gather", batch * model.vocab_size * act, topo,
                                           tp_ranks, transports)[0]

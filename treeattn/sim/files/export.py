@@ -24,7 +24,14 @@ import math
 
 from treeattn.inputs import kind_of
 from treeattn.schedule.ir import OUTPUT_LAYOUTS, Collective, Compute, Merge, Recv, Schedule, Send
-from treeattn.schedule.payloads import COLLECTIVE_OPS, COMPUTE_LABELS, MERGE_OPS, PAYLOADS, SimError
+from treeattn.schedule.payloads import (
+    COLLECTIVE_OPS,
+    COMPUTE_LABELS,
+    MERGE_OPS,
+    PARTIAL_DTYPES,
+    PAYLOADS,
+    SimError,
+)
 
 FORMAT_VERSION = 1
 SCHEDULE_FORMAT = "treeattn.schedule"
@@ -175,6 +182,7 @@ def schedule_to_json(schedule: Schedule) -> dict:
     return tagged("schedule", {
         "algorithm": schedule.algorithm, "world": schedule.world,
         "output_layout": schedule.output_layout,
+        "partial_dtype": schedule.partial_dtype,
         "params": {k: v for k, v in schedule.params.items()
                    if isinstance(v, (int, float, str, bool, list, type(None)))},
         "steps": [[_step_to_json(s) for s in steps] for steps in schedule.steps],
@@ -207,7 +215,9 @@ def schedule_from_json(data: dict, source: str = "plan") -> Schedule:
     params = data.get("params", {})
     if not isinstance(params, dict):
         reader.fail("params", "an object", params)
-    schedule = Schedule(algorithm, steps, dict(params), layout)
+    partial_dtype = data.get("partial_dtype", "fp32")
+    reader.name(partial_dtype, "partial_dtype", PARTIAL_DTYPES)
+    schedule = Schedule(algorithm, steps, dict(params), layout, partial_dtype)
     try:
         return schedule.validate()
     except SimError as exc:

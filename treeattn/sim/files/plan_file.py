@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from treeattn.inputs import Fields, InputError, read_json
 from treeattn.schedule.ir import OUTPUT_LAYOUTS, Collective, Compute, Merge, Recv, Schedule, Send
-from treeattn.schedule.payloads import PAYLOAD_LAYOUTS, SimError, shard_sizes
+from treeattn.schedule.payloads import PAYLOAD_LAYOUTS, SimError, element_bytes, shard_sizes
 from treeattn.schedule.workload import MODELS, DecodeWorkload, ModelConfig
 from treeattn.sim.files.export import MAX_WORLD, check_tag, schedule_from_json
 
@@ -106,7 +106,7 @@ def plan_from_json(data, source: str = "plan") -> PlanFile:
         # a replicated output also serves a head-sharded request; the reverse is wrong
         f.fail("layout", f"the schedule's output layout {schedule.output_layout!r}", layout)
     workload = DecodeWorkload(model, seq_len, batch=batch, shard_lengths=tuple(lengths),
-                              layout=layout)
+                              layout=layout, partial_dtype=schedule.partial_dtype)
     check_sizes(schedule, workload, source)
     return PlanFile(schedule, workload, data, source)
 
@@ -114,7 +114,8 @@ def plan_from_json(data, source: str = "plan") -> PlanFile:
 # -- sizes -----------------------------------------------------------------------------------
 
 def _element(workload: DecodeWorkload, payload: str) -> int:
-    return 4 if PAYLOAD_LAYOUTS[payload].dtype == "fp32" else workload.model.dtype_bytes
+    return element_bytes(PAYLOAD_LAYOUTS[payload], 0, workload.model.dtype_bytes,
+                         workload.wire_dtype)
 
 
 def message_sizes(workload: DecodeWorkload, payload: str, chunk, world: int) -> set[int]:

@@ -47,6 +47,8 @@ TIME = (0.0, 1e4)
 SIZES = (0.0, 1e15)
 SPREAD = (1e-12, 1e6)
 NCCL_TESTS_KIND = "nccl-tests"
+KERNELS_KIND = "kernels"  # a GPU's measured kernel table (calibrate --kernels)
+KERNEL_TABLE_KINDS = ("gemm", "attention")  # treeattn.sim.deploy.kernel_table's rows
 KNOWN_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
              "sendrecv")
 
@@ -81,11 +83,14 @@ def check_profile(data, source: str) -> dict:
     if f.raw("version", required=False) != 1:
         f.fail("version", "1", f.raw("version", required=False),
                got=None if f.has("version") else "nothing (it is missing)")
-    kind = f.string("kind", (NCCL_TESTS_KIND,), required=False)
+    kind = f.string("kind", (NCCL_TESTS_KIND, KERNELS_KIND), required=False)
     f.string("backend", tuple(BACKENDS), required=kind is not None,
              default="gloo")
     if kind == NCCL_TESTS_KIND:
         _check_cluster(f)
+        return data
+    if kind == KERNELS_KIND:
+        _check_kernels(f)
         return data
     f.integer("world", 1, MAX_WORLD)
     f.integer("cores", 1, 1 << 16)
@@ -139,6 +144,14 @@ def _check_cluster(f: Fields) -> None:
     f.string("topology", max_len=4096)
     f.string("gpu_model", required=False)
     f.integer("hosts", 1, MAX_WORLD, required=False)
+    if (env := f.obj("nccl_env", required=False)) is not None:  # what the run was started with
+        from treeattn.sim.nccl.env import NCCL_ENV
+
+        for name in env.data:
+            if name not in NCCL_ENV:
+                env.fail(env.where(name), "a variable the cost model reads ("
+                         + ", ".join(NCCL_ENV) + ")", got=f"the key {name[:40]!r}")
+            env.string(name, NCCL_ENV[name][0])
     section = f.obj("nccl_tests")
     section.integer("world", 2, MAX_WORLD)
     from treeattn.sim.nccl.fit import SCALE_NAMES
@@ -167,10 +180,32 @@ def _check_cluster(f: Fields) -> None:
                      section.data["world"])
 
 
+def _check_kernels(f: Fields) -> None:
+    """A GPU's fitted kernel table (``calibrate --kernels``): its GPU model and one fit per
+    kind of kernel (see :mod:`treeattn.sim.deploy.kernel_table`)."""
+    f.string("gpu_model", max_len=256)
+    section = f.obj("kernels")
+    section.string("source", max_len=4096, required=False)
+    fits = section.array("fits", 64, min_len=1)
+    for i, item in enumerate(fits):
+        fit = Fields(item, f.source, section.where("fits") + f"[{i}]")
+        fit.string("kind", KERNEL_TABLE_KINDS)
+        fit.string("dtype", max_len=16)
+        fit.number("fixed_s", 0.0, 10.0)
+        fit.number("bytes_per_s", 0.0, 1e14, lo_open=True)
+        fit.integer("points", 2, 1 << 20)
+
+
 def describe_mismatch(profile: dict, gpu_model: str, hosts: int, gpus: int) -> str | None:
     """Why ``profile`` does not describe a topology of ``gpus`` ``gpu_model`` GPUs on
     ``hosts`` hosts, as ``field F: expected X, got Y`` (None when it does, or when the
     profile does not say)."""
+    if profile.get("kind") == KERNELS_KIND:  # a GPU's kernels, whatever the group
+        said = str(profile.get("gpu_model", ""))
+        if said.lower() != gpu_model.lower():
+            return (f"field gpu_model: expected {gpu_model}, got {said} (its kernels were "
+                    f"measured on {said} GPUs)")
+        return None
     if profile.get("kind") != NCCL_TESTS_KIND:
         if gpu_model.lower() != "cpu":
             return (f"field kind: expected {NCCL_TESTS_KIND!r} (a calibration of {gpu_model} "

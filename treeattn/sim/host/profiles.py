@@ -52,7 +52,12 @@ from pathlib import Path
 from treeattn.inputs import InputError, read_json
 from treeattn.schedule.payloads import SimError
 from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
-from treeattn.sim.files.profile_schema import NCCL_TESTS_KIND, check_profile, refuse_if_foreign
+from treeattn.sim.files.profile_schema import (
+    KERNELS_KIND,
+    NCCL_TESTS_KIND,
+    check_profile,
+    refuse_if_foreign,
+)
 from treeattn.sim.host.cold import cold_from_profile
 from treeattn.sim.host.partial_reduction import ProgramCosts
 
@@ -103,7 +108,8 @@ def load_profile(source: str | Path | dict) -> dict:
 # A profile of a GPU cluster, calibrated from nccl-tests output (``calibrate --nccl-tests``):
 #   {"version": 1, "kind": "nccl-tests", "backend": "nccl"|"rccl", "topology": NAME,
 #    "gpu_model": MODEL, "hosts": H, "world": N,
-#    "nccl_tests": {"world", "scales", "tables", "residuals", "sources"}}
+#    "nccl_tests": {"world", "scales", "tables", "residuals", "sources"},
+#    "nccl_env": {NAME: VALUE} (optional: the NCCL variables the run had, sim/nccl/env.py)}
 
 
 def _nccl_calibration(profile: dict):
@@ -120,10 +126,28 @@ def is_gpu_profile(profile: dict) -> bool:
     return load_profile(profile).get("kind") == NCCL_TESTS_KIND
 
 
-def plan_overrides(profile, topology) -> dict:
+def plan_overrides(profile, topology, nccl_env=()) -> dict:
     """``plan()``'s ``hardware``/``backend`` from a calibration profile (a path or a dict):
     this CPU's ranks (``calibrate``), or a GPU cluster's collectives (``calibrate
-    --nccl-tests``), which must have been measured on as many GPUs as ``topology`` has."""
+    --nccl-tests``), which must have been measured on as many GPUs as ``topology`` has.
+    ``nccl_env`` (``NAME=VALUE`` strings, :mod:`treeattn.sim.nccl.env`) sets the variables
+    the library runs with on the backend, the profile's or the topology's default."""
+    from treeattn.sim.nccl.env import parse_nccl_env
+
+    env = parse_nccl_env(nccl_env)
+    found = _profile_overrides(profile, topology)
+    if env:
+        from dataclasses import replace
+
+        from treeattn.sim.devices import default_backend
+
+        backend = found.get("backend") or default_backend(topology.gpu_model(0))
+        found["backend"] = replace(backend, nccl_env=parse_nccl_env(
+            [*backend.nccl_env, *env]))  # the flag's value wins over the profile's
+    return found
+
+
+def _profile_overrides(profile, topology) -> dict:
     if not profile:
         return {}
     name = "calibration profile" if isinstance(profile, dict) else f"profile {profile}"
@@ -134,6 +158,10 @@ def plan_overrides(profile, topology) -> dict:
         raise SimError(str(exc)) from None
     if profile.get("kind") == NCCL_TESTS_KIND:
         return {"backend": backend_from_profile(profile)}
+    if profile.get("kind") == KERNELS_KIND:
+        from treeattn.sim.deploy.kernel_table import hardware_from_kernels
+
+        return {"hardware": [hardware_from_kernels(profile)] * topology.num_gpus}
     return {"hardware": hardware_from_profile(profile), "backend": backend_from_profile(profile)}
 
 
@@ -142,6 +170,8 @@ def hardware_from_profile(profile: dict) -> HardwareModel:
     profile = load_profile(profile)
     if profile.get("kind") == NCCL_TESTS_KIND:
         raise SimError("an nccl-tests profile calibrates collectives, not the CPU ranks")
+    if profile.get("kind") == KERNELS_KIND:
+        raise SimError("a kernel-table profile calibrates a GPU's kernels, not the CPU ranks")
     attention = profile["attention"]
     bandwidth = float(attention["bandwidth_Bps"])
     flops = float(attention.get("flops_per_s", bandwidth * FLOPS_PER_BYTE_UNBOUND))
@@ -183,7 +213,10 @@ def backend_from_profile(profile: dict) -> BackendModel:
         base = BACKENDS.get(str(profile.get("backend", "nccl")), BACKENDS["nccl"])
         lat = calibration.scales["lat"]  # p2p shares the collectives' base latency
         return replace(base, send_s=base.send_s * lat, recv_s=base.recv_s * lat,
-                       calibration=calibration)
+                       calibration=calibration,
+                       nccl_env=tuple(profile.get("nccl_env", {}).items()))
+    if profile.get("kind") == KERNELS_KIND:
+        raise SimError("a kernel-table profile calibrates a GPU's kernels, not messages")
     alpha = float(profile["p2p"]["latency_s"])
     step = executor_step_overhead(profile)
     return BackendModel(str(profile.get("backend", "gloo")), alpha / 2 + step, alpha / 2 + step,

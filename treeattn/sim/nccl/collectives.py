@@ -23,8 +23,10 @@ broadcast, the whole gathered (scattered) buffer of an all-gather (reduce-scatte
 send buffer of an all-to-all, and one message of a send/recv.
 
 NCCL has no table for send/recv or all-to-all (it runs them as p2p transfers). We price a
-p2p message as one ring hop of the protocol NCCL's enqueue picks for it (:func:`p2p_protocol`):
-``baseLat[ring] + hwLat[class][ring]``, at the pair's bandwidth (halved for LL, whose flags
+p2p message as one hop of the protocol NCCL's enqueue picks for it (:func:`p2p_protocol`: LL
+only where the connection has LL buffers, which network connections lack by default):
+``baseLat[ring] + hwLat[class]`` (the tree's network latency across hosts, where a lone
+message's latency is fully exposed), at the pair's bandwidth (halved for LL, whose flags
 take half of each line); an all-to-all as the group of p2p transfers to every peer
 (:func:`_all_to_all`). That is our own analogy, stated as such in the fidelity report.
 
@@ -44,8 +46,9 @@ from treeattn.schedule.payloads import SimError
 from treeattn.sim.nccl import tables as T
 from treeattn.sim.nccl.group_shape import GroupShape
 
-__all__ = ["OPS", "CollectiveCost", "GroupShape", "candidates", "check_op", "collective_cost",
-           "net_overhead_us", "p2p_cost", "p2p_parts", "p2p_protocol"]
+__all__ = ["OPS", "CollectiveCost", "GroupShape", "a2a_peer_channels", "candidates",
+           "check_dtype", "check_op", "collective_cost", "net_overhead_us", "normalize_dtype",
+           "nvls_refusal", "p2p_cost", "p2p_parts", "p2p_protocol"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 
@@ -140,23 +143,44 @@ def _nvidia_bus_bw(op: str, algo: str, p: int, s: GroupShape) -> float:
             return min(bus * factor, nch * _arch_row(T.NCCL_PER_CH_TREE_LL128, s.arch)[col])
         return bus
     if algo in ("nvls", "nvls_tree"):
-        nvls_ch, intra_speed, inter_speed = T.NCCL_NVLS_GRAPH
+        if s.nnodes == 1:  # the group's own NVLS graph: one channel per GPU
+            nvls_ch, intra_speed, inter_speed = (s.nvls_channels, s.nvls_intra_speed,
+                                                 s.nvls_inter_speed)
+        else:
+            nvls_ch, intra_speed, inter_speed = T.NCCL_NVLS_GRAPH
+            inter_speed = min(inter_speed, s.inter_speed * 2)
         eff = T.NCCL_NVLS_EFFICIENCY[s.arch]
         intra_bw = intra_speed * eff * (nvls_ch - 1) / nvls_ch
         intra_bw *= 2 if op == "all_reduce" else (s.ppn - 1) / s.ppn
-        bw = intra_bw
-        if s.nnodes > 1:
-            inter_bw = min(inter_speed, s.inter_speed * 2) * (
-                2 if algo == "nvls_tree" and s.nnodes <= 2 else 1)
-            bw = min(bw, inter_bw)
+        # tuning.cc: min(intraBw, bwInter), on one node too (pass 2 sets bwInter there)
+        bw = min(intra_bw, inter_speed * (2 if algo == "nvls_tree" and s.nnodes <= 2 else 1))
         if algo == "nvls_tree":
             bw = min(bw, T.NCCL_PER_CH_NVLS_TREE[s.arch][col])
         return nvls_ch * bw
     return 0.75 * bus  # pat
 
 
-def _nvidia_options(op: str, s: GroupShape) -> list[tuple[str, int]]:
-    nvls_ok = s.nvswitch and s.arch in ("hopper", "blackwell") and s.ppn > 1
+def nvls_refusal(op: str, s: GroupShape, dtype: str = "float32",
+                 reduction: str = "sum") -> str | None:
+    """Why NCCL would not run ``op`` on NVLS for group ``s`` (None: it may).
+
+    NVLS needs NVSwitch multicast (Hopper and newer), at least 2 GPUs and 2 channels of the
+    node's NVLS graph (search.cc, tuning.cc); a reduction only of the (dtype, op) pairs
+    ``ncclNvlsSupported`` lists (nccl_tables: NVLS), an all-gather of any dtype.
+    """
+    if not (s.nvswitch and s.arch in ("hopper", "blackwell")):
+        return "NVLS needs NVSwitch multicast on Hopper or newer GPUs"
+    if s.ppn < 2 or (s.nnodes == 1 and s.nvls_channels < 2):
+        return "NVLS needs at least 2 GPUs of a node"
+    if op in ("all_reduce", "reduce_scatter") and reduction not in T.NCCL_NVLS_REDUCTIONS.get(
+            dtype, ()):
+        return f"NCCL's NVLS kernels do not reduce {dtype} with {reduction}"
+    return None
+
+
+def _nvidia_options(op: str, s: GroupShape, dtype: str = "float32",
+                    reduction: str = "sum") -> list[tuple[str, int]]:
+    nvls_ok = nvls_refusal(op, s, dtype, reduction) is None
     algos: list[str] = ["ring"]
     if op == "all_reduce":
         algos.append("tree")
@@ -178,9 +202,10 @@ def _nvidia_options(op: str, s: GroupShape) -> list[tuple[str, int]]:
     return options
 
 
-def _nvidia_costs(op: str, nbytes: int, s: GroupShape) -> list[CollectiveCost]:
+def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
+                  reduction: str = "sum") -> list[CollectiveCost]:
     costs = []
-    for algo, p in _nvidia_options(op, s):
+    for algo, p in _nvidia_options(op, s, dtype, reduction):
         latency = _nvidia_latency_us(op, algo, p, s)
         bus = _nvidia_bus_bw(op, algo, p, s)
         log_size = _log_size(nbytes)
@@ -295,16 +320,28 @@ def _priced(op, nbytes, algo, p, latency_us, alg_bw_GBps) -> CollectiveCost:
                           alg_bw_GBps * 1e9, time_us * 1e-6)
 
 
-def p2p_protocol(nbytes: float, s: GroupShape) -> int:
+def p2p_protocol(nbytes: float, s: GroupShape, across_nodes: bool = False) -> int:
     """NCCL's protocol for one send/recv of ``nbytes`` on communicator ``s`` (0 LL, 2 Simple).
 
-    ``addP2pToPlan`` (enqueue.cc) keeps LL while the bytes are at most ``nChannels × 16 KiB``,
+    ``addP2pToPlan`` (enqueue.cc) keeps LL only where the connection has an LL buffer and
+    the bytes are at most ``nChannels × 16 KiB``,
     ``nChannels = min(nChannelsMin, ceil(bytes / minPartSize))``; the minimum part is the p2p
     chunk over 8 on one node, over 2 on several (512 KiB chunks on an all-NVLink node, 128 KiB
     otherwise). So 64 KiB parts (one channel, LL up to 16 KiB) on NVLink and across nodes,
     16 KiB parts (up to ``nChannelsMin`` = 2 channels, LL up to 32 KiB) on one PCIe node.
-    RCCL runs the same code (its enqueue.cc keeps NCCL_P2P_LL_THRESHOLD).
+    A connection to another host (NCCL's net transport) has an LL buffer only under
+    ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` (``s.p2p_net_ll``, :mod:`treeattn.sim.nccl.env`), so
+    by default every message across hosts is Simple; inside a host the p2p and shm transports
+    always map one. RCCL runs the same code (its enqueue.cc keeps NCCL_P2P_LL_THRESHOLD, its
+    init.cc the same parameter, default 0).
+
+    >>> from treeattn.topo import Topology
+    >>> two = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+    >>> p2p_protocol(16384, two), p2p_protocol(16384, two, across_nodes=True)
+    (0, 2)
     """
+    if across_nodes and not s.p2p_net_ll:
+        return 2
     if s.nnodes == 1 and s.intra == "nvlink":
         chunk, divisor = T.NCCL_P2P_CHUNK["nvlink"], 8
     else:
@@ -317,25 +354,28 @@ def p2p_protocol(nbytes: float, s: GroupShape) -> int:
 def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, float, float,
                                                                          float]:
     """``(protocol, base µs, hop µs, GB/s)`` of one send/recv: THE p2p price, which the engine
-    (:mod:`treeattn.sim.nccl.p2p`), the closed forms and :func:`p2p_cost` all use.
+    (:mod:`treeattn.sim.nccl.p2p`), the closed forms, the all-to-all and :func:`p2p_cost` all
+    use.
 
-    NCCL has no p2p table; our analogy is one hop of the chosen protocol:
+    NCCL has no p2p table; our analogy is one hop of the chosen protocol
+    (:func:`p2p_protocol`, which depends on whether the pair crosses hosts):
     ``baseLat[ring][p]`` plus the library's per-hop latency for the link class, at the
     pair's bandwidth as the tuning model sees it (the GPU's NVLink total, or its rail's share
     of the network), halved for LL, whose flags take half of each line. The per-hop latency
-    is given per algorithm and a send/recv is neither, so we take the smaller of the ring's
-    and the tree's figure: on NCCL that is the ring's everywhere but LL on the network
-    (2.7 against 5.0 µs); on RCCL it keeps the tuned 320 µs ring-Simple network hop of
-    ``tuning_model_5`` (a constant that keeps ring Simple off small multi-node collectives,
-    not a hop's cost) out of a single message, which takes the tree's 25 µs instead.
+    is given per algorithm and a send/recv is neither. Across hosts a lone message's latency
+    is fully exposed, and for that case NCCL's own model uses the tree's network latency
+    (``tuning.cc``: "With ppn=1 latencies are fully exposed, use the Tree network latency"):
+    5.0 µs for LL, 14.0 µs for Simple on NCCL; 10.5 and 25 µs on RCCL (whose tuned 320 µs
+    ring-Simple network hop is a selection weight, not a hop's cost). Inside a host we take
+    the smaller of the ring's and the tree's figure (the ring's, but PCIe Simple).
     """
     hw = "net" if across_nodes else s.intra
     bw = s.p2p_inter_GBps if across_nodes else s.p2p_intra_GBps
-    p = p2p_protocol(nbytes, s)
+    p = p2p_protocol(nbytes, s, across_nodes)
     hop_scale = s.net_lat_scale if hw == "net" else s.lat_scale
     base_t, hw_t = ((T.RCCL_BASE_LAT, T.RCCL_HW_LAT) if s.family == "amd"
                     else (T.NCCL_BASE_LAT, T.NCCL_HW_LAT))
-    hop = min(hw_t[hw]["ring"][p], hw_t[hw]["tree"][p])
+    hop = hw_t[hw]["tree"][p] if across_nodes else min(hw_t[hw]["ring"][p], hw_t[hw]["tree"][p])
     return (p, base_t["ring"][p] * s.lat_scale, hop * hop_scale,
             bw * (0.5 if p == 0 else 1.0))
 
@@ -348,39 +388,75 @@ def p2p_cost(nbytes: int, s: GroupShape, *, across_nodes: bool | None = None,
     return _priced(op, nbytes, "p2p", p, base + hop, bw)
 
 
+def a2a_peer_channels(per_peer: float, s: GroupShape) -> int:
+    """Channels one peer's send (and receive) of an all-to-all runs on (enqueue.cc
+    ``scheduleP2pTasksToPlan``, ``addP2pToPlan``): the per-peer channels, halved until they
+    times the ranks fit in the p2p channels, and no more than the message has minimum parts
+    (the p2p chunk over 8 on one node, over 2 on several: 64 KiB on NVLink).
+
+    >>> from treeattn.topo import Topology
+    >>> shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+    >>> a2a_peer_channels(1 << 20, shape), a2a_peer_channels(4096, shape)
+    (4, 1)
+    """
+    most = max(1, s.p2p_peer_channels)
+    while most * s.nranks > s.p2p_channels and most > 1:
+        most //= 2
+    if s.nnodes == 1 and s.intra == "nvlink":
+        min_part = T.NCCL_P2P_CHUNK["nvlink"] // 8
+    else:
+        min_part = T.NCCL_P2P_CHUNK["other"] // (8 if s.nnodes == 1 else 2)
+    return max(1, min(most, math.ceil(per_peer / min_part)))
+
+
 def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
     """All-to-all as NCCL runs it: a group of sends and receives of ``nbytes / n`` to and from
-    every peer, all in flight together.
+    every peer, all in flight together (NCCL has no all-to-all algorithm: nccl-tests'
+    ``alltoall`` calls ``ncclSend``/``ncclRecv`` to every peer inside one group).
 
-    Latency: one p2p message's (:func:`p2p_parts`) for the slowest class of peer, plus, for
-    network peers, the proxy posting each further peer's send and receive (one step) one
-    after another at NCCL's network post overhead per step (``getNetOverhead``, by CPU
-    vendor, ×3 for Simple): our analogy of the ring's rule that every network step costs at
-    least that.
-    NVLink peers run on their own channels concurrently. So it never beats one message and
-    grows with the number of network peers. Bandwidth: each class's share of the bytes over
-    that class's bandwidth (LL halves it).
+    Latency (our analogy, NCCL keeps no all-to-all entry): for the peers of the node, the
+    tuning model's latency of a ring all-gather over the same ranks at the chosen protocol,
+    ``baseLat[ring] + (n − 1) · hwLat[class][ring]``: each GPU moves the same ``n − 1``
+    shares, and a 2-rank all-to-all is one send/recv. For network peers, one message's
+    latency plus the proxy posting each further peer's send and receive one after another
+    at NCCL's network post overhead (``getNetOverhead``, by CPU vendor, ×3 for Simple). So
+    it grows with the peer count, and never beats one message.
+
+    Bandwidth: each peer's transfer runs on :func:`a2a_peer_channels` channels at the compute
+    channel's share of the ring's bus bandwidth (search speed / 2: the rings run on twice
+    the search channels), the peers of one class together at most that class's bandwidth
+    (the GPU's NVLink total, or its rail's share of the network); LL halves both.
     """
     per_peer = nbytes // max(1, s.nranks)
     parts = []
     if s.ppn > 1:
         p, base, hop, bw = p2p_parts(per_peer, s, False)
-        parts.append((p, base + hop, (s.ppn - 1) * per_peer, bw))
+        local = s.ppn - 1
+        wire = local * per_peer / (bw * 1e9)
+        if s.family == "nvidia" and s.intra_speed > 0:
+            per_channel = s.intra_speed / T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * (
+                0.5 if p == 0 else 1.0)
+            peer_bw = min(bw, a2a_peer_channels(per_peer, s) * per_channel)
+            wire = max(wire, per_peer / (peer_bw * 1e9))
+        parts.append((p, base + local * hop, wire))
     if s.nnodes > 1:
         p, base, hop, bw = p2p_parts(per_peer, s, True)
         remote = s.nranks - s.ppn
         posts = (remote - 1) * net_overhead_us(s, p)  # one step (send + receive) per peer
-        parts.append((p, base + hop + posts, remote * per_peer, bw))
-    latency = max(lat for _, lat, _, _ in parts) * 1e-6
-    wire = max(b / (bw * 1e9) if b else 0.0 for _, _, b, bw in parts)
+        parts.append((p, base + hop + posts, remote * per_peer / (bw * 1e9)))
+    latency = max(lat for _, lat, _ in parts) * 1e-6
+    wire = max(w for _, _, w in parts)
     bandwidth = nbytes / wire if wire else math.inf
     return CollectiveCost("all_to_all", int(nbytes), "p2p", T.PROTOCOLS[parts[-1][0]], latency,
                           bandwidth, latency + wire)
 
 
-def candidates(op: str, nbytes: int, shape: GroupShape) -> list[CollectiveCost]:
-    """Every (algorithm, protocol) the library would consider for ``op``, priced."""
+def candidates(op: str, nbytes: int, shape: GroupShape, dtype: str = "float32",
+               reduction: str = "sum") -> list[CollectiveCost]:
+    """Every (algorithm, protocol) the library would consider for ``op`` on ``dtype`` data
+    (reduced with ``reduction``), priced."""
     check_op(op, nbytes)
+    dtype = check_dtype(op, dtype, shape, reduction)
     if shape.nranks == 1:
         return [CollectiveCost(op, int(nbytes), "local", "none", 0.0, math.inf, 0.0)]
     if op == "sendrecv":
@@ -389,18 +465,58 @@ def candidates(op: str, nbytes: int, shape: GroupShape) -> list[CollectiveCost]:
         return [_all_to_all(nbytes, shape)]
     if shape.family == "amd":
         return _amd_costs(op, nbytes, shape)
-    return _nvidia_costs(op, nbytes, shape)
+    costs = _nvidia_costs(op, nbytes, shape, dtype, reduction)
+    if dtype.startswith("float8") and op in REDUCING_OPS and shape.nranks > 8:
+        # enqueue.cc: fp8 rings of more than 8 ranks lose precision; the tuner's estimate is
+        # multiplied by 1024 so any other algorithm wins
+        costs = [replace(c, tuner_s=c.choice_s * T.NCCL_FP8_DEEP_RING_PENALTY)
+                 if c.algorithm == "ring" else c for c in costs]
+    return costs
 
 
 def collective_cost(op: str, nbytes: int, shape: GroupShape, *, algorithm: str | None = None,
-                    protocol: str | None = None) -> CollectiveCost:
-    """The fastest priced way to run ``op`` (optionally forcing an algorithm or protocol)."""
-    options = [c for c in candidates(op, nbytes, shape)
+                    protocol: str | None = None, dtype: str = "float32",
+                    reduction: str = "sum") -> CollectiveCost:
+    """The fastest priced way to run ``op`` (optionally forcing an algorithm or protocol).
+
+    ``dtype`` and ``reduction`` decide where NVLS may run (:func:`nvls_refusal`); an op on a
+    dtype NCCL cannot run it on raises :class:`SimError` (:func:`check_dtype`).
+    """
+    options = [c for c in candidates(op, nbytes, shape, dtype, reduction)
                if (algorithm is None or c.algorithm == algorithm)
                and (protocol is None or c.protocol == protocol)]
     if not options:
         raise SimError(f"{op}: no {algorithm or ''} {protocol or ''} variant on this group")
     return min(options, key=lambda c: c.choice_s)
+
+
+REDUCING_OPS = ("all_reduce", "reduce_scatter")
+
+
+def normalize_dtype(dtype: str) -> str:
+    """NCCL's name for ``dtype`` (``bf16`` -> ``bfloat16``); SimError if NCCL has none."""
+    key = str(dtype).strip().lower()
+    key = T.NCCL_DTYPE_ALIASES.get(key, key)
+    if key not in T.NCCL_DTYPES:
+        raise SimError(f"NCCL has no dtype {dtype!r} (known: {', '.join(T.NCCL_DTYPES)})")
+    return key
+
+
+def check_dtype(op: str, dtype: str, shape: GroupShape | None = None,
+                reduction: str = "sum") -> str:
+    """``dtype`` normalised, or SimError where NCCL cannot run ``op`` on it: a reduction NCCL
+    does not have, or an fp8 reduction below Hopper (enqueue.cc: "FP8 reduction support
+    begins with sm90 capable devices")."""
+    dtype = normalize_dtype(dtype)
+    if op in REDUCING_OPS:
+        if reduction not in T.NCCL_REDUCTIONS:
+            raise SimError(f"NCCL has no {reduction!r} reduction (known: "
+                           f"{', '.join(T.NCCL_REDUCTIONS)})")
+        if (dtype.startswith("float8") and shape is not None and shape.family == "nvidia"
+                and shape.arch not in ("hopper", "blackwell")):
+            raise SimError(f"NCCL reduces {dtype} only on Hopper or newer GPUs, not "
+                           f"{shape.arch}")
+    return dtype
 
 
 def check_op(op: str, nbytes: int) -> None:

@@ -8,6 +8,7 @@ calibration multipliers and library-release switches that change how the group i
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -49,6 +50,17 @@ class GroupShape:
     # the GPU model: the topology graph does not mark fabric memory; whether the group is
     # one NVLink domain is ``nnodes`` (a rack is one host)
     mnnvl: bool = False
+    # NCCL's NVLS graph on one node (search.cc, nccl_tables: NVLS): channels (one per GPU)
+    # and its intra and inter speeds, GB/s per channel; 0 channels: no NVLS graph
+    nvls_channels: int = 0
+    nvls_intra_speed: float = 0.0
+    nvls_inter_speed: float = 0.0
+    # p2p (paths.cc, enqueue.cc): the communicator's p2p channels and channels per peer
+    p2p_channels: int = 1
+    p2p_peer_channels: int = 1
+    # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (treeattn.sim.nccl.env): send/recv across hosts may
+    # use LL. Off, NCCL's default: network p2p connections have no LL buffer, so Simple.
+    p2p_net_ll: bool = False
 
     def scaled(self, lat: float = 1.0, net_lat: float = 1.0, bw: float = 1.0,
                net_bw: float = 1.0) -> GroupShape:
@@ -77,6 +89,7 @@ class GroupShape:
         host = max(per_host, key=per_host.get)
         local = [g for g in gpus if topology.host_of(g) == host]
         intra, nvswitch, channels, speed, p2p_intra = "nvlink", False, 1, 0.0, 0.0
+        nvls, peer_links = (0, 0.0, 0.0), 0
         if len(local) > 1:
             edges = topology.route(local[0], local[1])
             kinds = {topology.edge(u, v)["kind"] for u, v in edges}
@@ -86,6 +99,11 @@ class GroupShape:
             links_out = round(topology.link_bandwidth_out(local[0]) / line)
             channels, speed, p2p_intra = _intra_channels(
                 topology, local, family, arch, intra, nvswitch, links_out)
+            if intra == "nvlink":
+                peer_links = links_out if nvswitch else round(
+                    p2p_intra / T.NCCL_NVLINK_BW.get(arch, 20.0))
+            if nvswitch and family == "nvidia" and arch in ("hopper", "blackwell"):
+                nvls = nvls_graph(arch, len(local), links_out * T.NCCL_NVLINK_BW[arch])
         inter_speed, p2p_inter = 0.0, 0.0
         if nnodes > 1:
             # the NICs the group's GPUs of that host use (their rails), not every NIC of it
@@ -96,14 +114,107 @@ class GroupShape:
                                            min(cap, nic_total / channels))
             if ppn == 1:  # one GPU per node: every channel crosses the network
                 speed, p2p_intra = inter_speed, p2p_inter
+        p2p_channels, peer_channels = p2p_channel_counts(
+            channels, ppn, nnodes, peer_links, intra, nic_bandwidth=p2p_inter)
         return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
                    speed, inter_speed, p2p_intra, p2p_inter,
                    cpu_vendor=cpu_vendor(topology, per_host),
-                   mnnvl=model in T.MNNVL_MODELS)
+                   mnnvl=model in T.MNNVL_MODELS, nvls_channels=nvls[0],
+                   nvls_intra_speed=nvls[1], nvls_inter_speed=nvls[2],
+                   p2p_channels=p2p_channels, p2p_peer_channels=peer_channels)
 
 
 def _speeds(table: dict, arch: str) -> tuple[float, ...]:
-    return table["hopper"] if arch in ("hopper", "blackwell") else table["other"]
+    return table.get(arch) or table["other"]
+
+
+def ring_search(arch: str, total: float) -> tuple[int, float]:
+    """(search channels, GB/s per channel) of NCCL's ring graph behind an NVSwitch whose
+    GPU carries ``total`` GB/s of NVLink (search.cc ``ncclTopoCompute``, nccl_tables).
+
+    Pass 1 takes the first speed one channel fits, as many channels as the GPU's links carry
+    at it, and keeps a lower speed (down to 0.49 of it) only for more channels × speed;
+    ``ncclTopoDupChannels`` doubles the channels at half the speed; pass 2 raises the speed
+    while the channels still fit. A DGX H100: 6 × 60, doubled to 12 × 30 (NCCL's logs say
+    12 × 30); a DGX B200: 8 × 90, doubled to 16 × 45.
+
+    >>> ring_search("hopper", 18 * 20.6), ring_search("blackwell", 18 * 40.1)
+    ((12, 30.0), (16, 45.0))
+    """
+    speeds = _speeds(T.NCCL_SPEEDS_INTRA, arch)
+    first = next((s for s in speeds if s <= total), speeds[-1])
+    best = (max(1, min(T.NCCL_MAX_SEARCH_CHANNELS, int(total // first))), float(first))
+    for s in speeds:
+        if s < first and s / first > T.NCCL_SEARCH_LOWER_SPEED_FRACTION:
+            nch = min(T.NCCL_MAX_SEARCH_CHANNELS, int(total // s))
+            if nch * s > best[0] * best[1]:
+                best = (nch, float(s))
+    nch, speed = best
+    sm90_speed, sm90_channels = T.NCCL_DUP_CHANNELS_SM90_SPEED
+    sm90 = arch in ("hopper", "blackwell")
+    if speed >= T.NCCL_DUP_CHANNELS_MIN_SPEED and not (
+            sm90 and speed < sm90_speed and nch > sm90_channels):
+        doubled = min(2 * nch, T.NCCL_MAX_SEARCH_CHANNELS)
+        speed /= -(-doubled // nch)
+        nch = doubled
+    for s in sorted(speeds):  # pass 2: the next higher speed, while the channels fit
+        if s > speed and nch * s <= total:
+            speed = float(s)
+    return nch, speed
+
+
+def nvls_graph(arch: str, ngpus: int, total: float) -> tuple[int, float, float]:
+    """(channels, intra GB/s, inter GB/s) of NCCL's NVLS graph on one node of ``ngpus`` GPUs
+    that each carry ``total`` GB/s of NVLink (search.cc; nccl_tables: NVLS). (0, 0, 0): none.
+
+    One channel per GPU up to 32 (a head each), every GPU carrying ``(channels + 1) ×
+    speed`` (its share of every channel, twice on the one it heads); pass 2 raises the inter
+    speed while it is below twice the intra one. 8 H100s: 8 × 40, inter 60 (NCCL's logs);
+    4 H100s: 4 × 60, inter 60; 2: 2 × 60.
+
+    >>> nvls_graph("hopper", 8, 18 * 20.6), nvls_graph("hopper", 4, 18 * 20.6)
+    ((8, 40.0, 60.0), (4, 60.0, 60.0))
+    """
+    nch = min(T.NCCL_MAX_NVLS_ARITY, ngpus)
+    if ngpus < 2 or nch < 2:
+        return 0, 0.0, 0.0
+    speeds = _speeds(T.NCCL_SPEEDS_INTRA, arch)
+    fitting = [s for s in speeds if (nch + 1) * s <= total]
+    if not fitting:
+        return 0, 0.0, 0.0
+    intra = float(fitting[0])
+    inter = intra
+    for s in sorted(speeds):
+        if s > inter and inter < 2 * intra:
+            inter = float(s)
+    return nch, intra, inter
+
+
+def p2p_channel_counts(channels: int, ppn: int, nnodes: int, peer_links: int, intra: str,
+                       nic_bandwidth: float) -> tuple[int, int]:
+    """(p2p channels, channels per peer) of a communicator (paths.cc
+    ``ncclTopoComputeP2pChannels``; nccl_tables: the p2p channels rule).
+
+    ``channels`` are the ring's search channels (the compute channels are twice as many),
+    ``peer_links`` the NVLinks to a peer of the node (0: PCIe), ``nic_bandwidth`` the GB/s of
+    a GPU's NIC (its rail) across nodes.
+
+    >>> p2p_channel_counts(12, 8, 1, 18, "nvlink", 0.0)  # a DGX H100: 32 channels, 32 a peer
+    (32, 32)
+    """
+    compute = min(T.NCCL_MAX_CHANNELS, T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * channels)
+    total = _pow2_up(compute)
+    per_peer = T.NCCL_MAX_CHANNELS
+    if ppn > 1:
+        per_peer = 2 * max(1, peer_links) if intra == "nvlink" and peer_links else 2
+    if nnodes > 1:  # one NIC per GPU (its rail)
+        per_peer = min(per_peer, max(1, math.ceil(nic_bandwidth
+                                                  / T.NCCL_P2P_PER_CHANNEL_NET_BW)))
+    return total, min(total, _pow2_up(per_peer))
+
+
+def _pow2_up(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _largest_at_most(speeds: tuple[float, ...], limit: float) -> float:
@@ -129,8 +240,8 @@ def _intra_channels(topology, local, family, arch, intra, nvswitch, links_out):
         per_link = T.NCCL_NVLINK_BW.get(arch, 20.0)
         total = links_out * per_link
         if nvswitch:
-            nch = T.NCCL_SEARCH_CHANNELS_NVSWITCH
-            return nch, _largest_at_most(_speeds(T.NCCL_SPEEDS_INTRA, arch), total / nch), total
+            nch, speed = ring_search(arch, total)
+            return nch, speed, total
         return direct, per_link, direct * per_link
     path_bw = topology.path_bandwidth(a, b) / 1e9
     return 2, _largest_at_most(_speeds(T.NCCL_SPEEDS_INTRA, arch), path_bw / 2), path_bw

@@ -2,12 +2,17 @@
 
 On GPUs whose messages go through NCCL or RCCL (the ``nccl``/``rccl`` backends), a Send/Recv
 is priced as the library would run it (:func:`treeattn.sim.nccl.collectives.p2p_parts`): the
-protocol its enqueue picks for the size (LL up to 16 KiB on NVLink and across nodes,
-Simple above), that protocol's ring base latency, split evenly between the sender's post and
-the receiver's completion, the protocol's per-hop latency for the link class the pair
-crosses (NVLink/xGMI, PCIe or the network) and the pair's bandwidth as the library's model
-sees it (the GPU's NVLink total, its rail's share of the network), halved for LL. The
-communicator is the whole topology, as in the schedules (every rank talks to every rank).
+protocol its enqueue picks for the size and the connection (LL up to 16 KiB inside a host;
+across hosts Simple, or LL up to 16 KiB where the backend sets
+``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1``), that protocol's ring base latency, the protocol's
+per-hop latency for the link class the pair crosses (NVLink/xGMI, PCIe or the network) and
+the pair's bandwidth as the library's model sees it (the GPU's NVLink total, its rail's
+share of the network), halved for LL. The base latency is split evenly between the sender's
+post and the receiver's completion; as a size can take one protocol inside a host and
+another across, the two ends pay half of the smaller base and a pair whose protocol's base is
+larger carries the difference on its wire (so every message still totals its own protocol's
+base plus hop). The communicator is the whole topology, as in the schedules (every rank talks
+to every rank).
 
 So the same message costs the same in :mod:`treeattn.sim.engine` and in
 :mod:`treeattn.sim.closed_form`, and the same as ``treeattn comm sendrecv``. The engine keeps
@@ -50,9 +55,11 @@ class P2PModel:
         self._protocols: dict = {}
         self._prices: dict = {}
         if self.library and topology.num_gpus > 1:
+            from treeattn.sim.nccl.env import with_env
             from treeattn.sim.nccl.group_shape import GroupShape
 
-            shape = GroupShape.of(topology, range(topology.num_gpus))
+            shape = with_env(GroupShape.of(topology, range(topology.num_gpus)),
+                             backend.nccl_env)
             if backend.calibration is not None:  # measured on this cluster: its scales
                 shape = backend.calibration.shape(shape)
             self.shape = shape
@@ -68,36 +75,51 @@ class P2PModel:
             if found.domain_unavailable(self.shape) is None:
                 self.one_sided = found
 
-    def protocol(self, nbytes: float) -> int:
-        """NCCL's protocol index for a message of ``nbytes`` (-1: not a library message)."""
+    def protocol(self, nbytes: float, across: bool = False) -> int:
+        """NCCL's protocol index for a message of ``nbytes`` inside a host or across hosts
+        (-1: not a library message)."""
         if not self.library:
             return -1
+        return self._regime(nbytes)[across]
+
+    def regime(self, nbytes: float) -> tuple[int, int]:
+        """``(protocol inside a host, protocol across)`` of a message of ``nbytes``: the key
+        under which every size prices alike (``(-1, -1)``: not a library message)."""
+        return self._regime(nbytes) if self.library else (-1, -1)
+
+    def _regime(self, nbytes: float) -> tuple[int, int]:
         found = self._protocols.get(nbytes)
         if found is None:
             from treeattn.sim.nccl.collectives import p2p_protocol
 
-            found = self._protocols[nbytes] = p2p_protocol(nbytes, self.shape)
+            found = self._protocols[nbytes] = (p2p_protocol(nbytes, self.shape, False),
+                                               p2p_protocol(nbytes, self.shape, True))
         return found
 
     def _priced(self, nbytes: float) -> tuple:
         """``(half base s, ((hop s, cap B/s) inside a node, (hop s, cap B/s) across))`` of
-        the protocol a message of ``nbytes`` takes (cached per protocol)."""
-        p = self.protocol(nbytes)
-        found = self._prices.get(p)
+        the protocols a message of ``nbytes`` takes (cached per pair of protocols). A class
+        whose base latency is above the smaller one carries the difference in its hop."""
+        key = self._regime(nbytes)
+        found = self._prices.get(key)
         if found is None:
             from treeattn.sim.nccl.collectives import p2p_parts
 
-            classes = []
+            parts = []
             for across in (False, True):
-                _, base, hop, gbps = p2p_parts(nbytes, self.shape, across)
-                classes.append((hop * 1e-6, gbps * 1e9))
-            if self.one_sided is not None:
-                base = self.one_sided.put_base_us(self.shape, p == 0)
-            found = self._prices[p] = (0.5e-6 * base, tuple(classes))
+                p, base, hop, gbps = p2p_parts(nbytes, self.shape, across)
+                if self.one_sided is not None:
+                    base = self.one_sided.put_base_us(self.shape, p == 0)
+                parts.append((base, hop, gbps))
+            least = min(base for base, _, _ in parts)
+            classes = tuple(((hop + base - least) * 1e-6, gbps * 1e9)
+                            for base, hop, gbps in parts)
+            found = self._prices[key] = (0.5e-6 * least, classes)
         return found
 
     def send_s(self, nbytes: float) -> float:
-        """The sender's post: half the protocol's ring base latency (or ``send_s``)."""
+        """The sender's post: half the smaller ring base latency of the protocols a message
+        of ``nbytes`` takes (or ``send_s``)."""
         if not self.library:
             return self.backend.send_s
         return self._priced(nbytes)[0]
@@ -113,7 +135,7 @@ class P2PModel:
         raw = self.net.hops(src, dst)
         if not self.library or not raw:
             return raw
-        key = (src, dst, self.protocol(nbytes))
+        key = (src, dst, self._regime(nbytes))
         found = self._hops.get(key)
         if found is None:
             hop, cap = self._priced(nbytes)[1][self.hosts[src] != self.hosts[dst]]

@@ -21,8 +21,11 @@ NCCL-p2p  ``src/enqueue.cc`` (``addP2pToPlan``): a send/recv uses LL while its b
           chunk over 8 on one node and over 2 on several (``src/init.cc``: 512 KiB on an
           all-NVLink node, 128 KiB on PCIe and across nodes): 64 KiB parts on NVLink and
           the network, so one channel and LL up to 16 KiB; 16 KiB parts on one PCIe node,
-          so up to ``nChannelsMin`` (2) channels and LL up to 32 KiB. NCCL keeps no latency
-          table for p2p (our analogy: one ring hop, see :mod:`treeattn.sim.nccl.collectives`).
+          so up to ``nChannelsMin`` (2) channels and LL up to 32 KiB. LL also needs the
+          connection's LL buffer, which a network connection has only under
+          ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` (``src/init.cc``, default 0;
+          ``src/transport/net.cc``). NCCL keeps no latency table for p2p (our analogy: one
+          hop, see :mod:`treeattn.sim.nccl.collectives`).
 NCCL-net  ``src/graph/tuning.cc`` ``getNetOverhead``: the network post overhead a multi-node
           ring step cannot go below, 1 µs on x86 Intel hosts, 2 µs on x86 AMD hosts, 1 µs
           otherwise (×3 for Simple); ``llMaxBws`` rows for several nodes are picked by the
@@ -50,6 +53,15 @@ MSCCL     ROCm/rccl ``src/misc/msccl/msccl_lifecycle.cc`` (``mscclEnqueueCheck``
           already set ``ENABLE_MSCCL_KERNEL=OFF``).
 logs      Channel counts NCCL's search reports on a DGX H100 (ring/tree ``nChannels 12,
           bw 30``, NVLS ``nChannels 8, bw 40/60``) in NVIDIA/nccl issues #1197 and #1410.
+NCCL-grp  The group's channels and NVLS, same commit: ``src/graph/search.cc``
+          (``ncclTopoCompute``: speed arrays per generation, the lower-speed retry, the NVLS
+          graph's one channel per GPU up to ``NCCL_MAX_NVLS_ARITY``, ``ncclTopoSearchTryNvls``,
+          ``ncclTopoDupChannels``); ``src/init.cc`` (ring graph ``maxChannels``);
+          ``src/graph/connect.cc`` (compute channels = twice the search channels);
+          ``src/graph/paths.cc`` (p2p channels per peer); ``src/enqueue.cc`` (an all-to-all's
+          per-peer channels, fp8 reductions: refused below sm90, deep rings ×1024);
+          ``src/include/device.h`` ``ncclNvlsSupported`` (the dtypes and ops NVLS reduces);
+          ``src/transport/nvls.cc`` (NVLS needs 2 GPUs).
 ========  =============================================================================
 
 Units: latencies in µs and bandwidths in GB/s (1e9 B/s), as in the sources; the model in
@@ -110,17 +122,72 @@ NCCL_NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 NCCL_NET_OVERHEAD_SIMPLE_FACTOR = 3
 NCCL_TREE_PATTERN_FACTOR = 0.85  # tree bus bandwidth when the tree graph is PATTERN_TREE
 NCCL_RING_SIMPLE_PLATEAU = 1.4
-# Per-channel search speeds, GB/s, tried from high to low (search.cc).
-NCCL_SPEEDS_INTRA = {"hopper": (60, 50, 40, 30, 24, 20, 15, 12, 11, 6, 3),
+# Per-channel search speeds, GB/s, tried from high to low (search.cc: speedArrayIntra/Inter
+# before Hopper, sm90SpeedArray*, sm100SpeedArray* from Blackwell on).
+NCCL_SPEEDS_INTRA = {"blackwell": (90, 80, 70, 60, 50, 45, 40, 30, 24, 20, 19, 18),
+                     "hopper": (60, 50, 40, 30, 24, 20, 15, 12, 11, 6, 3),
                      "other": (40, 30, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3)}
-NCCL_SPEEDS_INTER = {"hopper": (48, 45, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2),
-                     "other": (48, 30, 28, 24, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3, 2.4, 1.2)}
+NCCL_SPEEDS_INTER = {"blackwell": (96, 86, 80, 48, 45.1, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6,
+                                   3, 2.4, 1.2, 0.24, 0.12),
+                     "hopper": (48, 45, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2,
+                                0.24, 0.12),
+                     "other": (48, 30, 28, 24, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3, 2.4, 1.2,
+                               0.24, 0.12)}
+# The ring search (search.cc ``ncclTopoCompute``): from the first speed that fits, lower
+# speeds are tried while they are above this fraction of the one found (``> .49``), a graph
+# replacing another only with more channels × speed; init.cc caps a ring graph at
+# MAXCHANNELS / 2 channels.
+NCCL_SEARCH_LOWER_SPEED_FRACTION = 0.49
+# ncclTopoDupChannels: a graph found at this speed or more is doubled (channels × 2, speed
+# / 2), except from Hopper on (ccMin > 80) below the second speed with more than 4 channels.
+NCCL_DUP_CHANNELS_MIN_SPEED = 25.0
+NCCL_DUP_CHANNELS_SM90_SPEED = (50.0, 4)
+# connect.cc ``ncclTopoPostset``: the rings run on twice the search channels (``nChannels *
+# 2``, at most MAXCHANNELS = 64); every p2p operation runs on these compute channels.
+NCCL_MAX_CHANNELS = 64
+NCCL_COMPUTE_CHANNELS_PER_SEARCH = 2
+# NVLS (search.cc): one channel per GPU of the node (``maxChannels = min(NCCL_MAX_NVLS_ARITY
+# = 32, ngpus)``, ``minChannels = maxChannels`` on one node); a channel's head GPU carries
+# twice the channel's speed on its NVLinks (``ncclTopoSearchTryNvls``: ``d == g ? 2 : 1``),
+# so every GPU carries ``(channels + 1) × speed``. Pass 2 raises ``bwInter`` while it is below
+# twice ``bwIntra``. NVLS needs at least 2 GPUs (nvls.cc ``ncclNvlsInit``: ``gpuCount < 2``)
+# and 2 channels (tuning.cc), multicast (NVSwitch, sm90+).
+NCCL_MAX_NVLS_ARITY = 32
+# Which (op, dtype) NVLS reduces (src/include/device.h ``ncclNvlsSupported``, kept in sync
+# with the kernels generate.py builds): sums and min/max of 32/64-bit integers, fp16 and
+# bf16; sums only of fp32 and fp64; nothing else (no int8/uint8, no fp8). An all-gather
+# moves bytes and runs on NVLS whatever the dtype (enqueue.cc: ``|| func == AllGather``).
+NCCL_NVLS_REDUCTIONS = {
+    "int32": ("sum", "max", "min"), "uint32": ("sum", "max", "min"),
+    "int64": ("sum", "max", "min"), "uint64": ("sum", "max", "min"),
+    "float16": ("sum", "max", "min"), "bfloat16": ("sum", "max", "min"),
+    "float32": ("sum",), "float64": ("sum",),
+}
+# nccl.h ``ncclDataType_t``: every dtype NCCL's collectives take, with its bytes (fp8 from
+# NCCL 2.24 on sm90+); the reductions NCCL has for all of them (``ncclRedOp_t``).
+NCCL_DTYPES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+               "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+               "float8_e4m3": 1, "float8_e5m2": 1}
+NCCL_REDUCTIONS = ("sum", "prod", "max", "min", "avg")
+# enqueue.cc: an fp8 reduction on a ring of more than 8 ranks has its estimate × 1024, so
+# any other algorithm is picked first (precision loss of deep fp8 rings)
+NCCL_FP8_DEEP_RING_PENALTY = 1024.0
+NCCL_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16",
+                      "fp32": "float32", "float": "float32", "fp64": "float64",
+                      "double": "float64", "fp8": "float8_e4m3", "float8": "float8_e4m3",
+                      "e4m3": "float8_e4m3", "e5m2": "float8_e5m2", "char": "int8"}
+# p2p channels (paths.cc): per peer ``2 × max(1, pathBw / NVLinkBw)`` on NVLink, 2 on PCIe,
+# ``max(NICs, netBw / NCCL_P2P_PER_CHANNEL_NET_BW)`` (14 GB/s) across nodes, the smallest
+# over peers, a power of two (``p2pnChannelsPerPeer``), at most the communicator's p2p
+# channels (its compute channels rounded up to a power of two). A grouped send/recv to every
+# peer (enqueue.cc ``scheduleP2pTasksToPlan``) halves the per-peer channels until they times
+# the ranks fit in the p2p channels, so the peers run side by side.
+NCCL_P2P_PER_CHANNEL_NET_BW = 14.0
 # NCCL's usable bandwidth per NVLink, GB/s (topo.h); line rate is 25 (NVLink3/4), 50 (NVLink5).
 NCCL_NVLINK_BW = {"volta": 20.0, "ampere": 20.0, "ampere-sm86": 12.0, "hopper": 20.6,
                   "blackwell": 40.1}
-NCCL_SEARCH_CHANNELS_NVSWITCH = 12  # logs: DGX H100 ring/tree graphs, 12 channels
-NCCL_NVLS_GRAPH = (8, 40.0, 60.0)  # logs: NVLS graph channels, intra and inter GB/s
-NCCL_MAX_SEARCH_CHANNELS = 16  # MAXCHANNELS / 2: search channels are doubled for execution
+NCCL_NVLS_GRAPH = (8, 40.0, 60.0)  # logs: NVLS graph channels, intra and inter GB/s (8 H100s)
+NCCL_MAX_SEARCH_CHANNELS = 32  # init.cc: ring graph maxChannels = MAXCHANNELS / 2
 NCCL_P2P_LL_THRESHOLD = 16384  # bytes per channel
 NCCL_P2P_CHANNELS = 2  # p2p channels per peer on PCIe (paths.cc); NVLink peers get more
 # p2p chunk sizes (init.cc): on one all-NVLink node, otherwise (PCIe, several nodes); the

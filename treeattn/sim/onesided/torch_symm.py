@@ -32,8 +32,12 @@ all-to-all (direct)      stores ``(n−1)·S/n`` into the peers' buffers   1    
 The barrier (``sync_remote_blocks``) is per block and pairwise: a thread per peer sets a flag
 in the peer's signal pad and spins on its own. Blocks: ``init_elementwise_launch_config``
 gives a shard that fits one block's threads (16-byte vectors each) one block, else up to
-the kernel's cap (``MAX_BLOCKS`` and ``__launch_bounds__`` of each kernel). The direct
-all-to-all is vLLM's kernel, not torch's; its launch is taken as two-shot's.
+the kernel's cap (read at pytorch/pytorch commit 03a4032b: one-shot 24 blocks of at most
+512 threads, "register-intensive", so capped below two-shot's 24 × 1024; ``multimem`` and
+its all-gather 8 × 1024; reduce-scatter runs the two-shot kernel's first half, so 24 × 1024).
+The in-place two-shot vLLM calls (``two_shot_all_reduce_``) stores each reduced vector of
+its shard into every peer's buffer, so its stores are the ``(n−1)·S/n`` of the table. The
+direct all-to-all is vLLM's kernel, not torch's; its launch is taken as two-shot's.
 
 Reductions are sums only (the ops take ``reduce_op="sum"``), so a max (``allreduce3``'s)
 takes NCCL's regular path. ``multimem`` needs NVSwitch multicast (NVLS: Hopper and newer)
@@ -104,6 +108,24 @@ class Kernel:
         per_block = self.threads * VECTOR_BYTES
         return max(1, min(self.max_blocks, math.ceil(self.shard / per_block)))
 
+    def traffic_s(self, per_block_Bps: float, ceiling_Bps: float) -> float:
+        """Seconds the kernel's blocks take to move :attr:`moved`.
+
+        The blocks together move at their count times one block's rate (times NCCL's bus
+        multiplier), at most the ceiling. Past one block's width (its threads × 16 bytes)
+        every block holds a full pass of vectors: a kernel that launched a second block
+        runs no shorter than one block's full pass, so a larger op is never cheaper (the
+        per-block share halves at the threshold, the pass it waits on does not).
+        """
+        blocks = self.blocks()
+        time_s = self.moved / min(blocks * per_block_Bps * self.rate_multiplier, ceiling_Bps)
+        if blocks > 1 and self.shard > 0:
+            width = self.threads * VECTOR_BYTES
+            full_pass = self.moved * width / self.shard  # the bytes one block's pass moves
+            time_s = max(time_s, full_pass / min(per_block_Bps * self.rate_multiplier,
+                                                 ceiling_Bps))
+        return time_s
+
 
 def _kernels(op: str, nbytes: float, n: int, multimem: bool) -> list[Kernel]:
     share = nbytes / n
@@ -139,9 +161,8 @@ def symm_mem_kernels(op: str, nbytes: int, shape: GroupShape,
     for k in _kernels(op, float(nbytes), n, n > 2):
         ceiling = bytes_per_s(arch.peak_multimem_all_reduce if k.multimem_ceiling
                               else arch.peak)
-        bandwidth = min(k.blocks() * per_block * k.rate_multiplier, ceiling)
         latency = (exchange_us(shape) + k.barriers * barrier_us(shape)) * 1e-6
-        time_s = latency + k.moved / bandwidth
+        time_s = latency + k.traffic_s(per_block, ceiling)
         out.append(CollectiveCost(op, int(nbytes), f"symm_mem_{k.name}", "symm", latency,
                                   nbytes / max(time_s - latency, 1e-12), time_s))
     return out

@@ -44,7 +44,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from treeattn.schedule.algorithms import BASELINES, SOURCES, build_schedule
+from treeattn.schedule.algorithms import (
+    BASELINES,
+    SOURCES,
+    WireFormatRefused,
+    build_schedule,
+    partial_dtype_for,
+)
 from treeattn.schedule.algorithms.serving import LayoutRefused, check_head_split
 from treeattn.schedule.algorithms.tree import make_trees
 from treeattn.schedule.algorithms.trees import Tree
@@ -186,6 +192,12 @@ def score(cands: list[Candidate], topology, cm: CostModel) -> dict[str, str]:
     return, by algorithm, those that cannot run this layout."""
     refused: dict[str, str] = {}
     for c in list(cands):
+        try:
+            partial_dtype_for(c.algorithm, cm.workload)
+        except WireFormatRefused as err:
+            refused[c.algorithm] = str(err)
+            cands.remove(c)
+            continue
         if is_collective(c):
             try:
                 check_head_split(c.algorithm, cm.workload, cm.world)

@@ -35,9 +35,11 @@ are already in the ranks' shards (the engines' persistent KV cache; ``generate
 and all-gather-KV's gather; pass-Q moves only the prompt's queries, which is where it wins.
 
 Collectives are priced by the cost model's library model (NCCL's tuning model on GPUs, gloo's
-on CPU ranks); point-to-point messages by its wire time plus the backend's send and receive
-overheads. The first token's logits cost one head matmul on one rank. Everything here is
-closed-form over ``W²`` (rank, step) pairs, so a 1M-token prefill is priced in milliseconds.
+on CPU ranks); point-to-point messages as the decode's are (:mod:`treeattn.sim.nccl.p2p`: on
+NCCL/RCCL the protocol each size and pair takes, its two ends' halves of the base latency
+and its wire; on gloo the calibrated send and receive costs). The first token's logits cost
+one head matmul on one rank. Everything here is closed-form over ``W²`` (rank, step) pairs,
+so a 1M-token prefill is priced in milliseconds.
 """
 
 from __future__ import annotations
@@ -168,8 +170,14 @@ class _Prefill:
     def messages(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Seconds of each message ``src[i] -> dst[i]`` of ``nbytes[i]`` (0 bytes: none)."""
         nbytes = np.asarray(nbytes, dtype=float)
-        wire = self.cm.wire_vec(src, dst, np.maximum(nbytes, 1.0))
-        return np.where(nbytes > 0, self.cm.least_send_s + wire + self.cm.least_recv_s, 0.0)
+        sizes = np.maximum(nbytes, 1.0)
+        wire = self.cm.wire_vec(src, dst, sizes)
+        return np.where(nbytes > 0, self.ends(sizes) + wire, 0.0)
+
+    def ends(self, nbytes) -> np.ndarray:
+        """The two ends' software cost of messages of ``nbytes`` (each size's protocol on
+        NCCL/RCCL, :mod:`treeattn.sim.nccl.p2p`), elementwise."""
+        return self.cm.send_vec(nbytes) + self.cm.send_vec(nbytes, recv=True)
 
     def ring(self, sizes: np.ndarray, work: np.ndarray) -> np.ndarray:
         """End times of a ring whose step ``s`` on rank ``r`` costs ``work[r, (r - s) % W]``
@@ -226,7 +234,7 @@ def _pass_q(p: _Prefill) -> PrefillPrediction:
     prev = (ranks - 1) % w
     # the partials go between every pair over the ring's steps: all pairs' routes at once
     lat, inv = _pair_summaries(p, np.broadcast_to(partial[None, :], (w, w)))
-    overheads = p.cm.least_send_s + p.cm.least_recv_s
+    overheads = p.ends(np.maximum(partial, 1.0))  # (W,): the partial of each rank's queries
     t = p.proj.copy()
     for s in range(w + 1):  # the last pass only brings the last partials home
         start = t
@@ -270,9 +278,9 @@ def _pair_summaries(p: _Prefill, nbytes: np.ndarray) -> tuple[np.ndarray, np.nda
     per protocol, :meth:`~treeattn.sim.nccl.p2p.P2PModel.summary_matrices`)."""
     w = p.world
     lat, inv = np.zeros((w, w)), np.zeros((w, w))
-    by_protocol: dict[int, list[float]] = {}
+    by_protocol: dict[tuple, list[float]] = {}
     for n in np.unique(nbytes[nbytes > 0]):
-        by_protocol.setdefault(p.cm.p2p.protocol(float(n)), []).append(float(n))
+        by_protocol.setdefault(p.cm.p2p.regime(float(n)), []).append(float(n))
     for sizes in by_protocol.values():
         pick = np.isin(nbytes, sizes)
         route_lat, route_inv = p.cm.p2p.summary_matrices(sizes[0])
@@ -291,7 +299,7 @@ def _to_storage(p: _Prefill, ready: np.ndarray, pieces: np.ndarray) -> np.ndarra
     not show."""
     lat, inv = _pair_summaries(p, pieces)
     some = pieces > 0
-    overheads = p.cm.least_send_s + p.cm.least_recv_s
+    overheads = p.ends(np.maximum(pieces, 1.0))  # (W, W), [sender, receiver]
     wire = pieces * inv  # (W, W) seconds on the wire, [sender, receiver]
     first = np.where(some, ready[:, None] + lat + overheads, -np.inf)  # (W, W)
     received = np.where(some.any(axis=0), first.max(axis=0) + wire.sum(axis=0), 0.0)

@@ -1,0 +1,94 @@
+"""A user's measured kernel table (calibrate --kernels): format, fit, use and bad input.
+
+Expected values are worked by hand from the rows of the fixture
+``tests/fixtures/kernels/h100-decode.csv`` (a hand-written example of the format).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from treeattn.cli import main
+from treeattn.sim import SimError
+from treeattn.sim.deploy.capacity import Split
+from treeattn.sim.deploy.kernel_table import fit_kernels, read_kernel_table, row_bytes
+from treeattn.sim.deploy.token import predict_token
+from treeattn.topo import Topology
+
+TABLE = "tests/fixtures/kernels/h100-decode.csv"
+HEADER = "kind,m,n,k,dtype,batch,q_heads,kv_heads,head_dim,context,time_us\n"
+
+
+def test_rows_read_the_bytes_the_token_model_reads():
+    rows = read_kernel_table(TABLE)
+    gemm = rows[0]  # 1 x 8192 x 8192 bf16: the weight plus a bf16 input and output row
+    assert row_bytes(gemm) == 8192 * 8192 * 2 + (8192 + 8192) * 2
+    attention = rows[-1]  # batch 1, 8 KV heads, 128k tokens, D = 128, bf16 K and V
+    assert row_bytes(attention) == 2 * 1 * 8 * 131072 * 128 * 2
+
+
+def test_the_fit_recovers_a_fixed_cost_and_a_rate_by_hand():
+    text = HEADER + ("gemm,1,4096,4096,fp8,,,,,,10\n"   # 16,793,600 B
+                     "gemm,1,8192,8192,fp8,,,,,,30\n")  # 67,141,632 B
+    (fit,) = fit_kernels(read_kernel_table("t.csv", text))
+    b1, b2 = 4096 * 4096 + 2 * 4096 * 2, 8192 * 8192 + 2 * 8192 * 2
+    rate = (b2 - b1) / 20e-6  # two points: the line through them
+    assert fit.bytes_per_s == pytest.approx(rate)
+    assert fit.fixed_s == pytest.approx(10e-6 - b1 / rate)
+
+
+def test_a_calibrated_profile_replaces_the_sourced_kernels(tmp_path, capsys):
+    out = tmp_path / "kernels.json"
+    assert main(["calibrate", "--kernels", TABLE, "--topology", "dgx-h100", "-o",
+                 str(out)]) == 0
+    profile = json.loads(out.read_text())
+    fits = {(f["kind"], f["dtype"]): f for f in profile["kernels"]["fits"]}
+    assert set(fits) == {("gemm", "bf16"), ("gemm", "fp8"), ("attention", "any")}
+    from treeattn.sim.host.profiles import plan_overrides
+
+    topo = Topology.from_spec("dgx-h100")
+    hardware = plan_overrides(str(out), topo)["hardware"]
+    p = predict_token(topo, "llama-3.1-70b", 32768, Split(8), weights_dtype="float8",
+                      hardware=hardware)
+    assert hardware[0].launch_s == pytest.approx(fits[("attention", "any")]["fixed_s"])
+    # the weights read at the table's fp8 rate, not the sourced default
+    default = predict_token(topo, "llama-3.1-70b", 32768, Split(8), weights_dtype="float8")
+    ratio = p.parts_s["weights"] / default.parts_s["weights"]
+    from treeattn.sim.devices import FP8_GEMM_EFFICIENCY
+    from treeattn.topo.hardware import GPU_SPECS
+
+    sourced = GPU_SPECS["H100"].memory_bandwidth * FP8_GEMM_EFFICIENCY["hopper"]
+    assert ratio == pytest.approx(sourced / fits[("gemm", "fp8")]["bytes_per_s"], rel=1e-6)
+    # and it is refused on another GPU
+    assert main(["predict", "--topology", "dgx-a100", "--model", "llama-3.1-70b",
+                 "--seq-len", "32k", "--token", "--tp", "8", "--profile", str(out)]) == 2
+    assert "gpu_model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("m,n,k,dtype,time_us\n1,2,3,bf16,4\n", "missing column 'kind'"),
+    ("kind,m,n,dtype,time_us\ngemm,1,2,bf16,4\n", "need column(s) k"),
+    (HEADER + "gemm,1,8192,8192,bf16,,,,,,fast\n", "not a number"),
+    (HEADER + "gemm,1,8192,8192,bf16,,,,,,0\n", "not a positive time"),
+    (HEADER + "gemm,1,8192,8192,bf16,,,,,,-3\n", "not a positive time"),
+    (HEADER + "conv,1,8192,8192,bf16,,,,,,3\n", "not one the model runs"),
+    (HEADER + "gemm,1,8192,8192,int4,,,,,,3\n", "not one the model runs"),
+    (HEADER + "gemm,0,8192,8192,bf16,,,,,,3\n", "not a positive integer"),
+    (HEADER + "attention,,,,bf16,1,6,4,128,4096,3\n", "do not group"),
+    (HEADER + "gemm,1,8192,8192,bf16,,,,,,3\n", "two different sizes"),
+    (HEADER, "no rows"),
+])
+def test_a_bad_table_is_one_error_line(tmp_path, capsys, body, needle):
+    path = tmp_path / "bad.csv"
+    path.write_text(body)
+    assert main(["calibrate", "--kernels", str(path), "--topology", "dgx-h100"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_fit_whose_times_fall_with_the_bytes_is_refused():
+    text = HEADER + "gemm,1,8192,8192,bf16,,,,,,30\ngemm,1,4096,4096,bf16,,,,,,40\n"
+    with pytest.raises(SimError, match="do not grow"):
+        fit_kernels(read_kernel_table("t.csv", text))

@@ -1,0 +1,67 @@
+"""The NCCL environment variables the cost model reads: what a backend was started with.
+
+A deployment sets NCCL (and RCCL) variables that change how the library moves a message.
+The cost model reads the ones below from the backend (:attr:`treeattn.sim.devices.
+BackendModel.nccl_env`, set by ``--nccl-env NAME=VALUE`` on ``plan``, ``predict`` and
+``comm``, or by an nccl-tests profile's ``nccl_env`` object, the variables its measurement
+ran with; the flag wins); any other name is refused rather than silently ignored.
+
+=================================  =========================================================
+name                               what it changes in the model
+=================================  =========================================================
+``NCCL_ALLOC_P2P_NET_LL_BUFFERS``  ``1``: network send/recv connections get LL buffers, so a
+                                   small message across hosts may use LL (default ``0``:
+                                   Simple). NCCL 2.30.7 ``src/init.cc``
+                                   (``NCCL_PARAM(AllocP2pNetLLBuffers, ..., 0)``),
+                                   ``src/transport/net.cc`` (the LL buffer is mapped only
+                                   ``if (proxyState->allocP2pNetLLBuffers)``, for send and
+                                   receive), ``src/enqueue.cc`` (``addP2pToPlan`` keeps LL
+                                   only where every channel's connection has an LL buffer).
+                                   RCCL's ``src/init.cc`` has the same parameter, default 0.
+=================================  =========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from treeattn.schedule.payloads import SimError
+
+# name -> (allowed values, what it means)
+NCCL_ENV = {
+    "NCCL_ALLOC_P2P_NET_LL_BUFFERS": (("0", "1"), "LL buffers on network p2p connections"),
+}
+
+
+def parse_nccl_env(items) -> tuple[tuple[str, str], ...]:
+    """``NAME=VALUE`` strings (or pairs) -> sorted ``(name, value)`` pairs, each checked.
+
+    >>> parse_nccl_env(["NCCL_ALLOC_P2P_NET_LL_BUFFERS=1"])
+    (('NCCL_ALLOC_P2P_NET_LL_BUFFERS', '1'),)
+    """
+    out: dict[str, str] = {}
+    for item in items or ():
+        if isinstance(item, str):
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise SimError(f"--nccl-env wants NAME=VALUE, got {item!r}")
+        else:
+            name, value = item
+        name, value = name.strip(), str(value).strip()
+        if name not in NCCL_ENV:
+            raise SimError(f"unknown NCCL variable {name!r} (the cost model reads: "
+                           f"{', '.join(NCCL_ENV)})")
+        allowed = NCCL_ENV[name][0]
+        if value not in allowed:
+            raise SimError(f"{name}={value!r}: expected one of {', '.join(allowed)}")
+        out[name] = value
+    return tuple(sorted(out.items()))
+
+
+def with_env(shape, env: tuple[tuple[str, str], ...]):
+    """``shape`` (a :class:`~treeattn.sim.nccl.group_shape.GroupShape`) as the library sees
+    the communicator under ``env``."""
+    found = dict(env)
+    if not found:
+        return shape
+    return replace(shape, p2p_net_ll=found.get("NCCL_ALLOC_P2P_NET_LL_BUFFERS") == "1")
