@@ -104,7 +104,7 @@ def test_generate_dead_rank_is_exit_1_not_bad_input() -> None:
     _assert_named(proc, fired, "error: rank 1 died")
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "1e-9", "0", "-3"])
+@pytest.mark.parametrize("value", ["nan", "inf", "1e-9", "0", "-3", "1e300"])
 def test_insane_timeouts_are_refused(value, capsys) -> None:
     from treeattn.cli import main
 

@@ -84,8 +84,8 @@ def check_timeout(timeout_s: float) -> float:
     clock or fire on every wait.
     """
     if not math.isfinite(timeout_s) or not MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S:
-        raise RuntimeFailure(f"--timeout must be a number of seconds from {MIN_TIMEOUT_S:g} to "
-                             f"{MAX_TIMEOUT_S:g}, got {timeout_s:g}")
+        raise RuntimeFailure(f"--timeout must be a finite number of seconds from "
+                             f"{MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g}, got {timeout_s:g}")
     return float(timeout_s)
 
 
