@@ -216,8 +216,11 @@ def handle_plan_gpus(args: argparse.Namespace) -> int:
     from treeattn.sim.host.profiles import plan_overrides
 
     refuse_unread(args, "plan --gpus", GPUS_READS, NOT_GPUS)
-    check_search_size(args.gpus)
     topo = _topology(args.topology)
+    if args.gpus > topo.num_gpus:
+        raise SimError(f"plan --gpus {args.gpus:,} needs {args.gpus:,} GPUs and the topology "
+                       f"has {topo.num_gpus:,}")
+    check_search_size(args.gpus)
     model = ModelConfig.from_name(args.model)
     weights, kv = _dtypes(args, model)
     if args.profile and topo.num_gpus != args.gpus:
