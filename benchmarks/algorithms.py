@@ -4,9 +4,9 @@ planner's pick against the best baseline.
 For world 2 and 4 (gloo on loopback, one torch thread per rank), one process group per world:
 
 1. calibrate once with microbenchmarks only, the exchange up to the largest KV block the
-   ring will move (``treeattn.runtime.measure.calibrate``);
+   ring will move (``treeattn.testbed.calibration.calibrate``);
 2. at each seq_len, rank 0 predicts every algorithm with the simulator from that profile and
-   asks the planner (``treeattn.sim.plan``, same profile) for its pick;
+   asks the planner (``treeattn.sim.plan_workload``, same profile) for its pick;
 3. all algorithms are measured *interleaved* (one step of each per round, the order rotating:
    ``treeattn.runtime.measure.timing.time_interleaved``), so that a drifting, shared machine slows
    them alike and the ratios between them stay meaningful.
@@ -35,9 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_io import write_results  # noqa: E402  (benchmarks/, beside this script)
 
+from treeattn import testbed  # noqa: E402
 from treeattn.runtime.group import broadcast_object  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
-from treeattn.runtime.measure.calibrate import calibrate_in_group, machine_info  # noqa: E402
 from treeattn.runtime.measure.check import (  # noqa: E402
     RunRequest,
     geo_mean_error,
@@ -48,6 +48,7 @@ from treeattn.runtime.measure.check import (  # noqa: E402
 )
 from treeattn.runtime.plans import shard_lengths, workload_for  # noqa: E402
 from treeattn.schedule.algorithms import ALGORITHM_NAMES, BASELINES, SOURCES  # noqa: E402
+from treeattn.testbed.calibration.calibrate import calibrate_in_group, machine_info  # noqa: E402
 
 K = 1024
 SEQ_LENS = (16 * K, 64 * K, 256 * K)
@@ -76,11 +77,11 @@ def ring_bytes(seq_len: int, world: int) -> int:
 
 def planner_pick(profile: dict, world: int, seq_len: int) -> dict:
     """The planner's choice with the calibrated models: name, algorithm, tree params."""
-    from treeattn.sim import plan
+    from treeattn.sim import plan_workload
 
     topology, hardware, backend = predictor(profile, world)
     workload = workload_for(BASE.dims, shard_lengths(seq_len, world))
-    chosen = plan(topology, workload, hardware, backend)
+    chosen = plan_workload(topology, workload, hardware, backend)
     params = {}
     if chosen.algorithm == "tree":
         params = ({"tree": chosen.winner.trees[0]} if chosen.winner.params.get("shape")
@@ -214,6 +215,7 @@ def markdown(result: dict, meta: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    testbed.plug_in()  # CPU ranks of one host: the transport `treeattn run` uses
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="16k and 64k, 3 steps floor, 0.3 s per point (a few minutes)")

@@ -3,9 +3,9 @@
 World 2 on this machine (gloo on loopback, one torch thread per rank), tiny payloads (B=1,
 Hq=Hkv=1, D=8, 4 tokens per shard) so data costs nothing. For each schedule (butterfly,
 tree) the variants ``executor``, ``program``, ``raw``, ``raw+kernels`` and ``raw-gloo`` of
-:func:`treeattn.runtime.local.overhead.time_variants` run the same messages in one process group,
-interleaved within every repetition. ``raw`` goes through the executor's transport (small
-messages between ranks of one host take shared memory, ``treeattn/runtime/local/shm.py``);
+:func:`treeattn.testbed.calibration.overhead.time_variants` run the same messages in one process
+group, interleaved within every repetition. ``raw`` goes through the executor's transport (small
+messages between ranks of one host take shared memory, ``treeattn/testbed/transport/shm.py``);
 ``raw-gloo`` is the same loop on ``torch.distributed`` directly.
 
 One repetition times ``INNER`` back-to-back runs of a variant (after a tiny all-reduce that
@@ -15,7 +15,7 @@ median and p10–p90 over repetitions, and the ratio executor / raw computed per
 (so both sides of a ratio saw the same machine load).
 
 ``program`` is the executor running each rank's steps as one C call
-(:mod:`treeattn.runtime.local.shm_program`), as ``run`` and ``generate`` do on CPU ranks of one
+(:mod:`treeattn.testbed.transport.shm_program`), as ``run`` and ``generate`` do on CPU ranks of one
 host;
 ``executor`` keeps its Python steps. ``treeattn calibrate`` uses the same timing to record
 ``executor.step_overhead_s`` and ``executor.program_step_s``. Run:
@@ -36,10 +36,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_io import write_results  # noqa: E402  (benchmarks/, beside this script)
 
+from treeattn import testbed  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
-from treeattn.runtime.local.overhead import INNER, overhead_per_message, time_variants  # noqa: E402
-from treeattn.runtime.measure.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.transport import transport_for  # noqa: E402
+from treeattn.testbed.calibration.calibrate import machine_info  # noqa: E402
+from treeattn.testbed.calibration.overhead import INNER, overhead_per_message, time_variants  # noqa: E402
 
 WORLD = 2
 ALGORITHMS = ("butterfly", "tree")
@@ -124,7 +125,7 @@ def markdown(rows: dict, meta: dict) -> str:
               f"(`{meta['transport']}`). raw+kernels adds the same kernel calls "
               "(partial_attention, merge) on preallocated tensors. raw gloo: raw through "
               "torch.distributed's gloo directly. program: the executor running the rank's "
-              "steps as one C call (`treeattn/runtime/local/shm_program.py`)"
+              "steps as one C call (`treeattn/testbed/transport/shm_program.py`)"
               + ("" if all(r["programs"] for r in rows.values())
                  else "; it did not apply here, so it repeats the executor") + ".", "",
               "Profile key for the simulator (the JSON's `profile`): "
@@ -137,6 +138,7 @@ def markdown(rows: dict, meta: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    testbed.plug_in()  # CPU ranks of one host: the transport `treeattn run` uses
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=300)
     parser.add_argument("--out", default="executor_overhead", help="results file stem")

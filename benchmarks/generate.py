@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from treeattn import testbed  # noqa: E402
 from treeattn.commands.run import CalibrateJob  # noqa: E402
 from treeattn.llm.formats.weights import load_model  # noqa: E402
 from treeattn.llm.generate import generate_local  # noqa: E402
@@ -48,10 +49,10 @@ from treeattn.llm.generate_dist import (  # noqa: E402
     split_lengths,
 )
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
-from treeattn.runtime.measure.calibrate import machine_info  # noqa: E402
 from treeattn.runtime.measure.check import predictor  # noqa: E402
 from treeattn.runtime.plans import build, workload_for  # noqa: E402
 from treeattn.runtime.wire import AttnDims  # noqa: E402
+from treeattn.testbed.calibration.calibrate import machine_info  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = " The keeper's daughter wrote that"
@@ -199,6 +200,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    testbed.plug_in()  # CPU ranks of one host: the transport `treeattn run` uses
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[32768, 65536])
     parser.add_argument("--world", type=int, default=2)

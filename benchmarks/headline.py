@@ -20,7 +20,7 @@ from pathlib import Path
 
 from treeattn import atomic
 from treeattn.schedule.algorithms import OWN
-from treeattn.sim import DecodeWorkload, plan
+from treeattn.sim import DecodeWorkload, plan_workload
 from treeattn.topo import Topology
 
 OUT = Path(__file__).resolve().parent / "results"
@@ -40,8 +40,8 @@ GRID = [  # (topology, model, seq_len, batch)
 
 
 def point(spec: str, model: str, seq_len: int, batch: int) -> dict:
-    chosen = plan(Topology.from_spec(spec), DecodeWorkload(model, seq_len, batch=batch),
-                  simulate_each=True)
+    chosen = plan_workload(Topology.from_spec(spec), DecodeWorkload(model, seq_len, batch=batch),
+                           simulate_each=True)
     own = min((c for c in chosen.candidates if c.algorithm in OWN), key=lambda c: c.latency_s)
     base = chosen.best_baseline()
     fly = chosen.best("butterfly")

@@ -148,7 +148,10 @@ def treeattn_generate(context: int, tokens: int, nproc: int, algorithm: str) -> 
 
 
 def main() -> int:
+    from treeattn import testbed
     from treeattn.runtime.launch import LaunchOptions, launch
+
+    testbed.plug_in()  # CPU ranks of one host: the transport `treeattn run` uses
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, default=32768)

@@ -28,13 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treeattn.kernels import (  # noqa: E402
-    cpu_fused,
-    cpu_native,
-    cpu_small,
-    partial_attention_path,
-    reference,
-)
+from treeattn.kernels import partial_attention_path, reference  # noqa: E402
+from treeattn.testbed.kernels import cpu_fused, cpu_native, cpu_small  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEEP_RATIO = 1.2  # a path stays only where it is at least 1.2x faster than the next

@@ -4,8 +4,8 @@ Decode attention is memory-bound: one step reads every K and V byte once, so the
 merit is GB/s of K+V read against what the memory can deliver.
 
 - CPU (always): ``treeattn.kernels.partial_attention`` as it dispatches on a CPU (dense
-  fp32/bf16 KV on one thread: treeattn's C kernel, ``kernels/cpu_native.py``; with more
-  threads torch's fused FlashAttention kernel, ``kernels/cpu_fused.py``), as K+V read GB/s
+  fp32/bf16 KV on one thread: treeattn's C kernel, ``testbed/kernels/cpu_native.py``; with more
+  threads torch's fused FlashAttention kernel, ``testbed/kernels/cpu_fused.py``), as K+V read GB/s
   against the read bandwidth of ``sum()`` over the same K and V, measured in the same
   process, interleaved with the kernel runs (best of each), so that the ratio is meaningful
   on a shared machine. The strongest torch alternatives are timed the same way beside it:
@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernels_gpu  # noqa: E402  (benchmarks/, beside this file)
 
 from treeattn.kernels import (  # noqa: E402
-    cpu_fused,
     partial_attention,
     partial_attention_path,
     reference,
 )
+from treeattn.testbed.kernels import cpu_fused  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 B, HQ, HKV, D = 1, 32, 8, 128

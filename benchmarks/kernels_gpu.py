@@ -165,7 +165,7 @@ def _merge_ms(record: Recorder, splits: int) -> float:
 
     o = torch.randn(splits, B, HQ, D, device="cuda")  # (n, B, Hq, D)
     lse = torch.randn(splits, B, HQ, device="cuda")  # (n, B, Hq)
-    return record.do_bench_graph(lambda: triton_merge.merge_partials(o, lse),
+    return record.do_bench_graph(lambda: triton_merge.merge_stacked(o, lse),
                                  return_mode="median")
 
 

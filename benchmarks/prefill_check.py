@@ -38,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import write_results  # noqa: E402
 
+from treeattn import testbed  # noqa: E402
 from treeattn.llm.prefill_rates import PrefillRates, hardware_models  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
 from treeattn.sim.prefill.pricing import predict_prefill  # noqa: E402
@@ -63,6 +64,7 @@ DEFAULT_POINTS = ["pass-kv:0:1024", "pass-kv:0:2048", "pass-kv:0:4096", "pass-q:
 
 
 def main() -> int:
+    testbed.plug_in()  # CPU ranks of one host: the transport `treeattn run` uses
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--points", type=parse_point, nargs="+",

@@ -29,11 +29,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_io import write_results  # noqa: E402
 
+from treeattn import testbed  # noqa: E402
 from treeattn.llm.model import LlamaConfig  # noqa: E402
 from treeattn.llm.prefill import prefill_bytes  # noqa: E402
 from treeattn.llm.prefill_check import PrefillJob  # noqa: E402
 from treeattn.runtime.launch import LaunchOptions, launch  # noqa: E402
-from treeattn.runtime.measure.calibrate import machine_info  # noqa: E402
+from treeattn.testbed.calibration.calibrate import machine_info  # noqa: E402
 
 MIB = 2**20
 
@@ -108,6 +109,7 @@ def markdown(points: list[dict], info: dict) -> str:
 
 
 def main() -> None:
+    testbed.plug_in()  # CPU ranks of one host: the transport `treeattn run` uses
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--shape", default="smollm2-135m")

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import algorithms  # noqa: E402  (benchmarks/, beside this script)
 from results_io import write_results  # noqa: E402
 
-from treeattn.runtime.measure.calibrate import machine_info  # noqa: E402
+from treeattn.testbed.calibration.calibrate import machine_info  # noqa: E402
 
 RING_CHECK = ["run", "--nproc", "2", "--seq-len", "262144", "--algorithm", "ring", "--check",
               "--json"]

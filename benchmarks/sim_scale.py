@@ -1,10 +1,10 @@
 """How fast the planner and simulator are on very large clusters.
 
-Times ``plan(topology, workload)`` (closed-form scoring of every candidate, then simulating
-the promising ones with the simpy engine) on ``dgx-h100:nodes=128`` (1024 GPUs, target < 1 s)
-and ``dgx-h100:nodes=2048`` (16384 GPUs, target < 30 s), one decode step of llama-3.1-8b at
-1M tokens. Building the topology is timed separately (it is the topology package's work).
-Writes ``benchmarks/results/sim_scale.{json,md}``.
+Times ``plan_workload(topology, workload)`` (closed-form scoring of every candidate, then
+simulating the promising ones with the simpy engine) on ``dgx-h100:nodes=128`` (1024 GPUs,
+target < 1 s) and ``dgx-h100:nodes=2048`` (16384 GPUs, target < 30 s), one decode step of
+llama-3.1-8b at 1M tokens. Building the topology is timed separately (it is the topology
+package's work). Writes ``benchmarks/results/sim_scale.{json,md}``.
 
     .venv/bin/python benchmarks/sim_scale.py [--nodes 128 2048]
 """
@@ -23,7 +23,7 @@ import networkx
 import numpy
 import simpy
 
-from treeattn.sim import DecodeWorkload, plan
+from treeattn.sim import DecodeWorkload, plan_workload
 from treeattn.topo import Topology
 
 OUT = Path(__file__).resolve().parent / "results"
@@ -34,7 +34,7 @@ def measure(nodes: int, model: str, seq_len: int) -> dict:
     t0 = time.perf_counter()
     topo = Topology.from_spec(f"dgx-h100:nodes={nodes}")
     t1 = time.perf_counter()
-    chosen = plan(topo, DecodeWorkload(model, seq_len))
+    chosen = plan_workload(topo, DecodeWorkload(model, seq_len))
     t2 = time.perf_counter()
     simulated = [c for c in chosen.candidates if c.method == "simulated"]
     ring = chosen.best("ring")

@@ -87,7 +87,7 @@ def _check_example(ctx, attns, spec) -> float:
 
 
 def _property_job(ctx, examples: int):
-    attns = {name: treeattn.ShardedAttention(name) for name in ALGORITHMS}
+    attns = {name: treeattn.ShardedAttention(algorithm=name) for name in ALGORITHMS}
     if ctx.rank != 0:
         while (spec := broadcast_object(ctx, None)) is not None:
             errors = [None] * ctx.world
@@ -177,9 +177,9 @@ def test_base2_partials_and_a_plan():
 
 def _disagree_job(ctx, what):
     if what == "plan":
-        treeattn.ShardedAttention("tree" if ctx.rank == 0 else "butterfly")
+        treeattn.ShardedAttention(algorithm="tree" if ctx.rank == 0 else "butterfly")
     elif what == "shape":
-        attn = treeattn.ShardedAttention("tree")
+        attn = treeattn.ShardedAttention(algorithm="tree")
         hq = 4 if ctx.rank < 2 else 2
         attn(torch.randn(1, hq, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8))
     elif what == "world":
@@ -229,7 +229,7 @@ def _subgroup_job(ctx):
     want_o, want_lse = _attention(q, ks, vs)
     worst = {}
     for algorithm in ALGORITHMS:
-        attn = treeattn.ShardedAttention(algorithm, group=mine)
+        attn = treeattn.ShardedAttention(group=mine, algorithm=algorithm)
         assert (attn.rank, attn.world) == (member, 2)
         o, lse = attn(q, ks[member], vs[member], return_lse=True)
         worst[algorithm] = max(float((o.double() - want_o).abs().max()),

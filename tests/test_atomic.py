@@ -183,13 +183,57 @@ def test_read_only_target_is_refused_even_as_root(tmp_path):
     assert kept.read_text() == "precious"
 
 
-def test_symlink_target_is_replaced_and_the_link_kept(tmp_path):
+def _links(tmp_path: Path) -> dict[str, Path]:
+    """A link to a file, a dangling link, and one link of a two-link loop."""
     real = tmp_path / "real.json"
     real.write_text("old")
-    link = tmp_path / "link.json"
-    link.symlink_to(real)
-    atomic.write_text(link, "new")
-    assert link.is_symlink() and real.read_text() == "new"
+    (tmp_path / "link.json").symlink_to(real)
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere.json")
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    return {"to a file": tmp_path / "link.json", "dangling": tmp_path / "dangling.json",
+            "loop": tmp_path / "loop_a"}
+
+
+@pytest.mark.parametrize("kind", ["to a file", "dangling", "loop"])
+def test_a_symbolic_link_is_refused_and_left_as_it_was(tmp_path, kind):
+    link = _links(tmp_path)[kind]
+    before = os.readlink(link)
+    for write in (lambda: atomic.write_text(link, "new"),
+                  lambda: atomic.check_output_path(link, folder=True)):
+        with pytest.raises(OutputError, match="symbolic link"):
+            write()
+    assert link.is_symlink() and os.readlink(link) == before
+    assert (tmp_path / "real.json").read_text() == "old"
+
+
+@pytest.mark.parametrize("path", ["", " "])
+def test_an_empty_path_is_refused(path):
+    with pytest.raises(OutputError, match="an empty path"):
+        atomic.write_text(path, "new")
+    with pytest.raises(OutputError, match="an empty path"):
+        atomic.check_output_path(path, folder=True)
+
+
+@pytest.mark.parametrize("output", ["loop", ""])
+def test_plan_refuses_a_link_loop_or_an_empty_output_in_one_line(tmp_path, capsys, output):
+    from treeattn.cli import main
+
+    loop = _links(tmp_path)["loop"]
+    path = str(loop) if output else ""
+    code = main(["plan", "--topology", "local:ranks=2", "--model", "debug", "--seq-len", "64",
+                 "-o", path])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: cannot write"), err
+    assert os.path.islink(loop) and os.readlink(loop) == str(tmp_path / "loop_b")
+
+
+def test_two_hard_links_of_one_file_are_one_output(tmp_path):
+    first = tmp_path / "first.json"
+    first.write_text("kept")
+    os.link(first, tmp_path / "second.json")
+    with pytest.raises(OutputError, match="two outputs name the same file"):
+        atomic.check_distinct(first, tmp_path / "second.json")
 
 
 def test_two_outputs_naming_one_file_are_refused_before_work(tmp_path, capsys):
@@ -202,3 +246,17 @@ def test_two_outputs_naming_one_file_are_refused_before_work(tmp_path, capsys):
     assert code == 2 and "two outputs name the same file" in err, err
     assert not same.exists()
     atomic.check_distinct(tmp_path / "a", None, tmp_path / "b")
+
+
+@pytest.mark.parametrize("argv", [
+    ["predict", "--topology", "local:ranks=2", "--model", "debug", "--seq-len", "64",
+     "--trace", ""],
+    ["run", "--nproc", "2", "--seq-len", "64", "--trace", ""],
+    ["calibrate", "--nproc", "2", "-o", ""],
+])
+def test_an_empty_output_flag_is_refused_not_dropped(argv, capsys):
+    from treeattn.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["error: cannot write '': an empty path"], err

@@ -336,16 +336,16 @@ def smollm2(tmp_path_factory):
     return str(directory), _generate(model, ids)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_smollm2_gguf_like_one_process(smollm2, world):
-    """SmolLM2-135M-Instruct, 32 greedy tokens: identical to transformers in one process,
-    for tree, butterfly, oneshot, helix and dcp. Its real weights give logits up to about 20,
+def test_smollm2_gguf_like_one_process(smollm2):
+    """SmolLM2-135M-Instruct, 32 greedy tokens on 2 ranks (uneven shards at world 3 are the
+    tiny Qwen2's above): identical to transformers in one process, for tree, butterfly,
+    oneshot, helix and dcp. Its real weights give logits up to about 20,
     not O(1), after 30 layers of fp32 rounding in each merge order (and the reference's own
     BLAS threads, which earlier tests in this process may have changed), so the logits'
     bound is LOGIT_ATOL plus 1e-5 of the largest logit: about 3e-4, where a wrong shard,
     position or merge moves them by O(1)."""
     directory, (want_ids, want_logits) = smollm2
-    runs = launch(functools.partial(_smollm_job, directory=directory), world,
+    runs = launch(functools.partial(_smollm_job, directory=directory), 2,
                   LaunchOptions(timeout_s=300, threads=1))
     assert [r[0] for r in runs] == list(SMOLLM_ALGORITHMS)
     bound = LOGIT_ATOL + 1e-5 * float(want_logits.abs().max())

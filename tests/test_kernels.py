@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn import kernels
-from treeattn.kernels import KernelError, merge, merge_partials, partial_attention, reference
+from treeattn.kernels import KernelError, merge, merge_stacked, partial_attention, reference
 from treeattn.kernels.testing import (
     LSE_TOLERANCE,
     O_TOLERANCE,
@@ -175,7 +175,7 @@ def test_chunked_partials_merge_to_full_attention(t, n_chunks, gqa, seed, many):
         partial_attention(q, k[:, :, a:b], v[:, :, a:b])
         for a, b in zip(bounds[:-1], bounds[1:], strict=True)
     ]
-    got = merge_random_tree(parts, rng, merge, merge_partials if many else None)
+    got = merge_random_tree(parts, rng, merge, merge_stacked if many else None)
     want = reference.naive_attention(q, k, v)
     if t == 0:
         assert torch.equal(got[0], torch.zeros_like(got[0]))
@@ -244,7 +244,7 @@ def test_fp16_near_its_limits():
 
 def test_merging_identities_gives_identity():
     ident = reference.identity_partial(2, 3, 8)
-    for o, lse in (merge(ident, ident), merge_partials(*(torch.stack([x] * 4) for x in ident))):
+    for o, lse in (merge(ident, ident), merge_stacked(*(torch.stack([x] * 4) for x in ident))):
         assert torch.equal(o, ident[0]) and torch.equal(lse, ident[1])
     q, k, v = make_qkv(2, 3, 3, 4, 8, torch.float32)
     real = partial_attention(q, k, v)
@@ -254,7 +254,7 @@ def test_merging_identities_gives_identity():
 
 
 def test_merge_partials_of_nothing_is_identity():
-    o, lse = merge_partials(torch.zeros(0, 2, 3, 8), torch.zeros(0, 2, 3))
+    o, lse = merge_stacked(torch.zeros(0, 2, 3, 8), torch.zeros(0, 2, 3))
     assert torch.equal(o, torch.zeros(2, 3, 8)) and torch.isneginf(lse).all()
 
 
@@ -274,7 +274,7 @@ def test_outputs_are_bit_identical_across_calls(small_chunks):
     second = partial_attention(q, k, v, kv_len=kv_len)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
     stack = (torch.stack([first[0], second[0] * 2]), torch.stack([first[1], second[1] - 1]))
-    again = zip(merge_partials(*stack), merge_partials(*stack), strict=True)
+    again = zip(merge_stacked(*stack), merge_stacked(*stack), strict=True)
     assert all(torch.equal(x, y) for x, y in again)
 
 
@@ -320,9 +320,9 @@ def test_bad_merge_inputs_raise_kernel_error():
     with pytest.raises(KernelError, match="partial"):
         merge(a, a[0])
     with pytest.raises(KernelError, match="lse"):
-        merge_partials(torch.zeros(2, 2, 3, 8), torch.zeros(2, 3))
+        merge_stacked(torch.zeros(2, 2, 3, 8), torch.zeros(2, 3))
     with pytest.raises(KernelError, match="dtype"):
-        merge_partials(torch.zeros(2, 2, 3, 8, dtype=torch.int32), torch.zeros(2, 2, 3))
+        merge_stacked(torch.zeros(2, 2, 3, 8, dtype=torch.int32), torch.zeros(2, 2, 3))
 
 
 def test_unknown_backend_is_a_kernel_error(monkeypatch):
@@ -339,7 +339,7 @@ def test_forcing_triton_on_cpu_without_interpreter_explains_how(monkeypatch):
     with pytest.raises(KernelError, match="TRITON_INTERPRET=1"):
         partial_attention(q, k, v)
     with pytest.raises(KernelError, match="TRITON_INTERPRET=1"):
-        merge_partials(torch.zeros(2, 1, 2, 8), torch.zeros(2, 1, 2))
+        merge_stacked(torch.zeros(2, 1, 2, 8), torch.zeros(2, 1, 2))
 
 
 def test_auto_backend_takes_the_exact_torch_path_for_ragged_kv_on_cpu(monkeypatch):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from treeattn.kernels import merge_partials, partial_attention, reference
+from treeattn.kernels import merge_stacked, partial_attention, reference
 from treeattn.kernels.dispatch import choose_backend
 from treeattn.kernels.testing import LSE_TOLERANCE, O_TOLERANCE, make_qkv
 
@@ -96,7 +96,7 @@ def test_shards_merge_to_full_attention_and_views_are_read_in_place():
     q, k, v = make_qkv(2, 32, 8, 5000, 128, torch.bfloat16, seed=6, device=CUDA)
     cuts = [0, 1, 1, 2048, 4097, 5000]  # an empty shard, a 1-token shard, uneven others
     parts = [partial_attention(q, k[:, :, a:b], v[:, :, a:b]) for a, b in zip(cuts, cuts[1:])]
-    merged = merge_partials(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+    merged = merge_stacked(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
     assert_matches(merged, q, k, v, torch.bfloat16)
 
 
@@ -106,7 +106,7 @@ def test_merge_kernel_matches_reference_on_gpu():
     lse = (torch.randn(300, 2, 5, generator=gen) * 30).to(CUDA)  # (n, B, Hq)
     lse[:, 0, 0] = float("-inf")
     lse[7:, 1, 3] = float("-inf")
-    got, want = merge_partials(o, lse), reference.merge_partials(o, lse)
+    got, want = merge_stacked(o, lse), reference.merge_stacked(o, lse)
     torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(got[1], want[1], atol=1e-6, rtol=1e-6)
     assert torch.equal(got[0][0, 0], torch.zeros(128, device=CUDA))

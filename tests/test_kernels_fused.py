@@ -1,4 +1,4 @@
-"""torch's fused CPU kernel for dense KV (treeattn/kernels/cpu_fused.py) against the float64
+"""torch's fused CPU kernel for dense KV (treeattn/testbed/kernels/cpu_fused.py) against the float64
 oracle, the exact torch path, and the merge algebra; and the dispatch that picks it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeattn.kernels import cpu_fused, partial_attention, reference
+from treeattn.kernels import partial_attention, reference
 from treeattn.kernels.testing import (
     FUSED_HALF_LSE_TOLERANCE,
     LSE_TOLERANCE,
@@ -18,6 +18,7 @@ from treeattn.kernels.testing import (
     make_qkv,
     split_and_merge,
 )
+from treeattn.testbed.kernels import cpu_fused
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

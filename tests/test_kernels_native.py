@@ -1,4 +1,4 @@
-"""treeattn's C kernel for CPU decode (treeattn/kernels/cpu_native.py) against the float64
+"""treeattn's C kernel for CPU decode (treeattn/testbed/kernels/cpu_native.py) against the float64
 oracle and the merge algebra; how it is built, cached and refused; and the dispatch to it."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn import kernels
-from treeattn.kernels import KernelError, cpu_fused, cpu_native, partial_attention, reference
+from treeattn.kernels import KernelError, partial_attention, reference
 from treeattn.kernels.testing import (
     LSE_TOLERANCE,
     O_TOLERANCE,
     make_qkv,
     split_and_merge,
 )
+from treeattn.testbed.kernels import cpu_fused, cpu_native
 
 DTYPES = [torch.float32, torch.bfloat16]
 

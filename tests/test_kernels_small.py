@@ -1,4 +1,4 @@
-"""The numpy path for small fp32 CPU calls (treeattn/kernels/cpu_small.py) against the
+"""The numpy path for small fp32 CPU calls (treeattn/testbed/kernels/cpu_small.py) against the
 float64 oracle and the exact torch path, the merge algebra on it, and the dispatch that
 picks it."""
 
@@ -12,13 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn import kernels
-from treeattn.kernels import cpu_small, merge, partial_attention, reference
+from treeattn.kernels import merge, partial_attention, reference
 from treeattn.kernels.testing import (
     LSE_TOLERANCE,
     O_TOLERANCE,
     make_qkv,
     split_and_merge,
 )
+from treeattn.testbed.kernels import cpu_small
 
 EXACT = O_TOLERANCE[("torch", torch.float32)]
 

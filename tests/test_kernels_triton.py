@@ -24,7 +24,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeattn.kernels import KernelError, merge, merge_partials, partial_attention, reference
+from treeattn.kernels import KernelError, merge, merge_stacked, partial_attention, reference
 from treeattn.kernels.dispatch import interpreter_enabled, triton_module
 from treeattn.kernels.testing import (
     LSE_TOLERANCE,
@@ -146,7 +146,7 @@ def test_chunked_partials_merge_to_full_attention(tp, t, n_chunks, seed, many):
         tp.partial_attention(q, k[:, :, a:b], v[:, :, a:b], num_splits=2, block_n=32)
         for a, b in zip(bounds[:-1], bounds[1:], strict=True)
     ]
-    got = merge_random_tree(parts, rng, merge, merge_partials if many else None)
+    got = merge_random_tree(parts, rng, merge, merge_stacked if many else None)
     if t == 0:
         assert torch.equal(got[0], torch.zeros_like(got[0]))
         assert torch.isneginf(got[1]).all()
@@ -204,8 +204,8 @@ def test_merge_kernel_matches_reference(tm):
     lse = torch.randn(70, 2, 3, generator=gen) * 30  # (n, B, Hq)
     lse[:, 0, 0] = float("-inf")  # a row of identities
     lse[5:, 1, 2] = float("-inf")  # identities mixed with real partials
-    got = tm.merge_partials(o, lse)
-    want = reference.merge_partials(o, lse)
+    got = tm.merge_stacked(o, lse)
+    want = reference.merge_stacked(o, lse)
     torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(got[1], want[1], atol=1e-6, rtol=1e-6)
     assert torch.equal(got[0][0, 0], torch.zeros(40)) and torch.isneginf(got[1][0, 0])
@@ -220,7 +220,7 @@ def test_merge_kernel_identities_and_pairs(tm):
     o, lse = tm.merge(a, b)  # equal weights 1/2, by hand
     assert torch.equal(o, torch.full((1, 1, 16), 2.0))
     assert lse.item() == pytest.approx(0.6931471805599453, rel=1e-6)
-    o, lse = tm.merge_partials(torch.zeros(0, 2, 3, 8), torch.zeros(0, 2, 3))
+    o, lse = tm.merge_stacked(torch.zeros(0, 2, 3, 8), torch.zeros(0, 2, 3))
     assert torch.equal(o, torch.zeros(2, 3, 8)) and torch.isneginf(lse).all()
 
 
@@ -231,7 +231,7 @@ def test_bit_identical_across_calls(tp, tm):
     second = tp.partial_attention(q, k, v, kv_len=kv_len, num_splits=3, block_n=32)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
     stack = (torch.stack([first[0], second[0] + 1]), torch.stack([first[1], second[1] - 2]))
-    again = zip(tm.merge_partials(*stack), tm.merge_partials(*stack), strict=True)
+    again = zip(tm.merge_stacked(*stack), tm.merge_stacked(*stack), strict=True)
     assert all(torch.equal(x, y) for x, y in again)
 
 

@@ -1,9 +1,10 @@
 """The package layers and the import graph of ``treeattn``, read from the source with ``ast``.
 
 Imports flow one way: ``topo -> schedule -> sim -> runtime -> llm -> commands`` (``kernels`` beside,
-used by ``runtime`` and ``llm``; ``sweep`` on top of the planner). Every import counts, at the
-top of a file or inside a function, and no two modules may import each other, directly or
-round a longer loop.
+used by ``runtime`` and ``llm``; ``sweep`` on top of the planner). The CPU test bed
+(``testbed``) builds on the layers it plugs into, and only the commands and the CLI import it.
+Every import counts, at the top of a file or inside a function, and no two modules may import
+each other, directly or round a longer loop.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ WRITERS_LEAF = "atomic"
 # treeattn.inputs (bounded reads, checked JSON fields of received files) is its reading twin.
 READERS_LEAF = "inputs"
 ANYTHING = {"topo", "schedule", "sim", "kernels", "runtime", "llm", "hf", "sweep", "commands",
-            "cli"}
+            "cli", "testbed"}
 
 # The packages a package may import (besides itself and SHARED). topo is the bottom layer.
 ALLOWED = {
@@ -34,6 +35,8 @@ ALLOWED = {
     "llm": {"topo", "schedule", "sim", "kernels", "runtime"},
     "hf": {"topo", "schedule", "sim", "kernels", "runtime"},  # transformers integration, beside llm
     "sweep": {"topo", "schedule", "sim"},
+    # the CPU test bed: plugged in by the commands; nothing else imports it
+    "testbed": {"topo", "schedule", "sim", "kernels", "runtime"},
     "commands": ANYTHING,
     "cli": ANYTHING,
     "__main__": {"cli"},  # `python -m treeattn`: the entry point, nothing but the CLI
@@ -151,6 +154,19 @@ def test_no_import_cycles():
     graph, _ = import_graph()
     cycles = find_cycles(graph)
     assert sorted(cycles) == []
+
+
+@pytest.mark.parametrize("start", ["treeattn.sim.engine", "treeattn.sim.planning.planner",
+                                   "treeattn.runtime.executor", "treeattn.kernels"])
+def test_the_gpu_path_reaches_no_test_bed_module(start):
+    graph, _ = import_graph()
+    assert sorted(m for m in nx.descendants(graph, start) if layer(m) == "testbed") == []
+
+
+def test_the_executor_imports_no_simulator_module():
+    graph, _ = import_graph()
+    assert sorted(m for m in graph.successors("treeattn.runtime.executor")
+                  if layer(m) == "sim") == []
 
 
 def test_a_cycle_and_a_layer_break_are_caught():

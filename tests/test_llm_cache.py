@@ -54,9 +54,9 @@ def test_appended_tokens_keep_attention_exact(lengths, new_tokens, policy) -> No
     parts = [partial_attention(q, *c.layer(0)) for c in caches]
     o = torch.stack([p[0] for p in parts])
     lse = torch.stack([p[1] for p in parts])
-    from treeattn.kernels import merge_partials
+    from treeattn.kernels import merge_stacked
 
-    got_o, _ = merge_partials(o, lse)
+    got_o, _ = merge_stacked(o, lse)
     ref_o, _ = naive_attention(q, k, v)
     # fp32 partials merged vs float64 oracle
     torch.testing.assert_close(got_o, ref_o, atol=1e-5, rtol=1e-5)

@@ -3,9 +3,10 @@
 Two ways of starting the group: the environment torchrun sets (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) written by hand for two subprocesses of
 ``python -m treeattn`` (no agent: the cheapest way to cover the rank-side code), and the
-real ``torchrun --standalone`` binary on the real SmolLM2 model with the planner choosing
-the algorithm for a ``--topology``. The reference is always the same command with
-``--nproc 2`` (our own launcher), run in this process.
+real ``torchrun --standalone`` binary with the planner choosing the algorithm for a
+``--topology``. All on the tiny debug model: what is tested is how the group starts; the
+real model's end-to-end run is ``test_demo_generation_section_runs``. The reference is
+always the same command with ``--nproc 2`` (our own launcher), run in this process.
 """
 
 from __future__ import annotations
@@ -96,26 +97,23 @@ def test_torchrun_env_bad_topology_is_one_error_line_per_rank():
             "error: topology dgx-h100 has 8 GPUs, but the world size is 2"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_real_torchrun_smollm2_matches_nproc_2_with_the_planner(capsys):
+def test_real_torchrun_matches_nproc_2_with_the_planner(capsys):
     """The target: `torchrun --standalone --nproc-per-node 2 -m treeattn generate` (gloo)."""
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         torchrun = Path(shutil.which("torchrun") or "")
     if not torchrun.is_file():
         pytest.skip("torchrun is not installed next to this python")
-    args = ["--prompt", "What is the capital of France?", "--chat", "--max-new-tokens", "4",
-            "--algorithm", "auto", "--topology", "pcie-4090:gpus=2", "--device", "cpu"]
+    args = [*DEBUG, "--algorithm", "auto", "--topology", "pcie-4090:gpus=2", "--device", "cpu"]
     proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m",
                            "treeattn", "generate", *args, "--json"], env=_env(),
                           capture_output=True, text=True, timeout=HARD_TIMEOUT_S * 2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(proc.stdout)
     ref = _nproc_record(args, capsys)
-    assert record["tokens"] == ref["tokens"]
+    assert record["tokens"] == ref["tokens"] and len(ref["tokens"]) == 6
     assert record["algorithm"] == ref["algorithm"] and record["ranks_agree"] is True
-    assert record["text"].startswith("The capital of France")
 
 
 @pytest.mark.timeout(60)

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import struct
-import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -96,9 +96,16 @@ def _small_gguf_claiming(tmp_path, what: str) -> str:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("what", ["tensors", "kv", "array"])
 def test_counts_the_file_cannot_hold_are_refused_at_once(tmp_path, what):
-    start = time.monotonic()
-    _one_line_error(_small_gguf_claiming(tmp_path, what), "claims 1000000000")
-    assert time.monotonic() - start < 5
+    """Refused from the header alone: the loader never builds anything the size of the claim
+    (10^9 entries would take gigabytes; the whole refusal allocates under 1 MiB)."""
+    path = _small_gguf_claiming(tmp_path, what)
+    tracemalloc.start()
+    try:
+        _one_line_error(path, "claims 1000000000")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
 
 
 @pytest.mark.timeout(30)
@@ -110,21 +117,23 @@ def test_fifo_model_is_refused_without_blocking(tmp_path, capsys):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("template", [
-    "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
-    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
-    "{% endfor %}{{ ns.s }}",
-    "{{ 'x' * 10000000000 }}",
-    "{{ 7 ** 100000000 }}",
+@pytest.mark.parametrize("template,budget", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+     "more than 100000 range"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
+     "{% endfor %}{{ ns.s }}", "longer than 1000000"),
+    ("{{ 'x' * 10000000000 }}", "longer than 1000000"),
+    ("{{ 7 ** 100000000 }}", "power 100000000"),
 ])
-def test_runaway_chat_template_is_one_line_error(template):
+def test_runaway_chat_template_is_one_line_error(template, budget):
+    """Each runaway is stopped by the work it counts (iterations, sizes, exponents), never
+    by the clock, which would mean it had run for seconds first."""
     from treeattn.llm.formats.tokenizer import Tokenizer, byte_tokenizer
 
     tok = Tokenizer(byte_tokenizer().backend, chat_template=template)
-    start = time.monotonic()
-    with pytest.raises(ModelError, match="does too much work"):
+    with pytest.raises(ModelError, match="does too much work") as info:
         tok.render_chat("hi")
-    assert time.monotonic() - start < 10
+    assert budget in str(info.value) and "ran for" not in str(info.value)
 
 
 def test_control_token_text_in_a_prompt_stays_text():
@@ -187,9 +196,8 @@ def test_run_json_maps_non_finite_to_null():
 
 
 @pytest.mark.timeout(30)
-def test_calibrate_checks_its_output_path_before_any_work(tmp_path, capsys):
-    start = time.monotonic()
+def test_calibrate_checks_its_output_path_before_any_work(tmp_path, capsys, rank_starts):
     out = tmp_path / "missing-dir" / "profile.json"
     assert main(["calibrate", "--nproc", "2", "-o", str(out)]) == 2
     assert capsys.readouterr().err.startswith("error: ")
-    assert time.monotonic() - start < 5  # refused before any rank started
+    assert rank_starts == []  # refused before any rank started

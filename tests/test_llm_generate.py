@@ -109,24 +109,6 @@ def test_split_lengths_cover_everything():
             assert sum(lengths) == n and max(lengths) - min(lengths) <= 1
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    """The real default model, fetched once per run into the cache."""
-    return load_model("smollm2-135m-instruct")
-
-
-def test_smollm2_world_1_and_2_give_the_same_sensible_text(smollm2, capsys):
-    tok = smollm2.tokenizer
-    prompt = tok.encode_chat("What is the capital of France?")
-    ref = generate_local(smollm2.model, prompt, 12, tok.eos_id)
-    text = tok.decode(ref.tokens)
-    assert "Paris" in text  # a sensible answer: the weights and tokenizer are read right
-    assert len(set(ref.tokens)) > 2
-    result = _run_distributed(smollm2.source, smollm2.model, prompt, 2, "tree", 12, tok.eos_id,
-                              loaded=smollm2)
-    _assert_same(result["generation"], ref)
-
-
 def test_generate_command_json_verify(capsys):
     status = main(["generate", "--nproc", "2", "--model", "debug", "--prompt", "hello world",
                    "--max-new-tokens", "4", "--verify", "--json", "--algorithm", "ring",
@@ -191,19 +173,27 @@ def test_local_cache_grows_past_its_first_capacity():
 
 @pytest.mark.timeout(300)
 def test_demo_generation_section_runs(capsys, monkeypatch):
-    """The generation part of `make demo`: SmolLM2 on 2 ranks, identical to one process, then
-    the transformers part (its own run is tested on a small model in tests/test_hf.py; here
-    only that the demo hands it `generate --engine hf --verify`)."""
+    """The suite's one end-to-end run of the real default model, the generation part of
+    `make demo`: SmolLM2-135M-Instruct fetched and read (weights, tokenizer, chat template),
+    its greedy answer on 2 ranks identical to one process, and a sensible one; then the
+    transformers part (its own run is tested in tests/test_hf.py; here only that the demo
+    hands it `generate --engine hf --verify`). Everywhere else the models are tiny."""
     from rich.console import Console
 
+    import treeattn.commands.generate as generate_command
     import treeattn.commands.generate_hf as generate_hf
-    from treeattn.commands.generate import demo_section
 
-    handed = []
+    handed, outcomes = [], []
     monkeypatch.setattr(generate_hf, "demo_hf",
                         lambda console, args, read_plan: handed.append(args) or 0)
+    run_generation = generate_command.run_generation
+    monkeypatch.setattr(generate_command, "run_generation", lambda args, stream: outcomes.append(
+        run_generation(args, stream)) or outcomes[-1])
     console = Console(record=True, width=120)
-    assert demo_section(console) == 0
+    assert generate_command.demo_section(console) == 0
     assert "identical" in console.export_text()
+    (outcome,) = outcomes
+    assert outcome.identical and len(set(outcome.tokens)) > 2
+    assert "Paris" in outcome.text  # a sensible answer: the weights and tokenizer read right
     (args,) = handed
     assert args.engine == "hf" and args.verify and args.nproc == 2

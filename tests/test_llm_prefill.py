@@ -57,7 +57,7 @@ def test_layout_covers_every_position_once_and_balances_causal_work(world, conte
        max_size=3), seed=st.integers(0, 2**16))
 def test_causal_partial_blocks_merge_to_causal_attention(t, start, cuts, seed):
     """Attending the keys in arbitrary blocks and merging = one causal attention."""
-    from treeattn.runtime.prefill_ring import merge_partials
+    from treeattn.runtime.prefill_ring import merge_prefill_pair
 
     gen = torch.Generator().manual_seed(seed)
     s = start + t
@@ -68,7 +68,7 @@ def test_causal_partial_blocks_merge_to_causal_attention(t, start, cuts, seed):
     q_pos = list(range(start, s))
     acc = (torch.zeros(1, 4, t, 8), torch.full((1, 4, t), float("-inf")))
     for a, b in zip(edges, edges[1:], strict=False):
-        acc = merge_partials(acc, causal_partial(q, q_pos, kv[:, :, :, a:b], list(range(a, b))))
+        acc = merge_prefill_pair(acc, causal_partial(q, q_pos, kv[:, :, :, a:b], list(range(a, b))))
     torch.testing.assert_close(acc[0], want, atol=1e-5, rtol=1e-5)
 
 
@@ -173,7 +173,7 @@ def test_a_mismatched_world_is_refused_before_any_work():
         sharded_prefill(ctx, model, [1, 2, 3], lengths=[2, 1])
 
 
-@pytest.mark.slow
+@pytest.mark.fresh_ranks  # the cap stays on a rank's process: never on a warm group's
 @pytest.mark.timeout(900)
 def test_a_context_four_times_what_one_rank_may_hold_generates_under_rlimit_as(
         tmp_path, monkeypatch):

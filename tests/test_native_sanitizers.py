@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from treeattn.kernels import cpu_native
-from treeattn.runtime.local.shm_program import SOURCES
+from treeattn.testbed.kernels import cpu_native
+from treeattn.testbed.transport.shm_program import SOURCES
 
 pytestmark = pytest.mark.timeout(300)
 HARNESS = Path(__file__).parent / "native" / "shm_program_fuzz.c"

@@ -12,7 +12,7 @@ import pytest
 
 from treeattn.cli import main
 from treeattn.sim import SimError
-from treeattn.sim.host.profiles import load_profile, plan_overrides
+from treeattn.sim.files.profiles import load_profile, plan_overrides
 from treeattn.topo import Topology
 
 pytestmark = pytest.mark.timeout(120)

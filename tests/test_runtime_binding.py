@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.launch import LaunchOptions, launch
-from treeattn.runtime.local.binding import (
+from treeattn.testbed.transport.binding import (
     GROUP_CPUS_ENV,
     available_cpus,
     cpus_for_rank,
@@ -21,6 +21,8 @@ from treeattn.runtime.local.binding import (
 )
 
 linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux affinity")
+
+pytestmark = pytest.mark.fresh_ranks  # the launcher's own pinning
 
 
 @given(cpus=st.lists(st.integers(0, 255), min_size=1, max_size=16, unique=True),
@@ -47,7 +49,7 @@ def test_the_group_cpus_come_from_the_launcher(monkeypatch):
 
 
 def _placement(ctx):
-    from treeattn.runtime.local.binding import group_cores
+    from treeattn.testbed.transport.binding import group_cores
 
     return ctx.rank, sorted(os.sched_getaffinity(0)), group_cores()
 

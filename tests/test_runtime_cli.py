@@ -108,7 +108,8 @@ def profile_path(tmp_path_factory):
 def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     import os
 
-    from treeattn.sim.host.profiles import hardware_from_profile, load_profile
+    from treeattn.sim.files.profiles import load_profile
+    from treeattn.testbed.host.profiles import hardware_from_profile
 
     profile = load_profile(profile_path)
     cpus = len(os.sched_getaffinity(0))
@@ -120,9 +121,9 @@ def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     assert profile["p2p"]["bandwidth_Bps"] > 0 and profile["p2p"]["latency_s"] >= 0
     assert profile["exchange"]["sizes"][-1] == 80 << 20  # --max-bytes: measured, not guessed
     assert profile["attention"]["threads_per_rank"] == 1
-    assert hardware_from_profile(profile).cores == cpus
+    assert hardware_from_profile(profile).host.cores == cpus
     # host steps right after the kernel: measured, non-negative, and handed to the simulator
-    from treeattn.runtime.local.cold import l2_bytes
+    from treeattn.testbed.calibration.cold import l2_bytes
 
     cold = profile["cold"]
     assert cold["world"] == 2 and cold["after_bytes"] == 2 * l2_bytes()
@@ -130,19 +131,19 @@ def test_calibrate_writes_a_version_1_profile(profile_path) -> None:
     assert set(cold["collectives_s"]) == {"all_reduce", "all_gather", "reduce_scatter",
                                           "all_to_all", "broadcast"}
     assert all(0 < s < 0.5 for s in cold["collectives_s"].values())
-    assert hardware_from_profile(profile).cold.merge_s == cold["merge_s"]
+    assert hardware_from_profile(profile).host.cold.merge_s == cold["merge_s"]
     # the executor's own per-message cost, measured against raw gloo, reaches the simulator
-    from treeattn.sim.host.profiles import backend_from_profile
+    from treeattn.testbed.host.profiles import backend_from_profile
 
     step = profile["executor"]["step_overhead_s"]
     assert 0 <= step < 0.05 and profile["executor"]["ratio_executor_raw"] > 0
     alpha = profile["p2p"]["latency_s"]
     assert backend_from_profile(profile).send_s == pytest.approx(alpha / 2 + step)
     # and the C program's, for the ranks that run as one (shared memory here, a C compiler)
-    from treeattn.runtime.local import shm, shm_program
+    from treeattn.testbed.transport import shm, shm_program
 
     if shm_program.unavailable_reason() == "":
-        program = backend_from_profile(profile).program
+        program = hardware_from_profile(profile).host.program
         assert profile["executor"]["program_message_bytes"] == shm.SLOT_BYTES
         assert program.send_s == pytest.approx(
             max(0.0, alpha / 2 + profile["executor"]["program_step_s"]))

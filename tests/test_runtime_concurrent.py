@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from treeattn.runtime.local import shm
+from treeattn.testbed.transport import shm
 
 pytestmark = pytest.mark.timeout(240)
 CLI = [sys.executable, "-m", "treeattn.cli"]

@@ -1,5 +1,5 @@
-"""Sleeping on a shared counter (treeattn/runtime/local/futex.py) and the mailbox receive that
-uses it (treeattn/runtime/local/shm.py).
+"""Sleeping on a shared counter (treeattn/testbed/transport/futex.py) and the mailbox receive that
+uses it (treeattn/testbed/transport/shm.py).
 
 Each wait here is given a timeout far longer than the test may take (60 s) and runs in a
 child process or thread that is joined with a shorter deadline: if a wake were lost, or a
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.local import futex, shm
+from treeattn.testbed.transport import futex, shm
 
 pytestmark = pytest.mark.skipif(not futex.AVAILABLE, reason="futexes need Linux x86-64")
 

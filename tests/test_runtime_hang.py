@@ -1,10 +1,11 @@
-"""A hung (SIGSTOPped) or dead rank is named within ``--timeout`` + about 2 s, exit status 1.
+"""A hung (SIGSTOPped) or dead rank is named, exit status 1: a hung one by the launcher's
+watchdog after ``--timeout`` seconds of silence, which the error states, a dead one as died.
 
 Both commands that launch local ranks are covered: ``run`` and ``generate`` (which used to
-exit 2, "bad input", for a dead rank and to wait a fixed 180 s for a hung one). The clock
-starts when the fault fires, found by watching the launcher's descendants in ``/proc``, so
-the process start-up and the model load do not count. The bounds carry generous slack: a
-test must not assert tight wall-clock values on a shared machine.
+exit 2, "bad input", for a dead rank and to wait a fixed 180 s for a hung one). The fault is
+seen firing by watching the launcher's descendants in ``/proc``. Nothing reads the clock:
+the bound is the mechanism (the watchdog's timeout, named in the message); a command that
+hangs instead fails on the guard's 60 s.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-from treeattn.runtime.launch import FAULT_ENV, FAULT_STOP_ENV
+from fault_cli import FAULT_ENV, FAULT_STOP_ENV, SCRIPT
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
 TIMEOUT_S = 10
-SLACK_S = 8  # over the promised timeout + 2 s: scheduling on a loaded 2-core machine
-CLI = [sys.executable, "-m", "treeattn.cli"]
+HANG_GUARD_S = 60  # turns a hang into a failure; nothing asserts how long it took
+CLI = [sys.executable, SCRIPT]  # the CLI with a fault armed in one rank
 RUN = CLI + ["run", "--nproc", "2", "--seq-len", "2048", "--heads", "4", "--kv-heads", "2",
              "--head-dim", "16", "--algorithm", "tree", "--steps", "1000000", "--warmup", "0",
              "--no-reference", "--timeout", str(TIMEOUT_S)]
@@ -52,8 +52,8 @@ def _state(pid: int) -> str:
         return ""
 
 
-def _run_until_fault(argv: list[str], env: dict, fault: str) -> tuple[subprocess.Popen, float]:
-    """Start ``argv``; return it and the moment a descendant stopped (or one vanished)."""
+def _run_until_fault(argv: list[str], env: dict, fault: str) -> subprocess.Popen:
+    """Start ``argv``; return it once a descendant stopped (or one vanished)."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     end = time.monotonic() + 120
@@ -61,29 +61,26 @@ def _run_until_fault(argv: list[str], env: dict, fault: str) -> tuple[subprocess
     while time.monotonic() < end and proc.poll() is None:
         kids = _descendants(proc.pid)
         if fault == "stop" and any(_state(k) == "T" for k in kids):
-            return proc, time.monotonic()
+            return proc
         gone = seen - set(kids) or any(_state(k) == "Z" for k in kids)
         if fault == "kill" and gone:
-            return proc, time.monotonic()
+            return proc
         seen |= set(kids)
         time.sleep(0.05)
     proc.kill()
     raise AssertionError(f"the fault never fired: {proc.communicate()[1]}")
 
 
-def _assert_named(proc: subprocess.Popen, fired: float, prefix: str) -> None:
-    """The command ends with exit 1 and one ``error:`` line starting with ``prefix``, within
-    the timeout + 2 s (+ slack) of the fault."""
+def _assert_named(proc: subprocess.Popen, prefix: str) -> None:
+    """The command ends with exit 1 and one ``error:`` line starting with ``prefix``."""
     try:
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=HANG_GUARD_S)
     finally:
         if proc.poll() is None:
             proc.kill()
-    took = time.monotonic() - fired
     assert proc.returncode == 1, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(prefix), err
-    assert took < TIMEOUT_S + 2 + SLACK_S, (took, err)
 
 
 def _env(var: str, spec: str) -> dict:
@@ -94,14 +91,14 @@ def _env(var: str, spec: str) -> dict:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("argv", [RUN, GENERATE], ids=["run", "generate"])
 def test_stopped_rank_is_named_within_the_timeout(argv) -> None:
-    proc, fired = _run_until_fault(argv, _env(FAULT_STOP_ENV, "1:2"), "stop")
-    _assert_named(proc, fired, "error: rank 1 stopped answering")
+    proc = _run_until_fault(argv, _env(FAULT_STOP_ENV, "1:2"), "stop")
+    _assert_named(proc, f"error: rank 1 stopped answering for {TIMEOUT_S}s")
 
 
 @pytest.mark.timeout(180)
 def test_generate_dead_rank_is_exit_1_not_bad_input() -> None:
-    proc, fired = _run_until_fault(GENERATE, _env(FAULT_ENV, "1:2"), "kill")
-    _assert_named(proc, fired, "error: rank 1 died")
+    proc = _run_until_fault(GENERATE, _env(FAULT_ENV, "1:2"), "kill")
+    _assert_named(proc, "error: rank 1 died")
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "1e-9", "0", "-3", "1e300"])

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.timeout(150), pytest.mark.skipif(sys.platform != "linux",
-                                                           reason="uses /proc and prctl")]
+pytestmark = [pytest.mark.timeout(150), pytest.mark.fresh_ranks,
+              pytest.mark.skipif(sys.platform != "linux", reason="uses /proc and prctl")]
 
 LONG_RUN = [sys.executable, "-m", "treeattn.cli", "run", "--nproc", "2", "--seq-len", "2048",
             "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--algorithm", "tree",

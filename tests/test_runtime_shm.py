@@ -1,4 +1,4 @@
-"""The shared-memory transport (treeattn/runtime/local/shm.py, transport.py).
+"""The shared-memory transport (treeattn/testbed/transport/shm.py, transport.py).
 
 In-process: two ends of one segment (a plain array standing in for the shared file) check
 the mailbox protocol itself: FIFO per tag, independent tags, a send to a full mailbox pushed
@@ -23,8 +23,8 @@ from treeattn.llm.verify import Case, CasesJob
 from treeattn.runtime.errors import RankTimeout, RuntimeFailure
 from treeattn.runtime.group import RankContext, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
-from treeattn.runtime.local import shm
 from treeattn.runtime.transport import transport_for
+from treeattn.testbed.transport import shm
 
 
 def _pair(world: int = 2, timeout_s: float = 5.0) -> list[shm.ShmChannel]:

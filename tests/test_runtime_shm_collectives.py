@@ -1,4 +1,4 @@
-"""Collectives through the shared-memory mailboxes (treeattn/runtime/local/shm_collectives.py).
+"""Collectives through the shared-memory mailboxes (treeattn/testbed/transport/shm_collectives.py).
 
 In-process: each member is a thread with its own end of one segment (a plain array), so
 hypothesis can draw many groups, orders, sizes and dtypes cheaply; every result is checked
@@ -20,12 +20,13 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeattn.runtime.collective_ops import CollectiveOps
 from treeattn.runtime.errors import RankTimeout
 from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
 from treeattn.runtime.launch import LaunchOptions, launch
-from treeattn.runtime.local import shm
-from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.transport import transport_for
+from treeattn.testbed.transport import shm
+from treeattn.testbed.transport.shm_collectives import MailboxCollectives
 
 WORLD = 4
 OPS = ("all_reduce_sum", "all_reduce_max", "broadcast", "all_gather", "reduce_scatter",
@@ -93,7 +94,7 @@ def _run_threads(channels, members, op: str, inputs: dict, root: int) -> dict:
 
     def member(rank: int) -> None:
         try:
-            ops = CollectiveOps(channels[rank].ctx, members, None, channels[rank])
+            ops = MailboxCollectives(channels[rank].ctx, members, None, channels[rank])
             results[rank] = run_op(ops, op, inputs[rank], root)
         except Exception as exc:  # reported below, with the member that raised it
             errors.append((rank, exc))
@@ -139,7 +140,7 @@ def test_every_collective_matches_its_definition_on_any_group_in_any_order(
 
 def test_a_member_that_never_joins_is_named_in_the_timeout():
     channels = _channels(world=2, timeout_s=0.3)
-    ops = CollectiveOps(channels[1].ctx, (0, 1), None, channels[1])
+    ops = MailboxCollectives(channels[1].ctx, (0, 1), None, channels[1])
     pieces = [torch.empty(4) for _ in range(2)]
     with pytest.raises(RankTimeout, match=r"rank 1: timed out after 0.3s waiting for rank 0 "
                                           r"\(all_gather of the test\)"):
@@ -147,9 +148,8 @@ def test_a_member_that_never_joins_is_named_in_the_timeout():
 
 
 def test_only_collectives_whose_messages_fit_a_slot_take_the_mailboxes():
-    ops = CollectiveOps(_channels()[0].ctx, (0, 1), None, _channels()[0])
+    ops = MailboxCollectives(_channels()[0].ctx, (0, 1), None, _channels()[0])
     assert ops.through_mailboxes(shm.SLOT_BYTES) and not ops.through_mailboxes(shm.SLOT_BYTES + 1)
-    assert not CollectiveOps(ops.ctx, (0, 1), None, None).through_mailboxes(4)
 
 
 @dataclass(frozen=True)
@@ -170,17 +170,17 @@ class BothPaths:
         for members, group in (((0, 1, 2), None), (sub, handle)):
             if ctx.rank not in members:
                 continue
-            ops = CollectiveOps(ctx, members, group, channel)
+            ops = MailboxCollectives(ctx, members, group, channel)
             for numel in (5, shm.SLOT_BYTES // 4 + 1):  # fp32: one slot + 4 bytes per piece
                 inputs = _inputs(members, numel, torch.float32, seed=numel)
                 mine = inputs[ctx.rank]
                 for op in OPS:
                     root = members[-1]
                     want = expected(op, members, inputs, ctx.rank, root).float()
-                    for path in (ops, CollectiveOps(ctx, members, group, None)):
+                    for path in (ops, CollectiveOps(ctx, members, group)):
                         got = run_op(path, op, mine, root)
                         if not torch.allclose(got, want, atol=1e-5, rtol=1e-5):
-                            failures.append((members, numel, op, path.channel is not None))
+                            failures.append((members, numel, op, path is ops))
         if ctx.rank == 1:
             buf = torch.empty(6)
             wait_work(transport_for(ctx).irecv(buf, 0, 0), ctx, 0, "the pending message")
@@ -202,7 +202,7 @@ def _starts_then_gathers(ctx: RankContext) -> list:
     from treeattn.runtime.measure import timing
 
     channel = transport_for(ctx).channel
-    ops = CollectiveOps(ctx, tuple(range(ctx.world)), None, channel)
+    ops = MailboxCollectives(ctx, tuple(range(ctx.world)), None, channel)
     gathered = []
     for i in range(12):
         timing.start_together(ctx)

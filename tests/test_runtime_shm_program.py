@@ -1,4 +1,5 @@
-"""The compiled reduction of partials (treeattn/runtime/local/shm_program.py, native/shm_program.c).
+"""The compiled reduction of partials (treeattn/testbed/transport/shm_program.py and
+native/shm_program.c).
 
 In-process, ranks are threads (the C call releases the GIL) on one segment held in a plain
 array, as in test_runtime_shm.py: every rank's result equals the reference attention of the
@@ -27,10 +28,10 @@ from treeattn.runtime.errors import RankTimeout, RuntimeFailure
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects
 from treeattn.runtime.launch import LaunchOptions, launch
-from treeattn.runtime.local import shm, shm_program
 from treeattn.runtime.plans import build, local_topology, shard_offsets, workload_for
 from treeattn.runtime.wire import AttnDims, unpack_partial
 from treeattn.schedule.ir import Compute, Merge, Recv, Send
+from treeattn.testbed.transport import shm, shm_program
 
 pytestmark = pytest.mark.skipif(shm_program.unavailable_reason() != "",
                                 reason="no C compiler: the executor keeps its Python steps")

@@ -57,7 +57,7 @@ def test_ring_kv_messages_carry_the_senders_block(world: int) -> None:
 @given(st.floats(1e-6, 1e-3), st.floats(1e8, 1e11))
 @settings(max_examples=40, deadline=None)
 def test_latency_bandwidth_fit_recovers_exact_data(alpha: float, beta: float) -> None:
-    from treeattn.runtime.measure.calibrate import fit_latency_bandwidth
+    from treeattn.testbed.calibration.calibrate import fit_latency_bandwidth
 
     sizes = [4, 4096, 1 << 20, 1 << 24, 1 << 26]
     a, b = fit_latency_bandwidth(sizes, [alpha + n / beta for n in sizes])

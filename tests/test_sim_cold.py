@@ -10,8 +10,9 @@ from treeattn.schedule.ir import Collective, Compute, Merge, Recv, Schedule, Sen
 from treeattn.schedule.payloads import CollectiveOp, ComputeLabel, Payload
 from treeattn.sim import DecodeWorkload, HardwareModel, SimError, build_schedule, simulate
 from treeattn.sim.devices import BackendModel
-from treeattn.sim.host.cold import ColdSteps, cold_from_profile
-from treeattn.sim.host.profiles import hardware_from_profile
+from treeattn.testbed.host.cold import ColdSteps, cold_from_profile
+from treeattn.testbed.host.model import CpuHost
+from treeattn.testbed.host.profiles import hardware_from_profile
 from treeattn.topo import Topology
 
 BW, LAUNCH, SEND, RECV = 1e10, 1e-6, 2e-6, 3e-6
@@ -23,7 +24,7 @@ W = DecodeWorkload("debug", 64)
 
 
 def cpu(**kw) -> HardwareModel:
-    return HardwareModel("cpu", BW, 1e30, LAUNCH, **kw)
+    return HardwareModel("cpu", BW, 1e30, LAUNCH, host=CpuHost(**kw))
 
 
 def local(ranks: int) -> Topology:
@@ -137,10 +138,11 @@ def test_profiles_carry_pinning_and_cold_costs():
                "attention": {"bandwidth_Bps": 8e9, "launch_s": 1e-5},
                "cold": {"merge_s": 5e-5, "message_s": 7e-5, "world": 2, "after_bytes": 4e6,
                         "collectives_s": {"all_to_all": 6e-4}}}
-    hw = hardware_from_profile(profile)
-    assert hw.pinned and hw.cold == ColdSteps(5e-5, 7e-5, (("all_to_all", 6e-4),), 2, 4e6)
-    assert not hardware_from_profile(dict(profile, pinned=False)).pinned
-    assert hardware_from_profile({k: v for k, v in profile.items() if k != "cold"}).cold is None
+    host = hardware_from_profile(profile).host
+    assert host.pinned and host.cold == ColdSteps(5e-5, 7e-5, (("all_to_all", 6e-4),), 2, 4e6)
+    assert not hardware_from_profile(dict(profile, pinned=False)).host.pinned
+    no_cold = {k: v for k, v in profile.items() if k != "cold"}
+    assert hardware_from_profile(no_cold).host.cold is None
 
 
 @pytest.mark.parametrize("bad", [{"merge_s": "fast"}, {"merge_s": -1.0},

@@ -2,7 +2,7 @@
 
 On gloo, a message's bytes go through the kernel's sockets, copied by the host's cores; a
 measured ring step on CPU ranks took the exchange's time *plus* the attention's, not the
-larger of the two. The engine models it (``HardwareModel.copies_messages``): a rank's
+larger of the two. The engine models it (``CpuHost.copies_messages``): a rank's
 attention books its own links, so it and its messages' chunks fit around each other.
 """
 
@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from treeattn.schedule.ir import Compute, Recv
 from treeattn.sim import DecodeWorkload, HardwareModel, build_schedule, simulate
 from treeattn.sim.devices import BackendModel
-from treeattn.sim.host.profiles import hardware_from_profile
 from treeattn.sim.network import LinkCalendar
+from treeattn.testbed.host.model import CpuHost
+from treeattn.testbed.host.profiles import hardware_from_profile
 from treeattn.topo import Topology
 
 SEND_S = 3e-5
@@ -27,7 +28,8 @@ BANDWIDTH = 1e9  # the links: a KV block takes longer on the wire than its atten
 
 
 def _hardware(copies: bool) -> HardwareModel:
-    return HardwareModel("cpu", 1e10, 1e15, 1e-5, cores=2, copies_messages=copies)
+    return HardwareModel("cpu", 1e10, 1e15, 1e-5,
+                         host=CpuHost(cores=2, copies_messages=copies))
 
 
 def _ring(world: int, seq_len: int, copies: bool):
@@ -80,7 +82,8 @@ def test_a_core_per_rank_books_the_turns_as_no_core_model_does(world):
     w = DecodeWorkload("llama-3.1-8b", 65536)
     schedule = build_schedule("ring", topo, w)
     makespans = [simulate(schedule, topo, w, HardwareModel(
-        "cpu", 1e10, 1e15, 1e-5, cores=cores, copies_messages=True), BACKEND).makespan_s
+        "cpu", 1e10, 1e15, 1e-5, host=CpuHost(cores=cores, copies_messages=True)),
+        BACKEND).makespan_s
         for cores in (None, world)]
     assert makespans[0] == pytest.approx(makespans[1], rel=1e-12)
 
@@ -123,9 +126,9 @@ def test_gloo_profiles_copy_messages_and_others_do_not():
     profile = {"version": 1, "backend": "gloo", "world": 2, "cores": 2,
                "p2p": {"latency_s": 4e-5, "bandwidth_Bps": 1e9},
                "attention": {"bandwidth_Bps": 1e10, "launch_s": 1e-5}}
-    assert hardware_from_profile(profile).copies_messages
-    assert not hardware_from_profile({**profile, "backend": "nccl"}).copies_messages
-    assert not HardwareModel("h100", 3e12, 1e15, 4e-6).copies_messages
+    assert hardware_from_profile(profile).host.copies_messages
+    assert not hardware_from_profile({**profile, "backend": "nccl"}).host.copies_messages
+    assert HardwareModel("h100", 3e12, 1e15, 4e-6).host is None  # a GPU's host adds nothing
 
 
 # -- the calendar's joint booking ----------------------------------------------------------
@@ -180,7 +183,7 @@ def test_the_exchange_posts_its_receive_before_its_send():
     import torch
 
     from treeattn.runtime.group import RankContext
-    from treeattn.runtime.measure.calibrate import exchange_once
+    from treeattn.testbed.calibration.calibrate import exchange_once
 
     ctx = RankContext(rank=1, world=3, local_rank=1, device=torch.device("cpu"),
                       backend="gloo", timeout_s=1.0)

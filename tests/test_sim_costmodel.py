@@ -19,7 +19,7 @@ from treeattn.sim.engine import simulate
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost, p2p_cost, p2p_protocol
 from treeattn.sim.network import CostModel
 from treeattn.sim.parallel import cp_view, group_workload
-from treeattn.sim.planning.planner import plan
+from treeattn.sim.planning.planner import plan_workload
 from treeattn.topo import Topology
 
 KIB = 1024
@@ -165,12 +165,12 @@ def test_tree_pattern_factor_with_one_gpu_per_node():
 
 def test_helix_and_dcp_are_refused_where_the_heads_do_not_split():
     # debug has 4 query heads: 8 ranks leave some with none
-    chosen = plan(Topology.from_spec("local:ranks=8"), DecodeWorkload("debug", 512))
+    chosen = plan_workload(Topology.from_spec("local:ranks=8"), DecodeWorkload("debug", 512))
     assert set(chosen.refused) == {"helix", "dcp"}
     assert chosen.best("helix") is None and chosen.best("dcp") is None
     assert "do not divide the 4 query heads" in chosen.refused["dcp"]
     assert "Not priced" in chosen.explain()
-    even = plan(Topology.from_spec("local:ranks=4"), DecodeWorkload("debug", 512))
+    even = plan_workload(Topology.from_spec("local:ranks=4"), DecodeWorkload("debug", 512))
     assert not even.refused and even.best("helix") is not None
 
 

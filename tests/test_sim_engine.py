@@ -11,6 +11,7 @@ from treeattn.sim import DecodeWorkload, HardwareModel, build_schedule, simulate
 from treeattn.sim.closed_form import closed_form
 from treeattn.sim.devices import BackendModel
 from treeattn.sim.network import CostModel
+from treeattn.testbed.host.model import CpuHost
 from treeattn.topo import Topology
 
 VARIANTS = [("tree", {"shape": s}) for s in
@@ -130,7 +131,7 @@ def test_shared_cores_slow_compute_bound_ranks():
     topo = Topology.from_spec("local:ranks=4,latency=0,bandwidth=1e12")
     w = DecodeWorkload("llama-3.1-8b", 400_000)
     own = HardwareModel("cpu", 1e10, 1e12, 1e-6)
-    shared = HardwareModel("cpu", 1e10, 1e12, 1e-6, cores=1)
+    shared = HardwareModel("cpu", 1e10, 1e12, 1e-6, host=CpuHost(cores=1))
     attn = own.compute_time(w.attention_bytes(100_000), w.attention_flops(100_000))
     t_own = predict("tree", {"shape": "binomial"}, topo, w, hardware=own).makespan_s
     t_shared = predict("tree", {"shape": "binomial"}, topo, w, hardware=shared).makespan_s

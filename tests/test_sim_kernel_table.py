@@ -46,7 +46,7 @@ def test_a_calibrated_profile_replaces_the_sourced_kernels(tmp_path, capsys):
     profile = json.loads(out.read_text())
     fits = {(f["kind"], f["dtype"]): f for f in profile["kernels"]["fits"]}
     assert set(fits) == {("gemm", "bf16"), ("gemm", "fp8"), ("attention", "any")}
-    from treeattn.sim.host.profiles import plan_overrides
+    from treeattn.sim.files.profiles import plan_overrides
 
     topo = Topology.from_spec("dgx-h100")
     hardware = plan_overrides(str(out), topo)["hardware"]

@@ -142,7 +142,7 @@ def test_sweep_and_run_check_take_a_gpu_profile(tmp_path, capsys):
 def test_run_check_predicts_a_gpu_cluster_from_its_profile():
     from treeattn.commands.nccl_calibrate import calibration_profile
     from treeattn.runtime.measure.check import predictor
-    from treeattn.sim.host.profiles import load_profile
+    from treeattn.sim.files.profiles import load_profile
 
     profile = load_profile(calibration_profile([str(H100_2NODE)], "dgx-h100:nodes=2"))
     topology, hardware, backend = predictor(profile, 16, "dgx-h100:nodes=2")

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from treeattn.cli import main
 from treeattn.schedule.payloads import CollectiveOp, SimError
-from treeattn.sim import DecodeWorkload, plan
+from treeattn.sim import DecodeWorkload, plan_workload
 from treeattn.sim.deploy.capacity import Split
 from treeattn.sim.deploy.engines import describe, emit
 from treeattn.sim.deploy.token import predict_token
-from treeattn.sim.host.profiles import plan_overrides
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import CostModel
 from treeattn.sim.onesided import ONE_SIDED, TRANSPORTS, unoffered_reason
@@ -131,14 +131,15 @@ def test_messages_on_symm_mem_are_stores_with_a_signal():
 
 
 def test_the_planner_prices_every_offered_transport_and_only_those():
-    box = {c.transport for c in plan(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768)).candidates}
+    w = DecodeWorkload("llama-3.1-8b", 32768)
+    box = {c.transport for c in plan_workload(ONE_BOX, w).candidates}
     assert box == {"nccl", "nccl-symm", "symm_mem"}
-    rack = {c.transport for c in plan(RACK16, DecodeWorkload("llama-3.1-8b", 32768)).candidates}
+    rack = {c.transport for c in plan_workload(RACK16, w).candidates}
     assert "mnnvl_ll128" in rack and "symm_mem" in rack
-    only = plan(RACK16, DecodeWorkload("llama-3.1-8b", 32768), transports=("mnnvl_ll128",))
+    only = plan_workload(RACK16, DecodeWorkload("llama-3.1-8b", 32768), transports=("mnnvl_ll128",))
     assert {c.transport for c in only.candidates} == {"mnnvl_ll128"}
     with pytest.raises(SimError, match="multi-node NVLink fabric"):
-        plan(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768), transports=("mnnvl_ll128",))
+        plan_workload(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768), transports=("mnnvl_ll128",))
     assert set(TRANSPORTS) == {"nccl", *ONE_SIDED}
 
 
@@ -218,8 +219,8 @@ def test_a_calibrated_cluster_says_why_it_has_no_one_sided_transport(tmp_path, c
     one = Topology.from_spec("dgx-h100")
     backend = plan_overrides(str(profile), Topology.from_spec("dgx-h100:nodes=2"))["backend"]
     with pytest.raises(SimError, match="calibration prices NCCL's regular algorithms only"):
-        plan(one, DecodeWorkload("llama-3.1-8b", 32768), backend=backend,
-             transports=("symm_mem",))
+        plan_workload(one, DecodeWorkload("llama-3.1-8b", 32768), backend=backend,
+                      transports=("symm_mem",))
 
 
 def test_a_transport_serves_the_gpus_it_would_run_on(capsys):

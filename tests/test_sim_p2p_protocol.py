@@ -79,7 +79,7 @@ def test_the_all_to_all_sends_simple_across_hosts():
 
 def test_prefill_and_planner_read_the_backend_option():
     """The option reaches every pricer through the backend: LL across hosts is cheaper."""
-    from treeattn.sim.planning.planner import plan
+    from treeattn.sim.planning.planner import plan_workload as plan
     from treeattn.sim.prefill.pricing import predict_prefill
 
     topo = Topology.from_spec("dgx-h100:nodes=2")
@@ -137,7 +137,7 @@ def test_an_nccl_tests_profile_carries_the_variables_its_run_had(tmp_path, capsy
     import json
     from pathlib import Path
 
-    from treeattn.sim.host.profiles import plan_overrides
+    from treeattn.sim.files.profiles import plan_overrides
 
     table = (Path(__file__).parent / "fixtures" / "nccl-tests"
              / "h100-2node-all-reduce-perf-8B-16G-issue309.txt")

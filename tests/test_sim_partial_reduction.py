@@ -1,9 +1,10 @@
-"""Plain reductions of partials (treeattn/sim/host/partial_reduction.py): which ranks run as the
-runtime's C program, and what the simulator charges them, against hand-derived costs."""
+"""Plain reductions of partials (treeattn/testbed/host/partial_reduction.py): which ranks run
+as the runtime's C program, and what the simulator charges them, against hand-derived costs."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -14,16 +15,21 @@ from test_sim_profile import PROFILE  # a valid world-2 profile
 from treeattn.schedule.ir import Compute, Merge, Recv, Schedule, Send
 from treeattn.schedule.payloads import ComputeLabel
 from treeattn.sim import DecodeWorkload, HardwareModel, SimError, build_schedule, simulate
-from treeattn.sim.devices import BackendModel
-from treeattn.sim.host.cold import ColdSteps
-from treeattn.sim.host.partial_reduction import (
+from treeattn.sim.devices import BackendModel, hardware_for
+from treeattn.testbed.host.cold import ColdSteps
+from treeattn.testbed.host.model import CpuHost
+from treeattn.testbed.host.partial_reduction import (
     RECV_MERGE,
     RECV_REPLACE,
     SEND,
     ProgramCosts,
     reduction_ops,
 )
-from treeattn.sim.host.profiles import backend_from_profile, program_costs
+from treeattn.testbed.host.profiles import (
+    backend_from_profile,
+    hardware_from_profile,
+    program_costs,
+)
 from treeattn.topo import Topology
 
 SEND_S, RECV_S = 20e-6, 30e-6  # the Python steps' costs
@@ -31,6 +37,7 @@ PROGRAM = ProgramCosts(send_s=1e-6, recv_s=2e-6, max_bytes=65536, tags=8)
 COLD = ColdSteps(merge_s=50e-6, message_s=80e-6, world=2, collective_s=(),
                  after_bytes=4 << 20)
 W = DecodeWorkload("debug", 64)
+BACKEND = BackendModel("toy", SEND_S, RECV_S)
 BIG = 64 << 20
 VARIANTS = [("tree", {"shape": s}) for s in ("chain", "flat", "binomial", "kary")] + [
     ("butterfly", {}), ("allgather", {})]
@@ -41,13 +48,14 @@ def local(ranks: int) -> Topology:
 
 
 def cpu(**kw) -> HardwareModel:
-    return HardwareModel("cpu", 1e10, 1e30, 1e-6, **kw)
+    return HardwareModel("cpu", 1e10, 1e30, 1e-6, host=CpuHost(**kw))
 
 
 def makespan(steps, program=None, hardware=None, ranks=2) -> float:
-    backend = BackendModel("toy", SEND_S, RECV_S, program=program)
+    hardware = hardware or cpu()
+    hardware = replace(hardware, host=replace(hardware.host, program=program))
     schedule = Schedule("hand", steps).validate()
-    return simulate(schedule, local(ranks), W, hardware or cpu(), backend).makespan_s
+    return simulate(schedule, local(ranks), W, hardware, BACKEND).makespan_s
 
 
 def exchange(nbytes=2340, tag=0):
@@ -112,11 +120,11 @@ def test_groups_without_mailboxes_keep_the_python_costs():
     assert makespan(exchange(), small) == pytest.approx(makespan(exchange()), rel=1e-12)
     two_hosts = Topology.from_spec("dgx-h100:nodes=2")
     schedule = build_schedule("tree", two_hosts, W)
-    python = BackendModel("toy", SEND_S, RECV_S)
     roomy = ProgramCosts(1e-6, 2e-6, 65536, 8, max_world=64)  # only the hosts rule it out
-    with_program = BackendModel("toy", SEND_S, RECV_S, program=roomy)
-    assert (simulate(schedule, two_hosts, W, None, with_program).makespan_s
-            == pytest.approx(simulate(schedule, two_hosts, W, None, python).makespan_s,
+    gpu = hardware_for(two_hosts.gpu_model(0))
+    with_program = replace(gpu, host=CpuHost(program=roomy))
+    assert (simulate(schedule, two_hosts, W, with_program, BACKEND).makespan_s
+            == pytest.approx(simulate(schedule, two_hosts, W, gpu, BACKEND).makespan_s,
                              rel=1e-12))
 
 
@@ -125,11 +133,10 @@ def test_the_profile_gives_the_program_alpha_half_plus_its_step_never_below_zero
     base["p2p"]["latency_s"] = 10e-6
     base["executor"] = {"step_overhead_s": 4e-6, "program_message_bytes": 65536,
                         "program_tags": 8, "program_max_world": 8}
-    assert backend_from_profile(base).program is None  # no program ran there
+    assert hardware_from_profile(base).host.program is None  # no program ran there
     base["executor"]["program_step_s"] = -2e-6
-    backend = backend_from_profile(base)
-    assert backend.send_s == pytest.approx(9e-6)  # α/2 + the Python steps' overhead
-    assert backend.program.send_s == pytest.approx(3e-6)
+    assert backend_from_profile(base).send_s == pytest.approx(9e-6)  # α/2 + Python steps'
+    assert hardware_from_profile(base).host.program.send_s == pytest.approx(3e-6)
     assert program_costs({"executor": {"program_step_s": -9e-6, "program_message_bytes": 1,
                                        "program_tags": 1, "program_max_world": 2}},
                          10e-6).recv_s == 0.0
@@ -161,7 +168,7 @@ def test_the_closed_form_stays_a_lower_bound_with_a_program(variant, world, seq,
     algorithm, params = variant
     topo = Topology.from_spec(f"local:ranks={world},latency=2e-6,bandwidth=5e9")
     w = DecodeWorkload("llama-3.2-1b", seq)
-    backend = BackendModel("toy", SEND_S, RECV_S, program=ProgramCosts(*program_s, 1 << 20, 8))
-    sim = predict(algorithm, params, topo, w, hardware=cpu(), backend=backend).makespan_s
-    assert sim >= bound(algorithm, params, topo, w, hardware=cpu(),
-                        backend=backend) * (1 - 1e-12)
+    hw = cpu(program=ProgramCosts(*program_s, 1 << 20, 8))
+    sim = predict(algorithm, params, topo, w, hardware=hw, backend=BACKEND).makespan_s
+    assert sim >= bound(algorithm, params, topo, w, hardware=hw,
+                        backend=BACKEND) * (1 - 1e-12)

@@ -13,7 +13,7 @@ from treeattn.sim import DecodeWorkload, build_schedule
 from treeattn.sim.closed_form import ring_passq
 from treeattn.sim.engine import simulate
 from treeattn.sim.network import CostModel
-from treeattn.sim.planning.planner import plan
+from treeattn.sim.planning.planner import plan_workload
 from treeattn.topo import Topology
 
 
@@ -94,6 +94,6 @@ def test_closed_form_matches_the_simulator_without_contention(spec, batch):
 def test_planner_scores_passq_and_the_pass_kv_alias_remains():
     topo = Topology.from_spec("dgx-h100:nodes=1")
     w = DecodeWorkload("llama-3.1-8b", 65536)
-    chosen = plan(topo, w, algorithms=("ring-passq",))
+    chosen = plan_workload(topo, w, algorithms=("ring-passq",))
     assert chosen.algorithm == "ring-passq" and chosen.latency_s > 0
     assert build_schedule("ring-passkv", topo, w).algorithm == "ring"

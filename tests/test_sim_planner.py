@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeattn.sim import DecodeWorkload, ModelConfig, SimError, build_schedule, plan, simulate
+from treeattn.sim import (
+    DecodeWorkload,
+    ModelConfig,
+    SimError,
+    build_schedule,
+    plan_workload,
+    simulate,
+)
 from treeattn.sim.memory import peak_memory
 from treeattn.topo import Topology
 
@@ -67,8 +74,8 @@ def test_ring_and_tree_peak_memory_by_hand():
 
 def test_plan_picks_the_fastest_simulated_candidate():
     topo, w = Topology.from_spec("pcie-4090:gpus=4"), DecodeWorkload("llama-3.1-8b", 32768)
-    chosen = plan(topo, w)
-    exhaustive = plan(topo, w, prune=False)
+    chosen = plan_workload(topo, w)
+    exhaustive = plan_workload(topo, w, prune=False)
     assert chosen.latency_s == pytest.approx(exhaustive.latency_s, rel=1e-12)
     simulated = [c for c in exhaustive.candidates if c.method == "simulated"]
     assert len(simulated) >= 10
@@ -80,7 +87,7 @@ def test_plan_picks_the_fastest_simulated_candidate():
 
 def test_plan_beats_ring_at_long_context_and_explains_itself():
     topo = Topology.from_spec("dgx-h100:nodes=2")
-    chosen = plan(topo, DecodeWorkload("llama-3.1-70b", 1 << 20))
+    chosen = plan_workload(topo, DecodeWorkload("llama-3.1-70b", 1 << 20))
     assert chosen.algorithm != "ring"
     assert chosen.best("ring").latency_s > 10 * chosen.latency_s
     d = chosen.to_json()
@@ -96,7 +103,7 @@ def test_plan_beats_ring_at_long_context_and_explains_itself():
 
 def test_plan_restricted_to_trees_returns_a_tree():
     topo = Topology.from_spec("dgx-h100:nodes=2")
-    chosen = plan(topo, DecodeWorkload("llama-3.1-8b", 65536), algorithms=("tree",))
+    chosen = plan_workload(topo, DecodeWorkload("llama-3.1-8b", 65536), algorithms=("tree",))
     assert chosen.tree is not None
     tree = chosen.tree.to_dict()
     assert tree["parent"][tree["root"]] == -1
@@ -105,25 +112,17 @@ def test_plan_restricted_to_trees_returns_a_tree():
 
 def test_plan_on_a_large_cluster_prunes():
     topo = Topology.from_spec("dgx-h100:nodes=64")
-    chosen = plan(topo, DecodeWorkload("llama-3.1-8b", 1 << 20))
+    chosen = plan_workload(topo, DecodeWorkload("llama-3.1-8b", 1 << 20))
     simulated = sum(c.method == "simulated" for c in chosen.candidates)
     assert 1 <= simulated <= 3
     assert math.isfinite(chosen.latency_s)
-
-
-def test_include_model_adds_the_weights_read():
-    topo = Topology.from_spec("mi300x")
-    w = DecodeWorkload("llama-3.1-8b", 8192, include_model=True)
-    chosen = plan(topo, w)
-    weights = ModelConfig.from_name("llama-3.1-8b").weight_bytes_per_token()
-    assert chosen.token_latency_s() == pytest.approx(32 * chosen.latency_s + weights / 5.3e12)
 
 
 def test_tensor_parallel_plans_one_context_parallel_group():
     from treeattn.sim.parallel import cp_group, group_workload
 
     cluster = Topology.from_spec("dgx-h100:nodes=4")
-    chosen = plan(cluster, DecodeWorkload("llama-3.1-8b", 65536, tp=8))
+    chosen = plan_workload(cluster, DecodeWorkload("llama-3.1-8b", 65536, tp=8))
     assert chosen.tp == 8 and chosen.cluster is cluster
     assert chosen.topology.num_gpus == 4  # GPU 0 of every node
     assert len(set(chosen.topology.hosts)) == 4
@@ -137,12 +136,14 @@ def test_tensor_parallel_plans_one_context_parallel_group():
 @pytest.mark.parametrize("tp, match", [(3, "divide"), (32, "one GPU per")])
 def test_tensor_parallel_sizes_that_do_not_fit_are_refused(tp, match):
     with pytest.raises(SimError, match=match):
-        plan(Topology.from_spec("dgx-h100:nodes=4"), DecodeWorkload("llama-3.1-8b", 4096, tp=tp))
+        plan_workload(Topology.from_spec("dgx-h100:nodes=4"),
+                      DecodeWorkload("llama-3.1-8b", 4096, tp=tp))
 
 
 def test_batch_scales_message_sizes_but_not_the_schedule_shape():
     topo = Topology.from_spec("dgx-h100:nodes=2")
-    small, big = (plan(topo, DecodeWorkload("llama-3.1-8b", 32768, batch=b), algorithms=("helix",))
+    small, big = (plan_workload(topo, DecodeWorkload("llama-3.1-8b", 32768, batch=b),
+                                algorithms=("helix",))
                   for b in (1, 64))
     assert big.prediction.comm_bytes == 64 * small.prediction.comm_bytes
     assert big.latency_s > small.latency_s
@@ -156,12 +157,12 @@ def test_plans_that_do_not_fit_in_gpu_memory_are_refused():
     shard = w.kv_bytes(max(w.shards(16)))
     tiny = HardwareModel("tiny", 3e12, 1e15, 4e-6, memory_bytes=shard / 2)
     with pytest.raises(SimError, match="does not fit: each GPU needs"):
-        plan(topo, w, hardware=tiny)
+        plan_workload(topo, w, hardware=tiny)
     # room for the shard and partials, not for ring's two extra KV blocks
     snug = HardwareModel("snug", 3e12, 1e15, 4e-6, memory_bytes=1.5 * shard)
-    assert plan(topo, w, hardware=snug).algorithm != "ring"
+    assert plan_workload(topo, w, hardware=snug).algorithm != "ring"
     with pytest.raises(SimError, match="no plan fits"):
-        plan(topo, w, hardware=snug, algorithms=("ring",))
+        plan_workload(topo, w, hardware=snug, algorithms=("ring",))
 
 
 @pytest.mark.parametrize("max_simulated", [1, 3, 8])
@@ -170,13 +171,14 @@ def test_a_lower_bound_never_beats_a_simulation(max_simulated):
     # world 2 every tree shape has the same bound: once the budget is spent on some of them,
     # the others must not win on their bound alone.
     from treeattn.sim import HardwareModel
-    from treeattn.sim.host.cold import ColdSteps
+    from treeattn.testbed.host.cold import ColdSteps
+    from treeattn.testbed.host.model import CpuHost
 
     cold = ColdSteps(merge_s=2e-4, message_s=2e-4, world=2,
                      collective_s=(("all_gather", 2e-4),))
-    hw = HardwareModel("cpu", 1e10, 1e12, 1e-5, cores=2, cold=cold)
+    hw = HardwareModel("cpu", 1e10, 1e12, 1e-5, host=CpuHost(cores=2, cold=cold))
     w = DecodeWorkload("smollm2-135m", 32768)
-    chosen = plan(local(2), w, hardware=hw, max_simulated=max_simulated)
+    chosen = plan_workload(local(2), w, hardware=hw, max_simulated=max_simulated)
     assert chosen.winner.result.method == "simulated"
     simulated = [c for c in chosen.candidates if c.result and c.result.method == "simulated"]
     assert chosen.latency_s == min(c.latency_s for c in simulated)

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from treeattn.sim import DecodeWorkload, SimError, build_schedule, simulate
-from treeattn.sim.host.profiles import (
+from treeattn.sim.files.profiles import load_profile
+from treeattn.testbed.host.profiles import (
     backend_from_profile,
     hardware_from_profile,
-    load_profile,
     topology_from_profile,
 )
 
@@ -39,10 +39,10 @@ def test_one_message_costs_alpha_plus_n_over_beta(tmp_path):
 
 def test_more_ranks_than_cores_share_them():
     hw = hardware_from_profile(dict(PROFILE, cores=1))
-    assert hw.cores == 1
+    assert hw.host.cores == 1
     hw = hardware_from_profile(dict(PROFILE, cores=8, attention=dict(PROFILE["attention"],
                                                                       threads_per_rank=4)))
-    assert hw.cores == 2
+    assert hw.host.cores == 2
 
 
 @pytest.mark.parametrize("bad", [
@@ -63,7 +63,7 @@ def test_unreadable_profile(tmp_path):
 
 
 def test_concurrent_exchange_bandwidth_prices_the_links():
-    from treeattn.sim.host.profiles import topology_from_profile
+    from treeattn.testbed.host.profiles import topology_from_profile
 
     base = {"version": 1, "backend": "gloo", "world": 2, "cores": 2,
             "p2p": {"latency_s": 4e-5, "bandwidth_Bps": 4e9},
@@ -75,7 +75,7 @@ def test_concurrent_exchange_bandwidth_prices_the_links():
 
 
 def test_executor_step_overhead_is_optional_and_charged_per_message_end():
-    from treeattn.sim.host.profiles import backend_from_profile
+    from treeattn.testbed.host.profiles import backend_from_profile
 
     base = {"version": 1, "backend": "gloo", "world": 2, "cores": 2,
             "p2p": {"latency_s": 4e-5, "bandwidth_Bps": 1e9},
@@ -91,7 +91,7 @@ def test_executor_step_overhead_is_optional_and_charged_per_message_end():
 def test_attention_rate_follows_the_calibrated_shard_size():
     # A shard a cache holds reads faster than one only DRAM holds: the profile's per-size
     # times price each size at its own rate, and the spread bound scales them all alike.
-    from treeattn.sim.host.profiles import profile_bound
+    from treeattn.testbed.host.profiles import profile_bound
 
     launch = 10e-6
     profile = json.loads(json.dumps(PROFILE))

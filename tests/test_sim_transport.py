@@ -16,7 +16,7 @@ import pytest
 from treeattn.cli import main
 from treeattn.schedule.algorithms import BASELINES
 from treeattn.schedule.payloads import CollectiveOp, SimError
-from treeattn.sim import DecodeWorkload, plan
+from treeattn.sim import DecodeWorkload, plan_workload
 from treeattn.sim.deploy.engines import describe, emit
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost, p2p_parts
 from treeattn.sim.nccl.symmetric import symmetric_cost
@@ -59,7 +59,7 @@ def test_a_message_on_symmetric_memory_pays_the_kernel_base_latency_not_the_enqu
 
 
 def test_one_box_plans_on_every_offered_transport_and_the_best_baseline_is_the_fastest():
-    chosen = plan(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768))
+    chosen = plan_workload(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768))
     by_transport = {c.transport for c in chosen.candidates}
     assert by_transport == {"nccl", "nccl-symm", "symm_mem"}  # no MNNVL fabric in one DGX
     names = {c.name for c in chosen.candidates}
@@ -74,7 +74,7 @@ def test_one_box_plans_on_every_offered_transport_and_the_best_baseline_is_the_f
 
 
 def test_across_infiniband_there_is_no_symmetric_variant():
-    chosen = plan(TWO_BOXES, DecodeWorkload("llama-3.1-8b", 32768))
+    chosen = plan_workload(TWO_BOXES, DecodeWorkload("llama-3.1-8b", 32768))
     assert {c.transport for c in chosen.candidates} == {"nccl"}
 
 
@@ -114,6 +114,6 @@ def test_a_plan_file_holds_what_the_runtime_runs(tmp_path, capsys, monkeypatch):
     record = json.loads(path.read_text())
     assert record["transport"] == "nccl" and "@" not in record["name"]
     assert "holds the best plan treeattn's runtime executes" in out
-    want = plan(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768), transports=("nccl",))
+    want = plan_workload(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768), transports=("nccl",))
     assert record["name"] == want.name
     assert record["latency_s"] == pytest.approx(want.latency_s)

@@ -18,7 +18,7 @@ from treeattn.schedule.payloads import shard_bounds
 from treeattn.schedule.reference import execute, full_attention, partial, round_bf16
 from treeattn.schedule.workload import DecodeWorkload
 from treeattn.sim.files.export import schedule_from_json, schedule_to_json
-from treeattn.sim.planning.planner import plan
+from treeattn.sim.planning.planner import plan_workload as plan
 from treeattn.topo import Topology
 
 # Llama 3.1 8B, batch 1: 32 heads of 128

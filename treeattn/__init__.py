@@ -12,13 +12,17 @@ The public library API (``docs/api.md``) is imported lazily from here, so that
 - :class:`ShardedAttention` (``treeattn.runtime.sharded_attention``): decode attention over
   the KV shards of a ``torch.distributed`` group, by the plan's schedule;
 - :func:`merge_partials` (``treeattn.kernels.lse``): merge partials, natural-log LSE;
-- ``treeattn.hf``: the Hugging Face transformers integration (the ``[hf]`` extra).
+- ``treeattn.hf``: the Hugging Face transformers integration (the ``[hf]`` extra);
+- :class:`TreeattnError` (``treeattn.errors``): the base of every error treeattn raises on
+  purpose (bad input, a refused plan, a rank that failed), so one ``except`` catches them.
 """
 
 __version__ = "0.1.0"
 
 # name -> the module that defines it; looked up on first use (PEP 562), never at import
 _EXPORTS = {
+    "TreeattnError": "treeattn.errors",
+    "SimError": "treeattn.schedule.payloads",
     "plan": "treeattn.sim.public",
     "attention_model": "treeattn.sim.public",
     "Plan": "treeattn.sim.planning.planner",

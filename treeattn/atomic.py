@@ -14,8 +14,10 @@ device such as ``/dev/null``) is written in place, never renamed over: the renam
 a regular file where the device node was, which as root silently breaks the system. A FIFO
 with no reader, a block device or a socket is refused rather than waited on. A read-only
 file is refused, even as root where the permission bits do not stop a write: the user made
-it read-only to keep it. A symbolic link is followed: its target is replaced, the link stays.
-Two outputs of one command that name the same file are refused before any work starts
+it read-only to keep it. A symbolic link (dangling, or one of a loop, too) is refused: whether
+the link or what it points to was meant is a guess, and either guess can clobber a file the
+user did not name. An empty path is refused. Two outputs of one command that name the same
+file (by path, through a link, or as two hard links) are refused before any work starts
 (:func:`check_distinct`).
 
 Failures become :class:`OutputError`, a :class:`~treeattn.errors.UserError`, so the CLI
@@ -47,10 +49,15 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
 
 
-def _resolved(path: str | os.PathLike) -> Path:
-    """``path`` with a symbolic link followed, so the link's target is what gets replaced."""
-    target = Path(path)
-    return Path(os.path.realpath(target)) if target.is_symlink() else target
+def _output(path: str | os.PathLike, what: str = "") -> Path:
+    """``path`` as a :class:`Path`, refused if empty or a symbolic link."""
+    shown = os.fspath(path)
+    if not str(shown).strip():
+        raise OutputError(f"cannot write {what}{shown!r}: an empty path")
+    if os.path.islink(shown):  # lstat: a dangling link and a loop are links too
+        raise OutputError(f"cannot write {what}{shown!r}: it is a symbolic link; give the "
+                          "path of the file itself")
+    return Path(shown)
 
 
 def _written_in_place(target: Path) -> bool:
@@ -68,11 +75,11 @@ def check_output_path(path: str | os.PathLike, *, folder: bool = False) -> Path:
     The parent folder must exist and be writable, and the path itself must not be a folder
     (for a file) or a file (for a folder). An existing target must be a regular file with a
     write permission bit set (checked on the bits, so root is refused too), or a character
-    device or FIFO (written in place). Returns the path as a :class:`Path` (a symbolic link
-    resolved to its target).
+    device or FIFO (written in place). An empty path and a symbolic link are refused. Returns
+    the path as a :class:`Path`.
     """
     shown = str(path)
-    target = _resolved(path)
+    target = _output(path, "folder " if folder else "")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise OutputError(f"cannot write {shown!r}: no such directory {str(parent)!r}")
@@ -104,16 +111,23 @@ def check_output_path(path: str | os.PathLike, *, folder: bool = False) -> Path:
 
 def check_distinct(*paths: str | os.PathLike | None) -> None:
     """Refuse two outputs of one command that name the same file (``-o x --trace x``), by
-    their resolved paths, so that neither silently overwrites the other; ``None`` skipped."""
-    seen: dict[str, str] = {}
+    their resolved paths and, for files that exist, their device and inode (hard links), so
+    that neither silently overwrites the other; ``None`` skipped, an empty path refused."""
+    seen: dict[object, str] = {}
     for path in paths:
-        if path is None or str(path) == "":
+        if path is None:
             continue
-        key = os.path.realpath(path)
-        if key in seen:
-            raise OutputError(f"two outputs name the same file: {seen[key]!r} and "
-                              f"{str(path)!r}; give each its own path")
-        seen[key] = str(path)
+        _output(path)
+        keys = [os.path.realpath(path)]
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            keys.append((st.st_dev, st.st_ino))
+        for key in keys:
+            if key in seen:
+                raise OutputError(f"two outputs name the same file: {seen[key]!r} and "
+                                  f"{str(path)!r}; give each its own path")
+        for key in keys:
+            seen[key] = str(path)
 
 
 @contextlib.contextmanager

@@ -16,8 +16,9 @@ import os
 import sys
 
 import treeattn
+from treeattn import testbed
 from treeattn.commands import COMMAND_MODULES, COMMAND_OWNERS
-from treeattn.errors import user_error_types
+from treeattn.errors import TreeattnError
 
 EXIT_BAD_INPUT = 2
 
@@ -110,13 +111,14 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
+    testbed.plug_in_profiles()  # profiles of this host's CPU ranks: the test bed reads them
     try:
         return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:
         if (message := missing_extra(exc, args.command)) is None:
             raise
         return _fail(message)
-    except user_error_types() as exc:
+    except TreeattnError as exc:
         return _fail(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
     except OSError as exc:  # a path the user named: missing, a directory, too long, ...
         if exc.filename is None:

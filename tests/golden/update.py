@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, plan
+from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, plan_workload
 
 GOLDEN = Path(__file__).resolve().parent / "predictions.json"
 CONFIGS = (
@@ -36,7 +36,7 @@ def predictions() -> list[dict]:
     for spec, model in CONFIGS:
         topo = Topology.from_spec(spec)
         for seq_len in SEQ_LENS:
-            chosen = plan(topo, DecodeWorkload(model, seq_len), simulate_each=True)
+            chosen = plan_workload(topo, DecodeWorkload(model, seq_len), simulate_each=True)
             for algorithm in ALGORITHM_NAMES:
                 cand = chosen.best(algorithm)
                 if cand is None:  # cannot run this layout: the reason is the row

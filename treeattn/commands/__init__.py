@@ -2,9 +2,9 @@
 
 Each module exposes ``register(subparsers)``, which adds its parser and sets
 ``func=handler`` on it. A handler takes the parsed ``argparse.Namespace`` and returns an exit
-status. Handlers raise :class:`treeattn.errors.UserError` (or a package's own input error,
-see ``treeattn.errors.user_error_types``) for bad input; the CLI turns that into one
-``error: ...`` line.
+status. Handlers raise :class:`treeattn.errors.UserError` (or a package's own error: every one
+derives from :class:`treeattn.errors.TreeattnError`) for bad input; the CLI turns that into
+one ``error: ...`` line.
 """
 
 # Order here is the order `treeattn --help` lists the commands in.

@@ -170,7 +170,7 @@ def handle(args: argparse.Namespace) -> int:
     topology = Topology.load(args.topology)
     calibration = None
     if args.profile:
-        from treeattn.sim.host.profiles import plan_overrides
+        from treeattn.sim.files.profiles import plan_overrides
 
         backend = plan_overrides(args.profile, topology).get("backend")
         calibration = getattr(backend, "calibration", None)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from treeattn import testbed
 from treeattn.commands._args import parse_tokens, record_flags, refuse_unread
 from treeattn.commands.generate_cluster import (
     add_cluster_options,
@@ -34,6 +35,7 @@ from treeattn.commands.generate_cluster import (
     world_size,
 )
 from treeattn.commands.run import dumps, guarded
+from treeattn.commands.tables import say
 from treeattn.errors import UserError
 from treeattn.schedule.algorithms import CLI_CHOICES
 
@@ -336,9 +338,9 @@ def _segment(tok, context_tokens: int, model) -> list[int] | None:
     from treeattn.llm.generate_context import document_segment
 
     if context_tokens > model.config.max_seq_len:
-        sys.stderr.write(
-            f"note: {context_tokens} context tokens exceed the model's trained context of "
-            f"{model.config.max_seq_len}; the timing is real, the text need not make sense\n")
+        say(f"note: {context_tokens} context tokens exceed the model's trained context of "
+            f"{model.config.max_seq_len}; the timing is real, the text need not make sense",
+            sys.stderr)
     return document_segment(tok)
 
 
@@ -370,6 +372,7 @@ def _distributed(args, loaded, prompt, segment, stream, world, sampling, topolog
     if torchrun_mode(args):
         is_root, result = run_torchrun(request, args, loaded)
         return is_root, result, name
+    testbed.plug_in()  # CPU ranks of one host: the shared-memory transport
     result = generate_distributed(request, world, timeout_s=args.timeout, loaded=loaded,
                                   device=args.device)
     return True, result, name
@@ -381,8 +384,8 @@ def planning_models(args, world: int, topology):
     names the cluster), else ``topology`` and the datasheet defaults."""
     if args.profile is None:
         return topology, (None, None)
-    from treeattn.runtime.measure.calibrate import read_profile
     from treeattn.runtime.measure.check import predictor
+    from treeattn.testbed.calibration.calibrate import read_profile
 
     planned, hardware, backend = predictor(read_profile(args.profile), world, args.topology)
     return planned, (hardware, backend)
@@ -415,8 +418,8 @@ def planned_schedule(path: str, world: int, config=None, dtype: str | None = Non
     if dtype is not None:
         size = dtype_of(dtype).itemsize
         if size != checked.model.dtype_bytes:
-            sys.stderr.write(f"warning: plan {path} was priced for a {checked.model.dtype} "
-                             f"cache; this run's is {dtype}\n")
+            say(f"warning: plan {path} was priced for a {checked.model.dtype} cache; this "
+                f"run's is {dtype}", sys.stderr)
     return schedule
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from treeattn import testbed
 from treeattn.errors import UserError
 
 
@@ -122,6 +123,7 @@ def run_torchrun(request, args: argparse.Namespace, loaded) -> tuple[bool, dict]
     from treeattn.llm.generate_dist import rank_generate
     from treeattn.runtime.launch import LaunchOptions, run_in_group
 
+    testbed.plug_in()  # CPU ranks of one host: the shared-memory transport
     options = LaunchOptions(timeout_s=args.timeout, threads=1, device=args.device)
     ctx, result = run_in_group(partial(rank_generate, request=request, loaded=loaded), options)
     return ctx.rank == 0, result

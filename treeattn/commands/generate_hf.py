@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from treeattn import testbed
 from treeattn.errors import UserError
 
 
@@ -120,6 +121,7 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
     from treeattn.commands.generate_cluster import sampling_of
     from treeattn.runtime.launch import LaunchOptions, launch
 
+    testbed.plug_in()  # CPU ranks of one host: the shared-memory transport
     world = _check(args)
     sampling = sampling_of(args)
     model, tokenizer, source = load_hf(args.model)

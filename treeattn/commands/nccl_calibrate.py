@@ -23,7 +23,8 @@ from treeattn.atomic import check_output_path
 from treeattn.commands.tables import Column, print_table
 from treeattn.errors import UserError
 from treeattn.sim.devices import default_backend
-from treeattn.sim.host.profiles import NCCL_TESTS_KIND, VERSION
+from treeattn.sim.files.profile_schema import NCCL_TESTS_KIND
+from treeattn.sim.files.profiles import VERSION
 from treeattn.sim.nccl.collectives import GroupShape
 from treeattn.sim.nccl.fit import fit
 from treeattn.sim.nccl.nccltests import NCCL_TESTS_OPS, read_nccl_sections
@@ -65,7 +66,7 @@ def calibration_profile(files: list[str], topology_spec: str) -> dict:
 def handle(args: argparse.Namespace) -> int:
     if not args.topology:
         raise UserError("--nccl-tests needs --topology (the cluster the tables were measured on)")
-    if args.output:
+    if args.output is not None:  # "" included: refused as an empty path
         check_output_path(args.output)
     profile = calibration_profile(args.nccl_tests, args.topology)
     text = json.dumps(profile, indent=2, allow_nan=False) + "\n"

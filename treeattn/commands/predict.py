@@ -22,7 +22,7 @@ from treeattn.commands._args import (
     record_flags,
     refuse_unread,
 )
-from treeattn.commands.tables import Column, add_wide_flag, print_table
+from treeattn.commands.tables import Column, add_wide_flag, print_table, say
 from treeattn.commands.token import (
     add_token_flags,
     handle_plan_gpus,
@@ -32,10 +32,10 @@ from treeattn.commands.token import (
 )
 from treeattn.schedule.algorithms import ALGORITHM_NAMES, SOURCES
 from treeattn.schedule.payloads import PARTIAL_DTYPES
-from treeattn.sim import DecodeWorkload, SimError, plan
+from treeattn.sim import DecodeWorkload, SimError, plan_workload
 from treeattn.sim.deploy.engines import EMIT_TARGETS, describe, emit
 from treeattn.sim.files.export import schedule_to_json, tagged, trace_json
-from treeattn.sim.host.profiles import plan_overrides
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sim.planning.plan_size import check_planning_size, planning_limits
 from treeattn.sim.prefill.pricing import SOURCES as SOURCES_PREFILL
 from treeattn.sweep.rows import PICK, algorithm_rows
@@ -45,7 +45,7 @@ PLAN_PREFILL_GPUS = 1024  # plan prices the prefill beside the decode up to here
 # value is refused (treeattn.commands._args.refuse_unread), with the reason where one helps.
 SHARED_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile",
                           "nccl_env"})
-DECODE_READS = SHARED_READS | {"batch", "tp", "layout", "include_model", "trace",
+DECODE_READS = SHARED_READS | {"batch", "tp", "layout", "trace",
                                "weights_dtype", "kv_dtype", "transport", "partial_dtype"}
 PREFILL_READS = SHARED_READS | {"prefill", "context_tokens"}
 NOT_DECODE = {
@@ -91,8 +91,6 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
                         help="how partials travel for every algorithm: fp32, or bf16 (o in "
                              "bf16, lse in fp32); default: treeattn's schedules fp32, each "
                              "baseline its engine's format (bf16 o for a 16-bit model)")
-    parser.add_argument("--include-model", action="store_true",
-                        help="add the replicated non-attention weights read to token latency")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_wide_flag(parser)
     parser.add_argument("--trace", metavar="FILE", default=None,
@@ -140,10 +138,9 @@ def _load(args: argparse.Namespace, seq_len: int):
         raise SimError(f"topology {args.topology!r} has one GPU: there is no reduction to plan")
     note = check_planning_size(topo.num_gpus, f"topology {args.topology!r}")
     if note:
-        sys.stderr.write(note + "\n")
-    workload = DecodeWorkload(args.model, seq_len, batch=args.batch,
-                              include_model=args.include_model, layout=args.layout, tp=args.tp,
-                              partial_dtype=args.partial_dtype)
+        say(note, sys.stderr)
+    workload = DecodeWorkload(args.model, seq_len, batch=args.batch, layout=args.layout,
+                              tp=args.tp, partial_dtype=args.partial_dtype)
     return topo, workload, plan_overrides(args.profile, topo, args.nccl_env)
 
 
@@ -206,7 +203,7 @@ def handle_predict(args: argparse.Namespace) -> int:
     if args.token:
         return handle_predict_token(args)
     refuse_unread(args, "predict", DECODE_READS, NOT_DECODE)
-    if args.trace:
+    if args.trace is not None:  # "" included: refused as an empty path
         check_output_path(args.trace)
     rows, timelines, unfit, refused = [], [], [], {}
     for seq_len in args.seq_len:
@@ -214,8 +211,8 @@ def handle_predict(args: argparse.Namespace) -> int:
         memory = memory_rows_check(args, topo, seq_len, args.tp)
         if not memory["fits"]:
             unfit.append((seq_len, memory["memory"]))
-        chosen = plan(topo, workload, simulate_each=True, transports=transports_of(args, topo),
-                      **overrides)
+        chosen = plan_workload(topo, workload, simulate_each=True,
+                               transports=transports_of(args, topo), **overrides)
         refused.update(chosen.refused)
         rows += [{**r.to_json(), **memory} for r in algorithm_rows(chosen, args.topology)]
         for algorithm in ALGORITHM_NAMES:
@@ -246,13 +243,13 @@ def handle_predict(args: argparse.Namespace) -> int:
                         "mnnvl_ll128: FlashInfer's LL128 all-to-all.",
                 row_styles=["bold" if r["algorithm"] == PICK else None for r in rows])
     for reason in refused.values():
-        print(f"Not priced: {reason}.")
+        say(f"Not priced: {reason}.")
     for r in rows:
         if r["algorithm"] == PICK and r["speedup_vs_best_baseline"] <= 1.0:
-            print(f"At {r['seq_len']:,} tokens a baseline wins: {r['name']} "
-                  f"({r['system']}) is the fastest, and the planner picks it.")
+            say(f"At {r['seq_len']:,} tokens a baseline wins: {r['name']} "
+                f"({r['system']}) is the fastest, and the planner picks it.")
     for seq_len, why in unfit:
-        print(f"At {seq_len:,} tokens the model does not fit ({why}): these rows cannot run.")
+        say(f"At {seq_len:,} tokens the model does not fit ({why}): these rows cannot run.")
     return 0
 
 
@@ -272,7 +269,7 @@ def handle_plan(args: argparse.Namespace) -> int:
                        f"{memory['memory']}")
     allowed = transports_of(args, topo)
     engine = emit(args.emit, topo, workload, overrides, allowed) if args.emit else None
-    chosen = plan(topo, workload, transports=allowed, **overrides)
+    chosen = plan_workload(topo, workload, transports=allowed, **overrides)
     extras = {k: v for k, v in memory.items() if k != "memory"}
     # one sequence without tensor parallelism: what the prefill pricing covers
     priced = args.batch == 1 and args.tp == 1 and topo.num_gpus <= PLAN_PREFILL_GPUS
@@ -285,7 +282,7 @@ def handle_plan(args: argparse.Namespace) -> int:
     runnable = chosen
     if args.output and chosen.winner.transport != "nccl":
         # the file is for run/generate --plan, whose runtime sends on regular collectives
-        runnable = plan(topo, workload, transports=("nccl",), **overrides)
+        runnable = plan_workload(topo, workload, transports=("nccl",), **overrides)
     if args.output:
         written = record if runnable is chosen else {**plan_file(runnable, args.topology),
                                                      **extras}
@@ -387,7 +384,7 @@ def demo_speedups() -> list[dict]:
     for spec in DEMO_TOPOLOGIES:
         topo = Topology.from_spec(spec)
         for seq_len in DEMO_SEQ_LENS:
-            chosen = plan(topo, DecodeWorkload(DEMO_MODEL, seq_len), simulate_each=True)
+            chosen = plan_workload(topo, DecodeWorkload(DEMO_MODEL, seq_len), simulate_each=True)
             pick, baseline, ring = chosen.winner, chosen.best_baseline(), chosen.best("ring")
             out.append({"topology": spec, "gpus": topo.num_gpus, "seq_len": seq_len,
                         "pick": pick.name, "pick_s": pick.latency_s,

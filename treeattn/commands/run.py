@@ -14,17 +14,17 @@ import sys
 
 from rich.console import Console
 
-from treeattn import atomic
+from treeattn import atomic, testbed
 from treeattn.atomic import check_output_path
 from treeattn.commands._args import parse_bytes, parse_tokens
 from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
 from treeattn.runtime import RankLost, RankTimeout, RuntimeFailure
-from treeattn.runtime.local.binding import BIND_CHOICES
 from treeattn.schedule.algorithms import CLI_CHOICES
 from treeattn.schedule.payloads import PARTIAL_DTYPES
 from treeattn.schedule.workload import DTYPE_BYTES
 from treeattn.sim.files.export import tagged
+from treeattn.testbed.transport.binding import BIND_CHOICES
 
 DEMO_SEQ_LENS = (16384, 65536, 262144)
 # The parser's choices come from the torch-free registries, so that `treeattn --help` does not
@@ -112,6 +112,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _options(args: argparse.Namespace):
     from treeattn.runtime.launch import LaunchOptions, check_timeout
+
+    testbed.plug_in()  # CPU ranks of one host: the shared-memory transport, core pinning
 
     if args.threads < 1:
         raise RuntimeFailure(f"--threads must be at least 1, got {args.threads}")
@@ -244,8 +246,8 @@ def check_partial_dtype(algorithms, partial_dtype: str | None) -> None:
 
 
 def build_request(args: argparse.Namespace):
-    from treeattn.runtime.measure.calibrate import read_profile
     from treeattn.runtime.measure.check import RunRequest
+    from treeattn.testbed.calibration.calibrate import read_profile
 
     plan, plan_lengths = _apply_plan(args)
     check_partial_dtype(args.algorithm or [], args.partial_dtype)
@@ -267,7 +269,7 @@ def handle_run(args: argparse.Namespace) -> int:
     from treeattn.runtime.measure.check import mark_bands, validate
 
     world = _world(args)
-    if args.trace:
+    if args.trace is not None:  # "" included: refused as an empty path
         check_output_path(args.trace)
     req = build_request(args)
     validate(req, world, args.device, _local_ranks(args, world))
@@ -289,6 +291,10 @@ def handle_run(args: argparse.Namespace) -> int:
         sys.stdout.write(dumps(tagged("run", points)) + "\n")
     else:
         print_points(Console(), points, wide=args.wide)
+    for p in points:  # a forced algorithm that cannot differ from another here says so
+        if p["params"].get("degenerate"):
+            sys.stderr.write(f"note: {p['algorithm']} at {p['seq_len']} tokens: "
+                             f"{p['params']['degenerate']}\n")
     outside = [p for p in points if p["within_band"] is False]
     for p in outside:
         sys.stderr.write(
@@ -375,7 +381,7 @@ class CalibrateJob:
         self.max_bytes = max_bytes
 
     def __call__(self, ctx):
-        from treeattn.runtime.measure.calibrate import calibrate_in_group
+        from treeattn.testbed.calibration.calibrate import calibrate_in_group
 
         return calibrate_in_group(ctx, self.dims, self.max_bytes)
 
@@ -391,8 +397,8 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         from treeattn.commands import nccl_calibrate
 
         return nccl_calibrate.handle(args)
-    from treeattn.runtime.measure.calibrate import EXCHANGE_CAP, write_profile
     from treeattn.runtime.measure.check import RunRequest, validate
+    from treeattn.testbed.calibration.calibrate import EXCHANGE_CAP, write_profile
 
     world = _world(args)
     if world < 2:
@@ -400,8 +406,8 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     req = RunRequest(seq_lens=(world,), batch=args.batch, n_heads=args.heads,
                      n_kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype)
     validate(req, world)
-    if args.output:
-        check_output_path(args.output)  # before the calibration, not after it
+    if args.output is not None:  # before the calibration, not after it; "" is refused
+        check_output_path(args.output)
     if args.max_bytes is not None and args.max_bytes > EXCHANGE_CAP:
         raise RuntimeFailure(f"--max-bytes {args.max_bytes} is above the largest exchange "
                              f"calibrated, {EXCHANGE_CAP} bytes (1 GiB); larger messages are "
@@ -426,6 +432,7 @@ def demo_section(console: Console) -> int:
     req = RunRequest(seq_lens=DEMO_SEQ_LENS, algorithms=("tree", "ring"), check=True,
                      steps=3, warmup=1, ref_limit_bytes=512 << 20)
     validate(req, 2)
+    testbed.plug_in()
     points = launch(req, 2, LaunchOptions(timeout_s=60.0))
     print_points(console, mark_bands(points, 0.25))
     return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from treeattn import testbed
 from treeattn.atomic import atomic_folder, check_output_path
 from treeattn.commands._args import parse_tokens
 from treeattn.errors import UserError
@@ -89,7 +90,7 @@ def _predict(args, seq_lens: list[int], console: Console) -> list[dict]:
         check_planning_size(topology.num_gpus, f"topology {spec!r}")
     profile = None
     if args.profile:
-        from treeattn.sim.host.profiles import load_profile, plan_overrides
+        from treeattn.sim.files.profiles import load_profile, plan_overrides
 
         profile = load_profile(args.profile)
         for topology in topologies.values():
@@ -119,6 +120,7 @@ def _measure(args, seq_lens: list[int], console: Console) -> list[dict]:
     validate(request, args.nproc)
     console.print(f"measuring {len(algorithms)} algorithm(s) × {len(seq_lens)} length(s) "
                   f"on {args.nproc} local ranks (calibrate, predict, then measure)…")
+    testbed.plug_in()  # the shared-memory transport, as `run` has it
     points = launch(request, args.nproc, LaunchOptions())
     for point in points:
         point["topology"] = f"local:{args.nproc}"
@@ -153,13 +155,13 @@ def _plot(rows: list[dict], out: Path, measured: bool) -> list[Path]:
 
 def _draw_chosen_tree(rows: list[dict], out: Path) -> Path | None:
     """Plan the smallest topology of the sweep again and draw its tree over the cluster."""
-    from treeattn.sim import DecodeWorkload, plan
+    from treeattn.sim import DecodeWorkload, plan_workload
     from treeattn.topo import Topology
 
     first = min(rows, key=lambda r: (r["gpus"], -r["seq_len"]))
     topology = Topology.load(first["spec"])
-    chosen = plan(topology, DecodeWorkload(first["model"], first["seq_len"]),
-                  algorithms=("tree",))
+    chosen = plan_workload(topology, DecodeWorkload(first["model"], first["seq_len"]),
+                           algorithms=("tree",))
     if chosen.tree is None:
         return None
     parent = list(chosen.tree.to_dict()["parent"])

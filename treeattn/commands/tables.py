@@ -9,13 +9,18 @@ truncate: on a console too narrow even for them, the table overflows rather than
 number in half. ``--wide`` prints every column at its natural width whatever the terminal.
 
 Rich sizes the console from the terminal, or from ``COLUMNS`` when output is not a terminal
-(80 if unset), which is what the tests set.
+(80 if unset), which is what the tests set. Prose printed beside the tables (notes, reasons
+a row is missing) goes through :func:`say`, which wraps it to the same width.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import sys
+import textwrap
 from dataclasses import dataclass
+from typing import TextIO
 
 from rich.console import Console
 from rich.table import Table
@@ -32,6 +37,27 @@ class Column:
     key: bool = False
     justify: str = "right"
     style: str | None = None
+
+
+def say(text: str, file: TextIO | None = None) -> None:
+    """Print one paragraph of prose wrapped to the terminal's width, sized as rich sizes the
+    tables (the terminal, else ``COLUMNS``, else 80). Words are never split, so a path or a
+    number longer than a line stays whole on a line of its own.
+
+    >>> import io, os
+    >>> out = io.StringIO()
+    >>> os.environ["COLUMNS"] = "20"
+    >>> say("Not priced: helix cannot split 4 heads over 8 ranks.", out)
+    >>> print(out.getvalue(), end="")
+    Not priced: helix
+    cannot split 4 heads
+    over 8 ranks.
+    >>> del os.environ["COLUMNS"]
+    """
+    stream = sys.stdout if file is None else file
+    width = max(20, shutil.get_terminal_size((80, 24)).columns)
+    stream.write(textwrap.fill(text, width=width, break_long_words=False,
+                               break_on_hyphens=False) + "\n")
 
 
 def add_wide_flag(parser: argparse.ArgumentParser) -> None:

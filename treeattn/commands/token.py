@@ -45,7 +45,6 @@ NOT_TOKEN = {
              "--trace` draws the merge's",
     "layout": "a whole step places the merged output as its split needs: head-sharded for "
               "TP alone, else replicated",
-    "include_model": "a whole step always reads the model's weights",
     "context_tokens": "--context-tokens prices a prefill after cached tokens: use it with "
                       "--prefill",
 }
@@ -53,7 +52,6 @@ NOT_GPUS = {
     "tp": "the search tries every TP × DCP × CP split",
     "dcp": "the search tries every TP × DCP × CP split",
     "layout": "each split places the merged output as it needs",
-    "include_model": "a whole step always reads the model's weights",
     "output": "-o writes one merge's plan for run/generate --plan: plan without --gpus",
     "trace": "--trace draws one merge's timeline: plan without --gpus",
     "emit": "--emit prints one merge's engine flags: plan without --gpus",
@@ -163,7 +161,7 @@ def _gib(n: float) -> str:
 def handle_predict_token(args: argparse.Namespace) -> int:
     from treeattn.sim.deploy.token import predict_token
     from treeattn.sim.files.export import tagged
-    from treeattn.sim.host.profiles import plan_overrides
+    from treeattn.sim.files.profiles import plan_overrides
 
     refuse_unread(args, "predict --token", TOKEN_READS, NOT_TOKEN)
     topo = _topology(args.topology)
@@ -213,7 +211,7 @@ def handle_predict_token(args: argparse.Namespace) -> int:
 def handle_plan_gpus(args: argparse.Namespace) -> int:
     from treeattn.sim.deploy.deployments import search
     from treeattn.sim.files.export import tagged
-    from treeattn.sim.host.profiles import plan_overrides
+    from treeattn.sim.files.profiles import plan_overrides
 
     refuse_unread(args, "plan --gpus", GPUS_READS, NOT_GPUS)
     topo = _topology(args.topology)

@@ -36,6 +36,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.sharded_attention import ShardedAttention
+from treeattn.schedule.ir import Schedule
 
 LAYOUTS = ("contiguous", "interleaved")
 # The layer each recent cache updated last, newest first: transformers calls the attention
@@ -278,13 +279,14 @@ class ShardedCache(Cache):
 
     ``config``: the model's config (checked for features treeattn does not serve).
     ``plan_or_algorithm``: what :class:`treeattn.ShardedAttention` takes (a ``Plan``, or an
-    algorithm name; ``"auto"``: the planner's pick). ``layout``: ``"contiguous"`` or
+    algorithm name; ``"auto"``: the planner's pick, on ``topology`` for a CUDA group, as
+    :class:`treeattn.ShardedAttention` takes it). ``layout``: ``"contiguous"`` or
     ``"interleaved"`` (``interleave_size`` positions per turn, as vLLM's flag). ``reserve``:
     tokens to make room for up front (e.g. ``max_new_tokens``). Making it is collective.
     """
 
     def __init__(self, config, plan_or_algorithm="auto", *, layout: str = "contiguous",
-                 interleave_size: int = 1, reserve: int = 0, group=None,
+                 interleave_size: int = 1, reserve: int = 0, group=None, topology=None,
                  timeout_s: float = 60.0) -> None:
         refuse_unsupported(config)
         if layout not in LAYOUTS:
@@ -294,7 +296,10 @@ class ShardedCache(Cache):
                                      f"{interleave_size!r}")
         text = getattr(config, "get_text_config", lambda: config)()
         n_layers = int(text.num_hidden_layers)
-        self.attention = ShardedAttention(plan_or_algorithm, group, timeout_s=timeout_s)
+        kind = ("algorithm" if isinstance(plan_or_algorithm, str) else "schedule"
+                if isinstance(plan_or_algorithm, Schedule) else "plan")
+        self.attention = ShardedAttention(group=group, topology=topology, timeout_s=timeout_s,
+                                          **{kind: plan_or_algorithm})
         self.rank, self.world = self.attention.rank, self.attention.world
         self.layout, self.interleave, self.reserve = layout, interleave_size, max(0, reserve)
         # during a sharded prefill: (PrefillLayout, prompt positions, the sequence the ring is

@@ -1,15 +1,11 @@
 """Local compute of Tree Attention: the partial attention of a KV shard, and the merge.
 
 A *partial* is ``(o, lse)``: ``o`` (B, Hq, D) fp32 and ``lse`` (B, Hq) fp32. Triton kernels
-run on CUDA tensors. On CPU tensors, small fp32 calls (short shards, the merge of a decode
-step's partials) go through numpy (:mod:`treeattn.kernels.cpu_small`), where torch's
-per-operator dispatch would be most of the cost; larger dense fp32 or bf16 KV on one thread
-through treeattn's C kernel (:mod:`treeattn.kernels.cpu_native`); other dense KV (16-bit,
-or fp32 with grouped-query heads) through torch's fused FlashAttention kernel
-(:mod:`treeattn.kernels.cpu_fused`); everything else through the exact torch path
-(:mod:`treeattn.kernels.reference`);
-``TREEATTN_KERNEL=triton|native|fused|torch`` forces one (see
-:mod:`treeattn.kernels.dispatch`).
+run on CUDA tensors. On CPU tensors a plugged-in chain of faster CPU paths takes the calls it
+can (:class:`~treeattn.kernels.dispatch.CpuKernels`; the CPU test bed's numpy, C and
+fused-torch paths), and everything else goes through the exact torch path
+(:mod:`treeattn.kernels.reference`); ``TREEATTN_KERNEL=triton|native|fused|torch`` forces one
+(see :mod:`treeattn.kernels.dispatch`).
 Kernels know nothing of topology.
 
 >>> import torch
@@ -26,23 +22,18 @@ from __future__ import annotations
 
 import torch
 
-from treeattn.kernels import cpu_fused, cpu_native, cpu_small, reference
+from treeattn.kernels import reference
 from treeattn.kernels.checks import (
     check_packed_pair,
     check_pair,
     check_partial_inputs,
     check_partials,
 )
-from treeattn.kernels.dispatch import (
-    CPU_BACKENDS,
-    choose_backend,
-    requested_backend,
-    triton_module,
-)
+from treeattn.kernels.dispatch import choose_backend, cpu_kernels, triton_module
 from treeattn.kernels.errors import KernelError
 from treeattn.kernels.sums import finalize_sums, rescale_to_max
 
-__all__ = ["KernelError", "finalize_sums", "merge", "merge_packed", "merge_partials",
+__all__ = ["KernelError", "finalize_sums", "merge", "merge_packed", "merge_stacked",
            "partial_attention", "partial_attention_packed", "partial_attention_path",
            "reference", "rescale_to_max"]
 
@@ -69,12 +60,14 @@ def partial_attention(
 def partial_attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                              scale: float | None = None) -> torch.Tensor:
     """:func:`partial_attention` of a dense shard, packed flat as the runtime sends it:
-    fp32 ``o`` (its B·Hq rows of D) then ``lse`` (B·Hq). The C kernel writes this form
-    directly; the other paths concatenate their result."""
+    fp32 ``o`` (its B·Hq rows of D) then ``lse`` (B·Hq). A CPU path may write this form
+    directly; the others concatenate their result."""
     scale = check_partial_inputs(q, k, v, scale, None)
     path = partial_attention_path(q, k, v, None)
-    if path == "native":
-        return cpu_native.partial_attention_native_packed(cpu_native.kernel(), q, k, v, scale)
+    if path not in ("triton", "exact"):
+        packed = cpu_kernels(choose_backend(q.device)).attention_packed(path, q, k, v, scale)
+        if packed is not None:
+            return packed
     return _packed(*_run_path(path, q, k, v, scale, None))
 
 
@@ -82,51 +75,31 @@ def _run_path(path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
               kv_len: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     if path == "triton":
         return triton_module("triton_partial").partial_attention_checked(q, k, v, scale, kv_len)
-    if path == "small":
-        return cpu_small.partial_attention_small(q, k, v, scale)
-    if path == "native":
-        return cpu_native.partial_attention_native(cpu_native.kernel(), q, k, v, scale)
-    if path == "fused":
-        return cpu_fused.partial_attention_fused(q, k, v, scale)
-    return reference.partial_attention_checked(q, k, v, scale, kv_len)
+    if path == "exact":
+        return reference.partial_attention_checked(q, k, v, scale, kv_len)
+    return cpu_kernels(choose_backend(q.device)).attention(path, q, k, v, scale)
 
 
 def partial_attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            kv_len: torch.Tensor | None = None) -> str:
     """Which implementation :func:`partial_attention` runs for these (checked) inputs:
-    ``"triton"``, ``"small"`` (numpy), ``"native"`` (the C kernel), ``"fused"`` (torch's
-    fused kernel) or ``"exact"`` (the torch reference). Benchmarks report it."""
+    ``"triton"``, a plugged-in CPU chain's path (the test bed's ``"small"``: numpy,
+    ``"native"``: its C kernel, ``"fused"``: torch's fused kernel) or ``"exact"`` (the torch
+    reference). Benchmarks report it."""
     backend = choose_backend(q.device)
     if backend == "triton":
         return "triton"
-    # The C kernel first, even for tiny shards: it beats numpy there 2-3x
-    # (benchmarks/results/kernel_paths.md); numpy serves the chain without it.
-    if backend == "native" and cpu_native.applies(q, k, v, kv_len):
-        kern = _native_kernel()
-        if kern is not None and cpu_native.fits(kern, q.shape[-1]):
-            return "native"
-    if backend in CPU_BACKENDS and cpu_small.applies(q, k, v, kv_len):
-        return "small"
-    if backend in CPU_BACKENDS and cpu_fused.applies(q, k, kv_len):
-        return "fused"
-    return "exact"
+    chain = cpu_kernels(backend)
+    path = chain.attention_path(backend, q, k, v, kv_len) if chain is not None else None
+    return path or "exact"
 
 
-def _native_kernel() -> cpu_native.NativeKernel | None:
-    """The C kernel; None where it cannot be built, which is an error only when
-    ``TREEATTN_KERNEL=native`` asked for it by name."""
-    kern = cpu_native.kernel()
-    if kern is None and requested_backend() == "native":
-        raise KernelError(f"TREEATTN_KERNEL=native, but {cpu_native.unavailable_reason()}")
-    return kern
-
-
-def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_stacked(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge n stacked partials, (n, B, Hq, D) and (n, B, Hq), into one (B, Hq, D), (B, Hq)."""
     check_partials(o, lse, stacked=True)
     if choose_backend(o.device) == "triton":
-        return triton_module("triton_merge").merge_partials(o, lse)
-    return reference.merge_partials(o, lse)
+        return triton_module("triton_merge").merge_stacked(o, lse)
+    return reference.merge_stacked(o, lse)
 
 
 def merge(
@@ -137,13 +110,9 @@ def merge(
     backend = choose_backend(a[0].device)
     if backend == "triton":
         return triton_module("triton_merge").merge(a, b)
-    if backend == "native" and cpu_native.merge_applies(*a, *b):
-        kern = _native_kernel()
-        if kern is not None:
-            return cpu_native.merge_native(kern, a, b)
-    if backend in CPU_BACKENDS and cpu_small.merge_applies(a, b):
-        return cpu_small.merge_small(a, b)
-    return reference.merge(a, b)
+    chain = cpu_kernels(backend)
+    merged = chain.merge(backend, a, b) if chain is not None else None
+    return merged if merged is not None else reference.merge(a, b)
 
 
 def merge_packed(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
@@ -156,12 +125,10 @@ def merge_packed(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
     check_packed_pair(a, b, rows)
     n = a.numel() - rows  # elements of o
     backend = choose_backend(a.device)
-    if backend == "native" and cpu_native.merge_applies(a, b):
-        kern = _native_kernel()
-        if kern is not None:
-            return cpu_native.merge_packed_native(kern, a, b, rows)
-    if backend in CPU_BACKENDS and n <= cpu_small.MAX_MERGE_ELEMENTS:
-        return cpu_small.merge_packed_small(a, b, rows)
+    chain = cpu_kernels(backend)
+    merged = chain.merge_packed(backend, a, b, rows) if chain is not None else None
+    if merged is not None:
+        return merged
     d = n // rows
     return _packed(*merge((a[:n].view(1, rows, d), a[n:].view(1, rows)),
                           (b[:n].view(1, rows, d), b[n:].view(1, rows))))

@@ -1,15 +1,11 @@
-"""Pick the backend for each call: Triton on CUDA tensors, treeattn's CPU paths on CPU tensors.
+"""Pick the backend for each call: Triton on CUDA tensors, a CPU chain on CPU tensors.
 
-On CPU tensors ``auto`` means ``native``: the fastest CPU path for each call. That is numpy
-for small fp32 attention and merges (:func:`treeattn.kernels.cpu_small.applies`), treeattn's
-own C kernel for the partial attention of dense fp32 or bf16 KV on one thread
-(:mod:`treeattn.kernels.cpu_native`), torch's fused FlashAttention kernel for other dense KV
-where it is faster (:func:`treeattn.kernels.cpu_fused.applies`), and the exact torch path
-for everything else (ragged ``kv_len`` batches, empty shards, large fp32 with one query head
-per KV head, large merges). Where the C kernel cannot be built (no compiler), ``auto`` goes
-on to the next path and ``native`` asked for by name is an error that says why.
+On CPU tensors ``auto`` means ``native``: the fastest CPU path for each call, which a plugged-in
+chain of CPU kernels offers (:class:`CpuKernels`, :func:`plug_in_cpu`; the CPU test bed's numpy,
+C and fused-torch paths, :mod:`treeattn.testbed.kernels.chain`), and the exact torch path for
+everything the chain does not take or where none is plugged in.
 ``TREEATTN_KERNEL=triton|native|fused|torch`` forces one backend (``auto`` or unset: by
-device); ``fused`` is the CPU chain without the C kernel, ``torch`` is the exact path
+device); ``fused`` is the CPU chain without its C kernel, ``torch`` is the exact path
 everywhere, the oracle of the others. Triton on CPU tensors only
 runs in Triton's interpreter (``TRITON_INTERPRET=1``). Triton fixes that choice for each
 ``@triton.jit`` function when it is defined, including its own library functions
@@ -24,6 +20,7 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
+from typing import Protocol
 
 import torch
 
@@ -66,9 +63,8 @@ def triton_is_interpreted() -> bool:
 def choose_backend(device: torch.device) -> str:
     """Return ``"triton"``, ``"native"``, ``"fused"`` or ``"torch"`` for tensors on
     ``device``, or raise KernelError. ``"native"`` and ``"fused"`` are CPU chains; callers
-    take each path of the chain that applies to the call, the exact path last
-    (:mod:`treeattn.kernels.cpu_small`, :mod:`treeattn.kernels.cpu_native`,
-    :func:`treeattn.kernels.cpu_fused.applies`)."""
+    take the plugged-in chain's path where one applies (:func:`cpu_kernels`), the exact path
+    last."""
     name = requested_backend()
     on_cuda = device.type == "cuda"
     if name == "torch":
@@ -93,6 +89,51 @@ def choose_backend(device: torch.device) -> str:
             "before starting Python"
         )
     return "triton"
+
+
+class CpuKernels(Protocol):
+    """Faster CPU paths than the exact one, plugged in beside it (:func:`plug_in_cpu`).
+
+    ``backend`` is ``"native"`` or ``"fused"`` (:func:`choose_backend`); a path is a name the
+    chain runs (``"small"``, ``"native"``, ``"fused"``). Every method returns None for a call
+    it does not take, which then goes to the exact torch path."""
+
+    def attention_path(self, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       kv_len: torch.Tensor | None) -> str | None: ...
+
+    def attention(self, path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def attention_packed(self, path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         scale: float) -> torch.Tensor | None: ...
+
+    def merge(self, backend: str, a: tuple[torch.Tensor, torch.Tensor],
+              b: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        ...
+
+    def merge_packed(self, backend: str, a: torch.Tensor, b: torch.Tensor,
+                     rows: int) -> torch.Tensor | None: ...
+
+
+_cpu_kernels: CpuKernels | None = None
+
+
+def plug_in_cpu(chain: CpuKernels | None) -> None:
+    """Use ``chain`` for CPU calls in this process from now on (None: the exact path)."""
+    global _cpu_kernels
+    _cpu_kernels = chain
+
+
+def cpu_kernels(backend: str) -> CpuKernels | None:
+    """The plugged-in CPU chain for ``backend`` (None on other backends, or where none is);
+    asking for a CPU chain by name (``TREEATTN_KERNEL=native|fused``) with none plugged in is
+    an error."""
+    if backend not in CPU_BACKENDS:
+        return None
+    if _cpu_kernels is None and requested_backend() in CPU_BACKENDS:
+        raise KernelError(f"{ENV_BACKEND}={requested_backend()} needs a CPU kernel chain "
+                          "plugged in (treeattn.testbed.plug_in())")
+    return _cpu_kernels
 
 
 def triton_module(name: str) -> ModuleType:

@@ -10,7 +10,7 @@ decoding has shipped that bug; so a base-2 LSE is accepted only where the caller
 
 >>> import torch
 >>> o, lse = torch.zeros(2, 1, 1, 4), torch.tensor([[[0.0]], [[1.0]]])
->>> merged = merge_partials(o, lse)[1]
+>>> merged = merge_partials(o, lse, lse_base="e")[1]
 >>> merged2 = merge_partials(o, lse * LOG2_E, lse_base="2")[1]
 >>> torch.allclose(merged, merged2), round(float(merged), 4)
 (True, 1.3133)
@@ -37,14 +37,29 @@ def natural_lse(lse: torch.Tensor, lse_base: str) -> torch.Tensor:
     return lse if base == "e" else lse / LOG2_E
 
 
-def merge_partials(o: torch.Tensor, lse: torch.Tensor, *, lse_base: str = "e"
+def merge_partials(o: torch.Tensor, lse: torch.Tensor, *, lse_base: str
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge ``n`` stacked partials, ``o`` (n, B, Hq, D) and ``lse`` (n, B, Hq), into one:
     ``o`` (B, Hq, D) fp32 and its natural-log ``lse`` (B, Hq) fp32.
 
-    ``lse_base="2"`` declares that ``lse`` is base 2 (FlashInfer's convention); the result is
-    natural either way. An empty partial is ``(0, -inf)``.
+    ``lse_base`` has no default: ``"e"`` for a natural-log ``lse``, ``"2"`` for a base-2 one
+    (FlashInfer's convention); the result is natural either way. An empty partial is
+    ``(0, -inf)`` and weighs nothing. Non-finite values follow IEEE arithmetic, row by row
+    (a row is one ``(b, h)``): a NaN in any partial's ``lse`` makes the row's ``o`` and ``lse``
+    NaN; a ``+inf`` ``lse`` (an overflowed sum) makes the row's ``lse`` ``+inf`` and its
+    ``o`` NaN, since the weights ``inf / inf`` are undefined. Nothing non-finite is dropped.
+    Raises :class:`~treeattn.kernels.errors.KernelError` for anything but two float tensors
+    of those shapes on one device.
     """
-    from treeattn.kernels import merge_partials as merge_natural
+    from treeattn.kernels import merge_stacked
+    from treeattn.kernels.checks import check_partials
 
-    return merge_natural(o, natural_lse(lse, lse_base).float())
+    check_partials(o, lse, stacked=True)
+    lse = natural_lse(lse, lse_base).float()  # (n, B, Hq)
+    merged_o, merged_lse = merge_stacked(o, lse)  # (B, Hq, D), (B, Hq)
+    nan = torch.isnan(lse).any(0)  # (B, Hq)
+    overflow = torch.isposinf(lse).any(0) & ~nan  # (B, Hq)
+    merged_lse = torch.where(nan, float("nan"), merged_lse)
+    merged_lse = torch.where(overflow, float("inf"), merged_lse)
+    merged_o = torch.where((nan | overflow)[..., None], float("nan"), merged_o)
+    return merged_o, merged_lse

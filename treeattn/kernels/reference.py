@@ -245,14 +245,14 @@ def _merge_stacked(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, to
     return _finish(m[..., None], w.sum(0)[..., None], acc)
 
 
-def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_stacked(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge n stacked partials (n, B, Hq, D) and (n, B, Hq) into one (B, Hq, D), (B, Hq).
 
     Examples
     --------
     >>> o = torch.tensor([[[[1.0]]], [[[3.0]]]])  # n=2, B=Hq=D=1
     >>> lse = torch.zeros(2, 1, 1)  # equal weights
-    >>> out, l = merge_partials(o, lse)
+    >>> out, l = merge_stacked(o, lse)
     >>> out.item(), round(l.item(), 4)
     (2.0, 0.6931)
     """

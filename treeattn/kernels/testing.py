@@ -106,4 +106,4 @@ def split_and_merge(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chunks:
     cuts = cut_points(k.shape[2], n_chunks, rng)
     parts = [kernels.partial_attention(q, k[:, :, a:b], v[:, :, a:b])
              for a, b in zip(cuts, cuts[1:])]
-    return merge_random_tree(parts, rng, kernels.merge, kernels.merge_partials)
+    return merge_random_tree(parts, rng, kernels.merge, kernels.merge_stacked)

@@ -71,14 +71,14 @@ def _merge_kernel(
     tl.store(LSE_OUT + b * stride_lob + h, lse_out)
 
 
-def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_stacked(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge n stacked partials (n, B, Hq, D), (n, B, Hq) into (B, Hq, D), (B, Hq) fp32."""
     check_partials(o, lse, stacked=True)
-    return merge_partials_checked(o, lse)
+    return merge_stacked_checked(o, lse)
 
 
-def merge_partials_checked(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """:func:`merge_partials` for inputs already checked (the split kernel's own outputs)."""
+def merge_stacked_checked(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`merge_stacked` for inputs already checked (the split kernel's own outputs)."""
     n, b, hq, d = o.shape
     if n == 0 or b * hq * d == 0:
         return identity_partial(b, hq, d, o.device)
@@ -109,4 +109,4 @@ def merge(
     check_pair(a, b)
     o = torch.stack([a[0], b[0].to(a[0].dtype)])  # (2, B, Hq, D)
     lse = torch.stack([a[1], b[1].to(a[1].dtype)])  # (2, B, Hq)
-    return merge_partials(o, lse)
+    return merge_stacked(o, lse)

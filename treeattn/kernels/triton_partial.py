@@ -228,7 +228,7 @@ def partial_attention_checked(q, k, v, scale: float, kv_len=None, num_splits=Non
             _tuned_kernel[grid](*args, **meta)
     if splits == 1:
         return o_split[0], lse_split[0]
-    return triton_merge.merge_partials_checked(o_split, lse_split)
+    return triton_merge.merge_stacked_checked(o_split, lse_split)
 
 
 def _on_device_of(x: torch.Tensor):

@@ -4,6 +4,8 @@
 ``error: ...`` line with exit status 2.
 """
 
+from treeattn.errors import TreeattnError
 
-class ModelError(Exception):
+
+class ModelError(TreeattnError):
     """Bad model input: a missing, corrupt or unsupported model, or a bad generation request."""

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from treeattn.runtime.group import RankContext, all_gather_objects
-from treeattn.runtime.prefill_ring import causal_partial, merge_partials
+from treeattn.runtime.prefill_ring import causal_partial, merge_prefill_pair
 from treeattn.schedule.workload import ModelConfig
 from treeattn.sim.devices import CPU_LAUNCH_S, HardwareModel
 from treeattn.sim.prefill.layout import PrefillLayout, causal_pairs
@@ -97,7 +97,7 @@ def attention_rate(m: ModelConfig, layout: PrefillLayout, rank: int, algorithm: 
 
     def attend():  # as the rings do it: the kernel, then one merge of its partial
         for q, q_pos, kv, k_pos, empty in work:
-            merge_partials(empty, causal_partial(q, q_pos, kv, k_pos))
+            merge_prefill_pair(empty, causal_partial(q, q_pos, kv, k_pos))
 
     return 4.0 * m.n_heads * m.head_dim * pairs / typical_time(attend, 3)
 

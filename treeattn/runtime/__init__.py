@@ -9,9 +9,12 @@
   backend's own all-reduce).
 - :mod:`treeattn.runtime.prefill_ring`: one layer's context-parallel prefill attention, a
   ring passing K/V blocks.
+- :mod:`treeattn.runtime.transport`: messages through the process group, or a transport
+  plugged in for ranks of one host (the CPU test bed's, :mod:`treeattn.testbed`);
+  :mod:`treeattn.runtime.collective_ops`: a group's collectives.
 - :mod:`treeattn.runtime.plans`: from a request to a schedule, and the shard split.
-- :mod:`treeattn.runtime.measure.timing`, :mod:`treeattn.runtime.measure.calibrate`,
-  :mod:`treeattn.runtime.measure.check`: measurement, calibration and predicted-vs-measured runs.
+- :mod:`treeattn.runtime.measure.timing`, :mod:`treeattn.runtime.measure.check`: measurement
+  and predicted-vs-measured runs.
 
 The model and the sharded KV cache live in :mod:`treeattn.llm`, which builds on this package.
 """

@@ -4,10 +4,13 @@ Semantics are those of :mod:`treeattn.schedule.ir`. This module owns three thing
 
 * **Subgroups, created once.** ``dist.new_group`` is itself a collective over the whole
   world, so every rank creates every group of the schedule, in the same order (the order
-  the groups first appear, rank by rank), whether or not it is a member. A group of all
-  ranks is the default group. Each group's collectives run through
-  :class:`~treeattn.runtime.local.shm_collectives.CollectiveOps`: shared-memory mailboxes for
-  small payloads on one CPU host, the process group otherwise.
+  the groups first appear, rank by rank), whether or not it is a member, once per process
+  group: later executors reuse them (``hier``'s node and rail groups). A group of all
+  ranks is the default group. On a process subgroup the subgroups must already exist
+  (:func:`make_subgroups_everywhere`, which every rank of the world calls together). Each
+  group's collectives run through :func:`~treeattn.runtime.transport.collective_ops`: the
+  process group, or a plugged-in local transport's (the CPU test bed's mailboxes for small
+  payloads on one host).
 * **Head chunks of any payload.** A collective's chunk ``(i, p)`` is a range of query heads
   of every array in the payload (``o`` and ``lse`` of a partial, the single array of
   ``max`` or ``num``), so :func:`take_heads` and :func:`put_heads` pack and unpack them.
@@ -23,10 +26,10 @@ import torch
 import torch.distributed as dist
 
 from treeattn.kernels import merge
+from treeattn.runtime.collective_ops import CollectiveOps
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.local.shm import ShmChannel
-from treeattn.runtime.local.shm_collectives import CollectiveOps
+from treeattn.runtime.transport import Channel, collective_ops
 from treeattn.runtime.wire import AttnDims
 from treeattn.schedule.ir import Collective, Schedule
 from treeattn.schedule.payloads import PAYLOAD_LAYOUTS, CollectiveOp, MergeOp, Payload, shard_bounds
@@ -34,30 +37,80 @@ from treeattn.schedule.payloads import PAYLOAD_LAYOUTS, CollectiveOp, MergeOp, P
 _REDUCE_OPS = {CollectiveOp.ALL_REDUCE_SUM: "sum", CollectiveOp.ALL_REDUCE_MAX: "max"}
 
 
+# Subgroups made so far, by their members' global ranks: made once per process group and
+# reused by every executor. The default group's object is kept with them, so that a new
+# process group (after destroy and init) never reuses another's.
+_SUBGROUPS: dict[tuple[int, ...], object] = {}
+_SUBGROUPS_OF: list = [None]
+
+
+def _made() -> dict[tuple[int, ...], object]:
+    if _SUBGROUPS_OF[0] is not dist.group.WORLD:
+        _SUBGROUPS.clear()
+        _SUBGROUPS_OF[0] = dist.group.WORLD
+    return _SUBGROUPS
+
+
+def schedule_subgroups(ctx: RankContext, schedule: Schedule) -> list[tuple[int, ...]]:
+    """The global ranks of every group a schedule's collectives run on, but its whole
+    group, in the order they first appear (rank by rank)."""
+    everyone = tuple(range(schedule.world))
+    seen = dict.fromkeys(step.group for steps in schedule.steps for step in steps
+                         if isinstance(step, Collective) and step.group != everyone)
+    return [tuple(ctx.global_rank(m) for m in group) for group in seen]
+
+
+def make_subgroups_everywhere(ctx: RankContext, groups: list[tuple[int, ...]]) -> None:
+    """Make the subgroups ``groups`` (global ranks) and those every other rank asks for.
+
+    Collective over the whole world: ``dist.new_group`` is, so when a schedule runs on a
+    process subgroup (one context-parallel group of several), every rank of every group
+    calls this at the same point (``ShardedAttention`` does, at construction), the ranks
+    exchange what they need and all make the union, in one order.
+    """
+    asked: list = [None] * dist.get_world_size()
+    try:
+        dist.all_gather_object(asked, sorted(set(groups)))
+    except Exception as exc:
+        raise RuntimeFailure(f"rank {ctx.rank}: cannot agree on the subgroups to make "
+                             f"({str(exc).splitlines()[0][:200]})") from exc
+    made = _made()
+    for group in sorted({tuple(g) for mine in asked for g in mine}):
+        if group not in made:
+            made[group] = dist.new_group(list(group), timeout=ctx.timeout)
+
+
 class Groups:
-    """The groups a schedule's collectives run on, created once per run setup; indexing
-    with a group's ranks gives this rank's :class:`CollectiveOps` for it (members only)."""
+    """The groups a schedule's collectives run on, made once per process group (see
+    :func:`make_subgroups_everywhere`); indexing with a group's ranks gives this rank's
+    :class:`CollectiveOps` for it (members only)."""
 
     def __init__(self, ctx: RankContext, schedule: Schedule,
-                 channel: ShmChannel | None = None) -> None:
+                 channel: Channel | None = None) -> None:
         self.ctx = ctx
         self.ops: dict[tuple[int, ...], CollectiveOps | None] = {}
         everyone = tuple(range(schedule.world))
         for steps in schedule.steps:
             for step in steps:
                 if isinstance(step, Collective) and step.group not in self.ops:
-                    if step.group != everyone and ctx.group is not None:
-                        # new_group is collective over the whole world, which the other
-                        # context-parallel groups are not running in step with
-                        raise RuntimeFailure(
-                            f"{schedule.algorithm}: its collective over ranks "
-                            f"{list(step.group)} needs a subgroup of the process subgroup "
-                            "it runs on; run it on the default group, or pick another "
-                            "algorithm")
-                    handle = (None if step.group == everyone else
-                              dist.new_group(list(step.group), timeout=ctx.timeout))
-                    self.ops[step.group] = (CollectiveOps(ctx, step.group, handle, channel)
+                    handle = None if step.group == everyone else self._subgroup(schedule, step)
+                    self.ops[step.group] = (collective_ops(ctx, step.group, handle, channel)
                                             if ctx.rank in step.group else None)
+
+    def _subgroup(self, schedule: Schedule, step: Collective):
+        ranks = tuple(self.ctx.global_rank(m) for m in step.group)
+        made = _made()
+        if ranks not in made:
+            if self.ctx.group is not None:
+                # new_group is collective over the whole world, which the other
+                # context-parallel groups are not running in step with here
+                raise RuntimeFailure(
+                    f"{schedule.algorithm}: its collective over ranks {list(step.group)} "
+                    "needs a subgroup of the process subgroup it runs on, made beforehand "
+                    "by every rank of the world (ShardedAttention does so at construction); "
+                    "run it on the default group, or pick another algorithm")
+            made[ranks] = dist.new_group(list(ranks), timeout=self.ctx.timeout)
+        return made[ranks]
 
     def __getitem__(self, group: tuple[int, ...]) -> CollectiveOps:
         return self.ops[group]

@@ -7,8 +7,10 @@ rank that died, and a timeout while waiting on a peer. Messages name the rank(s)
 
 from __future__ import annotations
 
+from treeattn.errors import TreeattnError
 
-class RuntimeFailure(Exception):
+
+class RuntimeFailure(TreeattnError):
     """A distributed run could not start or did not finish; the message names the cause."""
 
 

@@ -9,9 +9,9 @@ The semantics are those of ``treeattn/schedule/ir.py``, step for step:
 - ``Recv``: wait (with a timeout that names the peer) for a receive posted ahead: the next
   receive is posted as soon as the previous one completed, so at most one is in flight ahead.
   For ring this puts the next KV block on the wire while the current one is attended to.
-  Messages go through :mod:`treeattn.runtime.transport`: small ones between CPU ranks of
-  one host through shared memory, the rest through ``isend``/``irecv`` (gloo) or
-  ``batch_isend_irecv`` (NCCL, which needs its point-to-point calls grouped);
+  Messages go through :mod:`treeattn.runtime.transport`: ``isend``/``irecv`` (gloo) or
+  ``batch_isend_irecv`` (NCCL, which needs its point-to-point calls grouped), or a local
+  channel where one is plugged in (the CPU test bed's mailboxes for small ones);
 - ``Merge``: the log-sum-exp merge (``treeattn.kernels.merge``), a max, a sum or a
   log-sum-exp, of a received message or of what a collective kept;
 - ``Collective``: one library collective on a subgroup made once per run setup
@@ -28,10 +28,11 @@ is stamped into a preallocated list; the empty shard's identity partial is made 
 CPU memory walk, whose result is the same on every run of one executor with the same inputs,
 runs on the first run only (``memory=True`` forces it on every run).
 
-On CPU ranks that share a host, a rank whose steps are its attention followed by whole-partial
-sends, receives and merges (tree, all-gather, butterfly at powers of two) runs them, the attention
-included, as one C call over the shared-memory mailboxes (:mod:`treeattn.runtime.local.shm_program`)
-on every run that does not walk memory. Its results and timeline are the Python steps'.
+Where a local transport is plugged in (:func:`treeattn.runtime.transport.compile_program`:
+the CPU test bed's mailboxes), a rank whose steps are its attention followed by whole-partial
+sends, receives and merges (tree, all-gather, butterfly at powers of two) may run them, the
+attention included, as one compiled call on every run that does not walk memory. Its results
+and timeline are the Python steps'.
 """
 
 from __future__ import annotations
@@ -46,9 +47,8 @@ from treeattn.runtime import passq
 from treeattn.runtime.collectives import Groups
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.local.shm_program import compile_program
 from treeattn.runtime.run_state import KVPool, RunState, RunStats, attend_packed, handler_for
-from treeattn.runtime.transport import transport_for
+from treeattn.runtime.transport import compile_program, transport_for
 from treeattn.runtime.wire import (
     AttnDims,
     identity_partial,
@@ -79,9 +79,9 @@ class Executor:
     scale
         Score scale, default ``1 / sqrt(D)``.
     compiled
-        Run a plain reduction of partials as one C call where it can
-        (:mod:`treeattn.runtime.local.shm_program`); False keeps the Python steps (calibration
-        measures both).
+        Run a plain reduction of partials as one compiled call where the plugged-in local
+        transport can (:func:`~treeattn.runtime.transport.compile_program`); False keeps the
+        Python steps (calibration measures both).
     """
 
     def __init__(
@@ -108,7 +108,7 @@ class Executor:
         self.names = [step_name(s) for s in self.steps]
         self.handlers = [handler_for(s) for s in self.steps]
         self.transport = transport_for(ctx)  # collective the first time, as Groups is
-        # every rank makes every subgroup, in one order; small collectives use the mailboxes
+        # every rank makes every subgroup, in one order; a local channel may take small ones
         self.groups = Groups(ctx, schedule, self.transport.channel)
         self.on_cuda = ctx.device.type == "cuda"
         self.recv_buffers: dict[int, torch.Tensor] = {}  # step index -> reused buffer (not KV)
@@ -124,8 +124,8 @@ class Executor:
         self.owned = {b.untyped_storage().data_ptr()
                       for b in [*self.recv_buffers.values(), self.identity]}
         self.peaks: dict[tuple, int] = {}  # input signature -> CPU memory peak of a run
-        # A partial-only reduction over the mailboxes runs as one C call (shm_program.py);
-        # it moves fp32 partials, so a bf16 wire format keeps the Python steps
+        # A partial-only reduction over a local channel may run as one compiled call; it
+        # moves fp32 partials, so a bf16 wire format keeps the Python steps
         plain = compiled and not self.on_cuda and schedule.partial_dtype == "fp32"
         self.program = None if not plain else compile_program(
             self.steps, self.names, ctx.rank, self.transport.channel, self.dims)

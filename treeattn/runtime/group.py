@@ -10,6 +10,7 @@ CUDA. Every wait carries a timeout, and a failed or timed-out wait raises
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -27,6 +28,14 @@ ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 STORE_HOSTED_ENV = "TREEATTN_STORE_HOSTED"
 DEFAULT_TIMEOUT_S = 30.0
 HEARTBEAT_S = 0.5
+# The host a rank says it is on, where it is not its machine's name: CPU ranks of one
+# machine laid out as several hosts (a test, a rehearsal of a multi-host layout).
+HOST_ENV = "TREEATTN_HOST"
+
+
+def host_name() -> str:
+    """The host this rank runs on: ``$TREEATTN_HOST`` if set, else the machine's name."""
+    return os.environ.get(HOST_ENV) or socket.gethostname()
 
 
 @dataclass(frozen=True)

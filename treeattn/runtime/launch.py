@@ -31,6 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from treeattn.errors import TreeattnError
 from treeattn.runtime.errors import RankLost, RankTimeout, RuntimeFailure
 from treeattn.runtime.group import (
     DEFAULT_TIMEOUT_S,
@@ -40,15 +41,11 @@ from treeattn.runtime.group import (
     heartbeat_key,
     init_group,
 )
-from treeattn.runtime.local.binding import BIND_CHOICES, GROUP_CPUS_ENV, available_cpus, pin_rank
+from treeattn.runtime.transport import LocalPlugin, plug_in, plugged_in
 
 MAX_LOCAL_WORLD = 64
-FAULT_ENV = "TREEATTN_FAULT_KILL"  # "RANK:SECONDS": that rank SIGKILLs itself (tests only)
-FAULT_STOP_ENV = "TREEATTN_FAULT_STOP"  # "RANK:SECONDS": that rank SIGSTOPs itself (tests only)
 MIN_TIMEOUT_S = 1.0  # below this a busy machine's scheduling jitter reads as a lost peer
-# A week: past any wait worth having, and within what a process group's timeout holds (gloo
-# keeps milliseconds in 32 bits, and timedelta overflows on 1e300 seconds).
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: past it a wait is a hang (and overflows timedelta)
 WATCH_POLL_S = 0.25  # how often the launcher looks at its ranks and their heartbeats
 
 
@@ -61,7 +58,9 @@ class LaunchOptions:
     threads: int | None = 1  # torch threads per rank
     device: str = "auto"
     port: int | None = None  # the store's loopback port; None: pick a free one
-    bind: str = "auto"  # pin ranks to cores: "auto" (when they outnumber them), "cores", "none"
+    # pin ranks to cores: "auto" (when they outnumber them), "cores", "none"; what a
+    # plugged-in local transport does with it (treeattn.runtime.transport.LocalPlugin)
+    bind: str = "auto"
 
 
 def free_port() -> int:
@@ -80,28 +79,13 @@ def check_world(world: int) -> None:
 def check_timeout(timeout_s: float) -> float:
     """Return ``timeout_s`` if it is a sane per-wait timeout, else raise RuntimeFailure.
 
-    NaN, infinity, huge and tiny values would either never fire, overflow the process group's
-    clock or fire on every wait.
+    NaN, infinity, huge and tiny values would either never fire or fire on every wait.
     """
     if not math.isfinite(timeout_s) or not MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S:
-        raise RuntimeFailure(f"--timeout must be a finite number of seconds from "
-                             f"{MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g}, got {timeout_s:g}")
+        raise RuntimeFailure(
+            f"--timeout must be a finite number of seconds >= {MIN_TIMEOUT_S:g}, at most "
+            f"{MAX_TIMEOUT_S:g}, got {timeout_s}")
     return float(timeout_s)
-
-
-def _arm_fault(rank: int) -> None:
-    """Test hooks: ``TREEATTN_FAULT_KILL=RANK:SECONDS`` makes that rank die by SIGKILL, and
-    ``TREEATTN_FAULT_STOP=RANK:SECONDS`` freezes it by SIGSTOP (a hung rank), after a delay."""
-    for env, sig in ((FAULT_ENV, signal.SIGKILL), (FAULT_STOP_ENV, signal.SIGSTOP)):
-        spec = os.environ.get(env)
-        if not spec:
-            continue
-        victim, _, delay = spec.partition(":")
-        if int(victim) != rank:
-            continue
-        timer = threading.Timer(float(delay or 0), os.kill, args=(os.getpid(), sig))
-        timer.daemon = True
-        timer.start()
 
 
 def run_in_group(
@@ -109,7 +93,6 @@ def run_in_group(
 ) -> tuple[RankContext, Any]:
     """Join the group from the environment, run ``job`` on this rank, leave the group."""
     ctx = init_group(options.timeout_s, options.threads, options.device)
-    _arm_fault(ctx.rank)
     try:
         return ctx, job(ctx)
     finally:
@@ -133,11 +116,11 @@ def _die_with_parent() -> None:
 
 
 def _child(local_rank: int, world: int, port: int, job, options: LaunchOptions, out: str,
-           cpus: list[int]) -> None:
+           cpus: list[int], plugin: LocalPlugin | None) -> None:
     _die_with_parent()
-    os.environ[GROUP_CPUS_ENV] = ",".join(map(str, cpus))
-    # before joining, so that gloo's threads are bound with the rank
-    pin_rank(local_rank, world, options.threads, options.bind)
+    plug_in(plugin)  # the launcher's local transport, if any, on this rank too
+    if plugin is not None:
+        plugin.start_rank(local_rank, world, options.threads, options.bind, cpus)
     _quiet_native_stderr(Path(out, f"rank{local_rank}.log"))
     os.environ.update(
         RANK=str(local_rank),
@@ -186,9 +169,7 @@ def _kind(exc: BaseException) -> str:
     """``lost`` (a peer died or timed out), ``user`` (bad input) or ``bug``."""
     if isinstance(exc, (RankLost, RankTimeout)):
         return "lost"
-    from treeattn.errors import user_error_types
-
-    if isinstance(exc, user_error_types()):
+    if isinstance(exc, TreeattnError):
         return "user"
     return "bug"
 
@@ -208,9 +189,8 @@ def launch(job: Callable[[RankContext], Any], world: int, options: LaunchOptions
     """
     options = options or LaunchOptions()
     check_world(world)
-    if options.bind not in BIND_CHOICES:
-        raise RuntimeFailure(f"--bind must be one of {', '.join(BIND_CHOICES)}, "
-                             f"got {options.bind!r}")
+    if plugged_in() is not None:
+        plugged_in().check_launch(world, options.threads, options.bind)
     with _loopback_listener(options.port) as (listener, port):
         store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                               master_listen_fd=listener.fileno(),
@@ -264,10 +244,11 @@ def _stop_on_signals():
 
 def _launch_once(job, world: int, options: LaunchOptions, port: int, store=None):
     spawn = mp.get_context("spawn")
-    cpus = available_cpus()
+    plugin = plugged_in()
+    cpus = plugin.launcher_cpus() if plugin is not None else []
     with tempfile.TemporaryDirectory(prefix="treeattn-launch-") as out:
         procs = [
-            spawn.Process(target=_child, args=(r, world, port, job, options, out, cpus),
+            spawn.Process(target=_child, args=(r, world, port, job, options, out, cpus, plugin),
                           daemon=True)
             for r in range(world)
         ]

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 from treeattn.kernels import merge, partial_attention
+from treeattn.runtime.collective_ops import CollectiveOps
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.wire import AttnDims
 from treeattn.schedule.ir import Collective
 from treeattn.schedule.payloads import CollectiveOp

@@ -134,11 +134,18 @@ def workload_for(dims: AttnDims, lengths: list[int]) -> DecodeWorkload:
     )
 
 
-def local_topology(world: int):
-    """The uncalibrated local topology (used when no profile is given)."""
+def local_topology(world: int, hosts: list[str] | None = None):
+    """The uncalibrated local topology (used when no profile is given); ``hosts`` names each
+    rank's host (:func:`treeattn.runtime.group.host_name`), default one host for all."""
     from treeattn.topo import Topology
 
-    return Topology.from_spec(f"local:ranks={world}")
+    if hosts is None or len(set(hosts)) == 1:
+        return Topology.from_spec(f"local:ranks={world}")
+    from treeattn.topo.builders import local_layout
+
+    index = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+    return Topology(local_layout([index[h] for h in hosts]),
+                    name=f"local:ranks={world} on {len(index)} hosts")
 
 
 def build(algorithm: str, topology, workload: DecodeWorkload, models: tuple = (None, None),
@@ -150,10 +157,10 @@ def build(algorithm: str, topology, workload: DecodeWorkload, models: tuple = (N
     if algorithm not in ALGORITHMS:
         raise RuntimeFailure(f"unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
     if algorithm == "auto":
-        from treeattn.sim import plan
+        from treeattn.sim import plan_workload
 
         # the runtime sends with the process group's collectives and messages: plan on those
-        return plan(topology, workload, *models, transports=("nccl",)).schedule
+        return plan_workload(topology, workload, *models, transports=("nccl",)).schedule
     return build_schedule(algorithm, topology, workload, **params)
 
 

@@ -40,7 +40,7 @@ from treeattn.runtime.prefill_ring import (
     PREFILL_TAG,
     RingStats,
     causal_partial,
-    merge_partials,
+    merge_prefill_pair,
     post_p2p,
 )
 from treeattn.runtime.transport import transport_for
@@ -104,11 +104,11 @@ def passq_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
             wait_work(work, ctx, peer, f"prefill pass-Q step {step}")
         back = ()
         if part and origin == rank:
-            mine = merge_partials(mine, part)
+            mine = merge_prefill_pair(mine, part)
         elif part:
             back = part
         if incoming:
-            mine = merge_partials(mine, incoming)
+            mine = merge_prefill_pair(mine, incoming)
         if step < world - 1:
             current = nxt if nxt is not None else q.new_empty(b, hq, 0, d)
     return mine[0]

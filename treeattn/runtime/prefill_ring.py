@@ -28,11 +28,12 @@ import torch
 import torch.distributed as dist
 
 from treeattn.runtime.group import RankContext, wait_work
-from treeattn.runtime.local.shm import MAX_TAGS
 from treeattn.runtime.transport import transport_for
 from treeattn.sim.prefill.layout import PrefillLayout, Run
 
-PREFILL_TAG = MAX_TAGS + 16  # above the mailboxes' tags: blocks always take the process group
+# far above the tags a schedule's rounds use, and any local channel's (the test bed's mailboxes
+# take tags 0..8): blocks always take the process group
+PREFILL_TAG = 24
 TILE_Q, TILE_K = 256, 1024  # score tiles: bound the (queries x keys) fp32 scratch
 PREFILL_ALGORITHMS = ("pass-kv", "pass-q")  # what the runtime runs (pass-Q: prefill_passq)
 
@@ -44,7 +45,7 @@ def run_positions(runs: tuple[Run, ...], device) -> torch.Tensor:
     return torch.cat([torch.arange(a, b, device=device) for a, b in runs])
 
 
-def merge_partials(acc, part):
+def merge_prefill_pair(acc, part):
     """Log-sum-exp merge of two partials ``(o (B,Hq,T,D), lse (B,Hq,T))``, fp32; rows with
     ``lse = -inf`` (no key seen) are the identity."""
     (o1, l1), (o2, l2) = acc, part
@@ -95,7 +96,7 @@ def causal_partial(q: torch.Tensor, q_pos: list[int], kv: torch.Tensor, k_pos: l
             tile_lse = torch.logsumexp(scores, dim=-1)  # (B, Hkv, G*n)
             finite = torch.where(torch.isinf(tile_lse), torch.zeros_like(tile_lse), tile_lse)
             probs = scores.sub_(finite[..., None]).exp_()  # masked entries exp(-inf) = 0
-            acc = merge_partials(acc, (torch.matmul(probs, vt), tile_lse))
+            acc = merge_prefill_pair(acc, (torch.matmul(probs, vt), tile_lse))
         o[:, :, q0:q1] = acc[0].reshape(b, hq, n, d)
         lse[:, :, q0:q1] = acc[1].reshape(b, hq, n)
     return o, lse
@@ -174,7 +175,7 @@ def ring_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
         if current.shape[3]:
             keep(src, current)
             if layout.sees(rank, src):
-                acc = merge_partials(acc, causal_partial(q, q_pos, current,
+                acc = merge_prefill_pair(acc, causal_partial(q, q_pos, current,
                                                          layout.positions(src), scale))
         for work, peer in pending:
             wait_work(work, ctx, peer, f"prefill ring step {step}")

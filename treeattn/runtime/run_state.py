@@ -371,7 +371,7 @@ class RunState:
         butterfly round) run the same floating-point operations and keep the same bits (the
         merge kernels fuse a multiply-add, so operand order shows in the last bit). An fp32
         wire keeps (mine, theirs), the order the compiled program
-        (:mod:`treeattn.runtime.local.shm_program`) merges in, bit for bit."""
+        (:mod:`treeattn.testbed.transport.shm_program`) merges in, bit for bit."""
         dims, mine = self.ex.dims, self.bufs["partial"]
         first = (src is None or self.ex.schedule.partial_dtype == "fp32"
                  or self.ex.ctx.rank < src)
@@ -387,10 +387,6 @@ class RunState:
         self.bufs["partial"] = put_slice(mine, dims, "partial", chunk, merged)
 
     # -- bookkeeping -----------------------------------------------------------------------
-    def sync_device(self) -> None:
-        if self.ex.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ex.ctx.device)
-
     def sample_memory(self) -> None:
         live = [t for t in self.bufs.values() if t is not None]
         live += [m for queue in self.pending.values() for _, m in queue]

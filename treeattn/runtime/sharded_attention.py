@@ -9,18 +9,27 @@ very schedule ``treeattn plan`` predicts and ``treeattn run`` measures), through
 
 The caller's tensors are never copied. A shard whose ``k`` and ``v`` are the two halves of
 one (2, B, Hkv, T, D) tensor (as :class:`treeattn.hf.ShardedCache` stores them) goes to the
-executor as that tensor, so CPU ranks on one host take the compiled path
-(:mod:`treeattn.runtime.local.shm_program`); otherwise this rank's partial is computed from the
-two tensors (:func:`treeattn.kernels.partial_attention`, which also takes ``kv_len``) and the
-executor reduces it as the partial of its own shard. The two algorithms that put KV or
-queries on the wire (``ring``, ``ring-passq``) need the one-tensor form: they stack the
-shard into a new send buffer if it is not, and take no ``kv_len``.
+executor as that tensor, so CPU ranks on one host take the compiled path where the test bed's
+transport is plugged in (:func:`treeattn.runtime.transport.compile_program`); otherwise this
+rank's partial is computed from the two tensors (:func:`treeattn.kernels.partial_attention`,
+which also takes ``kv_len``) and the executor reduces it as the partial of its own shard. The
+two algorithms that put KV or queries on the wire (``ring``, ``ring-passq``) need the
+one-tensor form: they stack the shard into a new send buffer if it is not, and take no
+``kv_len``.
 
 Agreement: every rank must run the same schedule on the same shapes. At set-up, and the
 first time a new shape is seen, the ranks exchange a digest of the algorithm, the schedule,
 the shapes and the dtype; if they differ, every rank raises one
 :class:`ShardedAttentionError` naming the ranks on each side, instead of deadlocking in
-mismatched messages.
+mismatched messages. Every exchange and every wait of the reduction has the timeout
+``timeout_s``: a rank that does not make the same call in time is named in the error
+(:func:`treeattn.runtime.agreement.gather_named`) rather than waited for forever.
+
+Which schedule: a :class:`~treeattn.sim.planning.planner.Plan` (``treeattn.plan``), a
+plan file's ``schedule``, or an ``algorithm`` name built for each new shape. ``"auto"``
+(the default) plans on the topology of the group's devices: the CPU ranks of this host for a
+gloo group; for a CUDA group, the ``topology`` the caller gives (its GPUs are not a CPU
+topology, and the group cannot tell which GPUs they are).
 
 LSE: the log-sum-exp returned with ``return_lse=True`` is natural-log (see
 :mod:`treeattn.kernels.lse`); :meth:`ShardedAttention.reduce` takes a caller's partial and
@@ -33,22 +42,29 @@ import hashlib
 import json
 import math
 import time
+from numbers import Real
 
 import torch
 import torch.distributed as dist
 
+from treeattn.errors import TreeattnError
 from treeattn.kernels import partial_attention
 from treeattn.kernels.lse import natural_lse
+from treeattn.runtime.agreement import gather_named
+from treeattn.runtime.collectives import make_subgroups_everywhere, schedule_subgroups
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.executor import Executor
-from treeattn.runtime.group import RankContext, all_gather_objects
+from treeattn.runtime.group import RankContext, all_gather_objects, host_name
 from treeattn.runtime.plans import ALGORITHMS, build, dtype_name, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims, pack_partial, unpack_partial
 from treeattn.schedule.algorithms import ALIASES
 from treeattn.schedule.ir import Compute, Schedule, Send
+from treeattn.schedule.workload import DecodeWorkload
 from treeattn.sim.files.export import schedule_to_json
+from treeattn.sim.planning.planner import Plan
 
 DEFAULT_TIMEOUT_S = 60.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it a wait is a hang by another name
 KV_PAYLOADS = ("kv", "qblock", "outbox")  # payloads that carry KV or queries, not partials
 
 
@@ -56,10 +72,20 @@ class ShardedAttentionError(RuntimeFailure):
     """Bad input to :class:`ShardedAttention`, or ranks that do not agree on it."""
 
 
+def check_timeout(timeout_s) -> float:
+    """``timeout_s`` as seconds, if a finite positive number up to :data:`MAX_TIMEOUT_S`."""
+    if (isinstance(timeout_s, bool) or not isinstance(timeout_s, Real)
+            or not 0 < timeout_s <= MAX_TIMEOUT_S):  # NaN fails every comparison
+        raise ShardedAttentionError(f"timeout_s must be a number of seconds in (0, "
+                                    f"{MAX_TIMEOUT_S:g}], got {timeout_s!r:.40}")
+    return float(timeout_s)
+
+
 def group_context(group=None, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankContext:
     """This rank's :class:`RankContext` in ``group`` (None: the default group). A subgroup
     (``dist.new_group``, e.g. one context-parallel group beside tensor-parallel ones) gives
     ranks within it, and the global rank of each member for addressing peers."""
+    timeout_s = check_timeout(timeout_s)
     if not dist.is_available() or not dist.is_initialized():
         raise ShardedAttentionError("torch.distributed is not initialised: call "
                                     "dist.init_process_group first (gloo on CPU, nccl on CUDA)")
@@ -84,7 +110,7 @@ def group_context(group=None, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankConte
 def agree(ctx: RankContext, what: str, value: str) -> list:
     """Raise :class:`ShardedAttentionError` on every rank unless all ranks hold the same
     ``value`` (a short digest); ``what`` names it in the message."""
-    seen = all_gather_objects(ctx, value)
+    seen = gather_named(ctx, value, what)
     if len(set(seen)) == 1:
         return seen
     sides: dict[str, list[int]] = {}
@@ -149,37 +175,66 @@ class _Reducer(Executor):
 class ShardedAttention:
     """Exact decode attention over the KV shards of every rank of ``group``.
 
-    ``plan_or_algorithm``: a :class:`~treeattn.sim.planning.planner.Plan` (``treeattn.plan(...)``),
-    whose schedule runs as planned; or an algorithm name (``"tree"``, ``"butterfly"``,
-    ``"dcp"``, ... or ``"auto"``, the planner's pick on an uncalibrated local topology),
-    built for each new shape. ``group``: the default group (None) or a subgroup
-    (``dist.new_group``). ``scale``: the score scale (default ``1/sqrt(D)``). Constructing it
-    is collective.
+    Give at most one of: ``plan``, a :class:`~treeattn.sim.planning.planner.Plan`
+    (``treeattn.plan(...)``), whose schedule runs as planned; ``schedule``, a plan file's
+    :class:`~treeattn.schedule.ir.Schedule`; or ``algorithm``, a name (``"tree"``,
+    ``"butterfly"``, ``"dcp"``, ...) built for each new shape, or ``"auto"`` (the default),
+    the planner's pick for each new shape on ``topology``: a spec, file or
+    :class:`~treeattn.topo.Topology` of the group's GPUs, required on a CUDA group; the
+    local CPU ranks of a gloo group by default. ``group``: the default group (None) or a
+    subgroup (``dist.new_group``). ``scale``: the score scale (default ``1/sqrt(D)``).
+    ``timeout_s``: the longest any rank waits on another, in every call. Constructing it is
+    collective.
+
+    ``"hier"`` reads each rank's host (:func:`~treeattn.runtime.group.host_name`: the
+    machine, or ``$TREEATTN_HOST``) and runs node then rail all-gathers on subgroups made
+    once, here. On a process subgroup, constructing it (or a plan whose collectives need
+    subgroups) is collective over the whole world, since torch makes process groups so:
+    every context-parallel group constructs its own at the same point.
     """
 
-    def __init__(self, plan_or_algorithm="auto", group=None, *, scale: float | None = None,
+    def __init__(self, plan: Plan | None = None, group=None, *, algorithm: str | None = None,
+                 schedule: Schedule | None = None, topology=None, scale: float | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        given = [name for name, v in (("plan", plan), ("schedule", schedule),
+                                      ("algorithm", algorithm)) if v is not None]
+        if len(given) > 1:
+            raise ShardedAttentionError(f"give one of plan, schedule and algorithm, not "
+                                        f"{' and '.join(given)}")
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, Real)
+                                  or not 0 < scale < math.inf):
+            raise ShardedAttentionError(f"scale must be a finite positive number, got "
+                                        f"{scale!r:.40}")
         self.ctx = group_context(group, timeout_s)
         self.scale = scale
-        self.plan, self.schedule = None, None
-        if isinstance(plan_or_algorithm, str):
-            name = ALIASES.get(plan_or_algorithm, plan_or_algorithm)
-            if name not in ALGORITHMS:
-                raise ShardedAttentionError(f"unknown algorithm {plan_or_algorithm!r} "
-                                            f"(known: {', '.join(ALGORITHMS)})")
-            self.algorithm, world, described = name, self.ctx.world, name
-        elif isinstance(plan_or_algorithm, Schedule):  # a plan file's schedule, shapes unchecked
-            self.schedule = plan_or_algorithm
-            self.algorithm, world = self.schedule.algorithm, self.schedule.world
+        self.plan, self.schedule, self.topology = None, None, None
+        if plan is not None:
+            if not isinstance(plan, Plan):
+                hint = (f"; for an algorithm name, pass algorithm={plan!r}"
+                        if isinstance(plan, str) else "")
+                raise ShardedAttentionError(f"plan must be a Plan from treeattn.plan, got "
+                                            f"{type(plan).__name__}{hint}")
+            self.plan, self.schedule = plan, plan.schedule
+            self.algorithm, world = plan.algorithm, self.schedule.world
             described = schedule_to_json(self.schedule)
-        elif hasattr(plan_or_algorithm, "schedule") and hasattr(plan_or_algorithm, "workload"):
-            self.plan = plan_or_algorithm
-            self.schedule = self.plan.schedule
-            self.algorithm, world = self.plan.algorithm, self.schedule.world
-            described = schedule_to_json(self.schedule)
+        elif schedule is not None:  # a plan file's schedule, shapes unchecked
+            if not isinstance(schedule, Schedule):
+                raise ShardedAttentionError(f"schedule must be a Schedule, got "
+                                            f"{type(schedule).__name__}")
+            self.schedule = schedule
+            self.algorithm, world = schedule.algorithm, schedule.world
+            described = schedule_to_json(schedule)
         else:
-            raise ShardedAttentionError("ShardedAttention takes a Plan, a Schedule or an "
-                                        f"algorithm name, got {type(plan_or_algorithm).__name__}")
+            name = "auto" if algorithm is None else algorithm
+            if not isinstance(name, str) or ALIASES.get(name, name) not in ALGORITHMS:
+                raise ShardedAttentionError(f"unknown algorithm {name!r:.40} "
+                                            f"(known: {', '.join(ALGORITHMS)})")
+            name = ALIASES.get(name, name)
+            self.topology = self._topology(topology) if name == "auto" else None
+            self.algorithm, world, described = name, self.ctx.world, name
+        if topology is not None and self.topology is None:
+            raise ShardedAttentionError("topology is what algorithm='auto' plans on; a plan, "
+                                        "a schedule or a named algorithm takes none")
         if self.schedule is not None and self.schedule.output_layout != "replicated":
             raise ShardedAttentionError(
                 f"the plan leaves its output {self.schedule.output_layout}; ShardedAttention "
@@ -188,9 +243,53 @@ class ShardedAttention:
             raise ShardedAttentionError(f"the plan is for {world} ranks, the group has "
                                         f"{self.ctx.world}")
         agree(self.ctx, "the plan", digest([self.algorithm, world, described, scale]))
+        self.hosts = None  # each rank's host, where the schedule depends on the hosts
+        if self.schedule is None and self.algorithm == "hier":
+            self.hosts = [str(h) for h in all_gather_objects(self.ctx, host_name())]
+        self._make_subgroups()
         self._executors: dict[tuple, tuple[_Reducer, bool, list[int]]] = {}
         self._empty: dict[tuple, torch.Tensor] = {}
         self.calls, self.elapsed_s = 0, 0.0  # calls made and their wall time, for reports
+
+    def _make_subgroups(self) -> None:
+        """On a process subgroup, make the subgroups the schedule's collectives run on, with
+        every rank of the world (``dist.new_group`` is collective over it): ``hier`` by
+        name, or a plan whose collectives need them. Every context-parallel group then
+        constructs its ``ShardedAttention`` at the same point."""
+        if self.ctx.group is None:
+            return
+        if self.schedule is not None:
+            needed = schedule_subgroups(self.ctx, self.schedule)
+            if not needed:
+                return
+        elif self.algorithm == "hier":
+            shape = build("hier", local_topology(self.world, self.hosts),
+                          DecodeWorkload("debug", self.world))
+            needed = schedule_subgroups(self.ctx, shape)
+        else:
+            return
+        make_subgroups_everywhere(self.ctx, needed)
+
+    def _topology(self, topology):
+        """What ``"auto"`` plans on: the given topology of the group's devices, or the local
+        CPU ranks of a CPU group. A CUDA group's GPUs need to be described by the caller."""
+        from treeattn.topo import Topology
+
+        if topology is None:
+            if self.ctx.device.type != "cpu":
+                raise ShardedAttentionError(
+                    f"algorithm='auto' on a {self.ctx.backend} group plans on its GPUs' "
+                    "topology: pass topology= (a spec such as 'dgx-h100:nodes=1', or a file "
+                    "from `treeattn topo`), or a plan from treeattn.plan")
+            return local_topology(self.ctx.world)
+        try:
+            found = topology if isinstance(topology, Topology) else Topology.load(topology)
+        except (TreeattnError, TypeError, OSError) as exc:
+            raise ShardedAttentionError(f"topology: {exc}") from None
+        if found.num_gpus != self.ctx.world:
+            raise ShardedAttentionError(f"the topology has {found.num_gpus} GPUs, the group "
+                                        f"{self.ctx.world} ranks")
+        return found
 
     @property
     def world(self) -> int:
@@ -222,21 +321,34 @@ class ShardedAttention:
                 raise ShardedAttentionError(
                     f"shapes Hq={hq}, Hkv={k.shape[1]}, D={d} do not match the plan's "
                     f"{m.n_heads} query / {m.n_kv_heads} KV heads of dimension {m.head_dim}")
-        if kv_len is not None and (not isinstance(kv_len, torch.Tensor)
-                                   or tuple(kv_len.shape) != (b,)):
-            raise ShardedAttentionError(f"kv_len must be a tensor of shape ({b},)")
+        if kv_len is not None:
+            self._check_kv_len(kv_len, b, k.shape[2])
         try:
             dtype_name(k.dtype)
         except RuntimeFailure as exc:
             raise ShardedAttentionError(f"KV dtype {k.dtype} is not supported") from exc
         return AttnDims(b, hq, k.shape[1], d, k.dtype)
 
+    def _check_kv_len(self, kv_len, batch: int, tokens: int) -> None:
+        """``kv_len`` (B,) integers within this rank's shard: ``0 <= kv_len <= T``."""
+        if (not isinstance(kv_len, torch.Tensor) or tuple(kv_len.shape) != (batch,)
+                or kv_len.dtype.is_floating_point or kv_len.dtype.is_complex
+                or kv_len.dtype == torch.bool):
+            shown = (f"{kv_len.dtype} {tuple(kv_len.shape)}" if isinstance(kv_len, torch.Tensor)
+                     else type(kv_len).__name__)
+            raise ShardedAttentionError(f"kv_len must be an integer tensor of shape ({batch},), "
+                                        f"got {shown}")
+        if batch and (int(kv_len.min()) < 0 or int(kv_len.max()) > tokens):
+            raise ShardedAttentionError(f"kv_len {kv_len.tolist()[:8]} must lie within this "
+                                        f"rank's shard of {tokens} tokens")
+
     # -- executors ------------------------------------------------------------------------
     def _schedule(self, dims: AttnDims, lengths: list[int]) -> Schedule:
         if self.schedule is not None:
             return self.schedule
         lengths = lengths if sum(lengths) >= len(lengths) else [1] * len(lengths)
-        return build(self.algorithm, local_topology(self.world), workload_for(dims, lengths))
+        topology = self.topology or local_topology(self.world, self.hosts)  # a named one's
+        return build(self.algorithm, topology, workload_for(dims, lengths))
 
     def _executor(self, dims: AttnDims, scale: float, length: int):
         """The executor for these shapes, made collectively the first time each is seen.
@@ -249,7 +361,8 @@ class ShardedAttention:
             return found
         shape = [dims.batch, dims.n_heads, dims.n_kv_heads, dims.head_dim, str(dims.kv_dtype),
                  scale]
-        seen = all_gather_objects(self.ctx, (digest(shape), length))
+        seen = gather_named(self.ctx, [digest(shape), length], "the first call of this shape"
+                            if found is None else "a call")
         if len({s for s, _ in seen}) > 1:
             agree(self.ctx, f"the shapes (this rank: B, Hq, Hkv, D, dtype, scale = {shape})",
                   digest(shape))

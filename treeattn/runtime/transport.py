@@ -1,14 +1,18 @@
-"""Point-to-point messages as the executor sends them: shared memory or the process group.
+"""Point-to-point messages as the executor sends them: the process group, or a transport
+plugged in for ranks of one host.
 
 Every ``Send``/``Recv`` of the executor, and the calibration's ping-pong and exchange that
 price them, go through :func:`transport_for`, so the simulator is calibrated on the path the
 executor really takes:
 
-- a message of at most :data:`treeattn.runtime.local.shm.SLOT_BYTES` with a small tag, between CPU
-  gloo ranks on one host, goes through a shared-memory mailbox (:mod:`treeattn.runtime.local.shm`);
-- everything else through ``torch.distributed``: plain ``isend``/``irecv`` on gloo, and
-  ``batch_isend_irecv`` on NCCL, which needs its point-to-point calls grouped. Waiting on such
-  a message also pushes this rank's deferred mailbox sends (:class:`_Pushing`).
+- by default everything goes through ``torch.distributed``: plain ``isend``/``irecv`` on
+  gloo, and ``batch_isend_irecv`` on NCCL, which needs its point-to-point calls grouped;
+- a :class:`LocalPlugin` (:func:`plug_in`; the CPU test bed's shared-memory mailboxes,
+  :mod:`treeattn.testbed.transport.plugin`) may open a :class:`Channel` between the ranks of
+  one host, which carries the messages it says it carries (small ones, small tags); waiting
+  on a process-group message then also pushes this rank's deferred channel sends
+  (:class:`_Pushing`). The same plug-in may run a group's small collectives
+  (:func:`collective_ops`) and a rank's whole reduction as one call (:func:`compile_program`).
 
 Both ends choose the path from the message's size and tag alone, which they agree on (the
 receiver sizes its buffer from the schedule), so a message never waits on the wrong path.
@@ -19,37 +23,121 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
+from treeattn.runtime.collective_ops import CollectiveOps
 from treeattn.runtime.group import RankContext
-from treeattn.runtime.local.shm import ShmChannel, open_channel
+
+
+class Channel(Protocol):
+    """Messages between ranks of one host, beside the process group (a plug-in's)."""
+
+    deferred: object  # sends waiting for room; falsy when none
+
+    def carries(self, nbytes: int, tag: int) -> bool:
+        """Whether a message of ``nbytes`` with ``tag`` takes this channel (both ends agree)."""
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int): ...
+
+    def irecv(self, buf: torch.Tensor, src: int, tag: int): ...
+
+    def progress(self) -> None:
+        """Push whatever deferred sends can go now (never blocks)."""
+
+    def spin(self, done, timeout: timedelta | None) -> bool:
+        """Wait until ``done()``, pushing deferred sends; False on timeout."""
+
+
+class LocalPlugin(Protocol):
+    """A transport for ranks of one host, plugged in beside the process group (:func:`plug_in`).
+
+    Picklable: the local launcher hands it to every rank it spawns."""
+
+    def check_launch(self, world: int, threads: int | None, bind: str) -> None:
+        """Refuse launch options it cannot honour (in the launcher, before any rank starts)."""
+
+    def launcher_cpus(self) -> list[int]:
+        """The CPUs the launcher may give its ranks."""
+
+    def start_rank(self, local_rank: int, world: int, threads: int | None, bind: str,
+                   cpus: list[int]) -> None:
+        """In a spawned rank, before it joins the group (core pinning, for one)."""
+
+    def open_channel(self, ctx: RankContext) -> Channel | None:
+        """The channel among this group's ranks, or None everywhere (collective)."""
+
+    def collective_ops(self, ctx: RankContext, members: tuple[int, ...], handle,
+                       channel: Channel) -> CollectiveOps:
+        """A group's collectives for this rank where the group has ``channel``."""
+
+    def compile_program(self, steps, names: list[str], rank: int, channel: Channel, dims):
+        """A rank's whole reduction as one call over ``channel``, or None."""
+
+    def calibrate(self, ctx: RankContext, dims, max_bytes: int) -> dict:
+        """Every rank: measure this host's ranks (``run --check`` without a profile); rank
+        0 returns the profile."""
+
+
+_plugin: LocalPlugin | None = None
+
+
+def plug_in(plugin: LocalPlugin | None) -> None:
+    """Use ``plugin`` for the ranks of one host from now on in this process (None: the
+    process group alone). The local launcher passes it on to the ranks it spawns."""
+    global _plugin
+    _plugin = plugin
+
+
+def plugged_in() -> LocalPlugin | None:
+    """The transport plugged in for ranks of one host, if any."""
+    return _plugin
+
+
+def collective_ops(ctx: RankContext, members: tuple[int, ...], handle,
+                   channel: Channel | None) -> CollectiveOps:
+    """This rank's collectives of a group: the plug-in's where there is a channel, else the
+    process group's."""
+    plugin = plugged_in()
+    if channel is None or plugin is None:
+        return CollectiveOps(ctx, members, handle)
+    return plugin.collective_ops(ctx, members, handle, channel)
+
+
+def compile_program(steps, names: list[str], rank: int, channel: Channel | None, dims):
+    """The plug-in's compiled reduction of ``steps`` over ``channel``, or None."""
+    plugin = plugged_in()
+    if channel is None or plugin is None:
+        return None
+    return plugin.compile_program(steps, names, rank, channel, dims)
 
 
 class Transport:
     """``isend``/``irecv`` returning Work objects (``wait(timeout)``, ``is_completed()``)."""
 
-    def __init__(self, ctx: RankContext, channel: ShmChannel | None) -> None:
+    def __init__(self, ctx: RankContext, channel: Channel | None) -> None:
         self.ctx, self.channel = ctx, channel
         self.batch_p2p = ctx.backend != "gloo"  # NCCL needs batch_isend_irecv (groups)
 
     @property
     def kind(self) -> str:
-        """``"shm+gloo"`` when small messages use shared memory, else the backend's name."""
+        """``"shm+gloo"`` when small messages take a plugged-in channel, else the backend's
+        name."""
         return "shm+gloo" if self.channel is not None else self.ctx.backend
 
-    def _shm(self, tensor: torch.Tensor, tag: int) -> bool:
+    def _on_channel(self, tensor: torch.Tensor, tag: int) -> bool:
         nbytes = tensor.numel() * tensor.element_size()
         return self.channel is not None and self.channel.carries(nbytes, tag)
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int):
-        if self._shm(tensor, tag):
+        if self._on_channel(tensor, tag):
             return self.channel.isend(tensor, dst, tag)
         return self._through_group(dist.isend, tensor, dst, tag)
 
     def irecv(self, buf: torch.Tensor, src: int, tag: int):
-        if self._shm(buf, tag):
+        if self._on_channel(buf, tag):
             return self.channel.irecv(buf, src, tag)
         return self._through_group(dist.irecv, buf, src, tag)
 
@@ -72,7 +160,7 @@ class _Pushing:
     """A gloo Work whose wait keeps this rank's deferred mailbox sends moving: a peer may
     need one of them before it can send what this rank waits for."""
 
-    def __init__(self, work, channel: ShmChannel) -> None:
+    def __init__(self, work, channel: Channel) -> None:
         self.work, self.channel = work, channel
 
     def is_completed(self) -> bool:
@@ -102,5 +190,7 @@ def transport_for(ctx: RankContext) -> Transport:
     group = ctx.group if ctx.group is not None else dist.group.WORLD
     key = (id(group), ctx.rank, ctx.world)
     if key not in _TRANSPORTS:
-        _TRANSPORTS[key] = (group, Transport(ctx, open_channel(ctx)))
+        plugin = plugged_in()
+        channel = plugin.open_channel(ctx) if plugin is not None else None
+        _TRANSPORTS[key] = (group, Transport(ctx, channel))
     return _TRANSPORTS[key][1]

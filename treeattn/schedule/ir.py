@@ -75,6 +75,14 @@ Steps, run in list order per rank:
 * :class:`Collective` runs one collective over an explicit ``group`` of ranks (in group
   order; member ``i`` is ``group[i]``, ``p = len(group)``). Every member must reach the same
   collectives of a group in the same order; each member blocks until all have arrived.
+  A group may be any subset of the ranks (a *subgroup*): collectives of disjoint groups run
+  at the same time (``hier``'s node groups, one per host, then its rails, GPU ``i`` of
+  every host), and a rank may belong to several groups, whose collectives it runs one after
+  another in its step order. Every executor honours this: the simulator prices each
+  group's collective as the library runs a communicator of exactly those ranks (its hosts
+  and GPUs per host, :class:`treeattn.sim.nccl.group_shape.GroupShape`), the numpy
+  reference holds a rendezvous of the members only, and the runtime runs it on a process
+  group of those ranks made once per process group (:mod:`treeattn.runtime.collectives`).
 
   - ``all_reduce_sum`` / ``all_reduce_max``: ``payload ← Σ`` (or elementwise max) of every
     member's ``payload``; the result is on every member.

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from enum import Enum
 from math import prod
 
+from treeattn.errors import TreeattnError
 
-class SimError(ValueError):
+
+class SimError(TreeattnError, ValueError):
     """Bad simulator input: an unknown model, an impossible plan, a bad parameter."""
 
 

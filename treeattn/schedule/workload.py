@@ -212,7 +212,6 @@ class DecodeWorkload:
     seq_len: int
     batch: int = 1
     shard_lengths: tuple[int, ...] | None = None
-    include_model: bool = False
     # Where the merged output must land: "replicated" (the rest of the layer runs replicated,
     # treeattn's own model) or "head_sharded" (a tensor-parallel output projection follows).
     layout: str = "replicated"

@@ -20,9 +20,10 @@ Memory efficiency: no kernel reads HBM at the datasheet peak. :data:`MEMORY_EFFI
 the fraction treeattn's own decode kernel reached where it was measured, and a GPU's model
 reads at ``datasheet × efficiency``. GPUs not measured keep the datasheet figure (1.0).
 
-The ``cpu`` profile is a placeholder until the runtime calibrates it
-(:func:`treeattn.sim.host.profiles.hardware_from_profile`). ``cores`` is the number of compute
-servers shared by all ranks of one host (``None``: each rank owns its device).
+The ``cpu`` profile is a placeholder until a calibration replaces it. What a host adds beyond
+the device's own costs (CPU ranks sharing cores, for one) is not part of these models: a
+hardware model may carry a host model (``host``, :mod:`treeattn.sim.host_model`), and has
+none on a GPU cluster.
 
 The figures (peak memory bandwidth, dense 16-bit FLOP/s) and their datasheet sources live in
 THE GPU table, :data:`treeattn.topo.hardware.GPU_SPECS`, which the topology builders and
@@ -49,13 +50,7 @@ Sources:
 * ``rccl``: the same with RCCL's ring LL base for gfx942 (12.0 µs, ``tuning_model_5``):
   6.0 µs each end.
 * ``gloo``: TCP on loopback through gloo's pair transport costs tens of µs per message on a
-  typical Linux host; 15 µs per end is a placeholder that calibration replaces
-  (:func:`treeattn.sim.host.profiles.backend_from_profile`). Between CPU ranks of one host the
-  runtime sends small messages through shared memory instead
-  (``treeattn/runtime/transport.py``), and calibration measures that same path, so a
-  calibrated α is the shared-memory one.
-
-Calibration profiles turn into these models in :mod:`treeattn.sim.host.profiles`.
+  typical Linux host; 15 µs per end is a placeholder that a calibration replaces.
 """
 
 from __future__ import annotations
@@ -64,8 +59,7 @@ import math
 from dataclasses import dataclass, field
 
 from treeattn.schedule.payloads import SimError
-from treeattn.sim.host.cold import ColdSteps
-from treeattn.sim.host.partial_reduction import ProgramCosts
+from treeattn.sim.host_model import HostSpec
 from treeattn.topo.hardware import GPU_SPECS
 
 
@@ -84,18 +78,12 @@ class HardwareModel:
     memory_bandwidth_Bps: float
     peak_flops: float
     launch_s: float
-    cores: int | None = None
     memory_bytes: float = 0.0  # device memory capacity; 0: unknown (no capacity check)
     # ((bytes, factor), ...) sorted by bytes: the bandwidth at a step of ``bytes`` is
     # ``memory_bandwidth_Bps × factor``, interpolated in log(bytes) and held flat beyond the
-    # ends. From calibration, where a CPU's caches make a small shard read faster than a large
-    # one (treeattn.sim.host.profiles.hardware_from_profile); empty: one bandwidth for every size.
+    # ends. From calibration, where caches make a small shard read faster than a large one;
+    # empty: one bandwidth for every size.
     bandwidth_shape: tuple[tuple[float, float], ...] = ()
-    pinned: bool = False  # ranks bound round-robin to the ``cores`` (the local launcher's way)
-    cold: ColdSteps | None = None  # host steps right after the kernel (treeattn.sim.host.cold)
-    # The host's cores copy every byte of a message (gloo's sockets), so a rank's attention
-    # and the copies of its own messages take turns (treeattn.sim.engine)
-    copies_messages: bool = False
     # FLOP/s a prefill's causal attention reaches (scores, softmax, weighted sum), where it is
     # not the matmul peak: CPUs, where the softmax's exponentials cost as much as the products
     # (benchmarks/prefill_check.py measures it); 0: peak_flops
@@ -103,12 +91,13 @@ class HardwareModel:
     # ((weight dtype, bytes/s), ...): the rate decode GEMMs read weights of that dtype, from a
     # measured kernel table (treeattn.sim.deploy.kernel_table); empty: the sourced defaults
     gemm_bandwidth: tuple[tuple[str, float], ...] = ()
+    # What the host adds to each step beyond these costs (treeattn.sim.host_model); None:
+    # nothing, as on a GPU cluster
+    host: HostSpec | None = None
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth_Bps <= 0 or self.peak_flops <= 0 or self.launch_s < 0:
             raise SimError(f"hardware {self.name}: bandwidth and FLOPs must be positive")
-        if self.cores is not None and self.cores < 1:
-            raise SimError(f"hardware {self.name}: cores must be at least 1")
         if self.attention_flops < 0:
             raise SimError(f"hardware {self.name}: attention FLOPs must not be negative")
 
@@ -222,8 +211,6 @@ class BackendModel:
     collectives: tuple[tuple[str, int, float, float], ...] = ()
     # A GPU cluster's calibration from nccl-tests (treeattn.sim.nccl.fit), if any.
     calibration: object = field(default=None, compare=False, hash=False)
-    # CPU ranks of one host: the C program's message costs (treeattn.sim.host.partial_reduction)
-    program: ProgramCosts | None = None
     # The NCCL/RCCL variables the library runs with, as far as the cost model reads them
     # (treeattn.sim.nccl.env): ``(name, value)`` pairs, ``--nccl-env NAME=VALUE``.
     nccl_env: tuple[tuple[str, str], ...] = ()

@@ -11,10 +11,10 @@ it returns (:class:`SimResult`, the critical path, the peak-memory model).
   for the size, priced as ``treeattn comm`` and the closed forms price it; on gloo the
   calibrated ``send_s``/``recv_s`` and the links. A collective starts when its last
   member arrives and takes the library's modelled time (:mod:`treeattn.sim.nccl`).
-* What a rank's host CPU adds on top (ranks queueing for shared cores, attention taking
-  turns with message copies, cold steps after the kernel, the compiled reduction's message
-  costs) comes from one interface, :class:`treeattn.sim.host.model.HostModel`, which
-  reduces to the plain costs on a GPU cluster.
+* What a rank's host adds on top comes from one interface,
+  :class:`treeattn.sim.host_model.HostModel`: nothing on a GPU cluster (the plain host); a
+  host model carried by the hardware (the CPU test bed's shared cores, cold steps, compiled
+  reduction) where one is given.
 * A message is cut into chunks (:mod:`treeattn.sim.network`) that cross the route with
   cut-through pipelining: a chunk holds each link for ``chunk / bandwidth`` (and until its
   tail has arrived), and its head reaches the next link ``latency`` after it started on
@@ -46,7 +46,7 @@ from treeattn.schedule.ir import (
 )
 from treeattn.schedule.payloads import GroupIds, ScheduleError
 from treeattn.schedule.workload import DecodeWorkload
-from treeattn.sim.host.model import HostModel
+from treeattn.sim.host_model import bind_host
 from treeattn.sim.memory import peak_memory
 from treeattn.sim.network import CostModel, LinkCalendar
 from treeattn.sim.result import SimResult, critical_path
@@ -65,8 +65,8 @@ class _Run:
         self.end = [[0.0] * len(st) for st in schedule.steps]
         self.cause: list[list] = [[None] * len(st) for st in schedule.steps]
         self.finished = 0
-        # what the ranks' host CPUs add (shared cores, turns, cold steps, programs)
-        self.host = HostModel(self.env, self.links, costs, schedule)
+        # what the ranks' hosts add (nothing, unless the hardware carries a host model)
+        self.host = bind_host(self.env, self.links, costs, schedule)
         # Collectives in flight: (group, k-th call of that group) -> arrivals and the event
         # that the last member to arrive fires with the finish time.
         self.calls: dict[tuple, dict] = {}

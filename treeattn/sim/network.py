@@ -40,6 +40,7 @@ from treeattn.sim.devices import (
     default_backend,
     hardware_for,
 )
+from treeattn.sim.host_model import host_spec
 from treeattn.sim.nccl.p2p import P2PModel
 from treeattn.sim.onesided import TRANSPORTS as ONE_SIDED_TRANSPORTS
 from treeattn.sim.onesided import one_sided
@@ -122,12 +123,6 @@ class Network:
         """``(count, size)`` of the chunks a message of ``nbytes`` is cut into."""
         count = max(1, min(self.max_chunks, math.ceil(nbytes / self.chunk_bytes)))
         return count, nbytes / count
-
-    def wire_time(self, src: int, dst: int, nbytes: float) -> float:
-        """Uncontended seconds from injection at ``src`` to arrival at ``dst``."""
-        lat_sum, inv_min = self.summary(src, dst)
-        return lat_sum + nbytes * inv_min
-
 
 
 # -- links -------------------------------------------------------------------------------
@@ -246,11 +241,13 @@ class CostModel:
         self.net = Network(topology, self.backend, chunk_bytes, max_chunks)
         self.send_s = self.backend.send_s
         self.recv_s = self.backend.recv_s
-        # Ranks that run as a C program pay its message costs (treeattn.sim.host.partial_reduction);
-        # the closed-form lower bounds take the cheaper of the two.
-        self.program = self.backend.program
-        self.least_send_s = min(self.send_s, self.program.send_s if self.program else math.inf)
-        self.least_recv_s = min(self.recv_s, self.program.recv_s if self.program else math.inf)
+        # What the ranks' hosts add (treeattn.sim.host_model); the closed-form lower bounds
+        # take the least a message may cost there.
+        self.host = host_spec(self.hardware)
+        self.least_send_s = (self.host.cheapest_send_s(self.send_s) if self.host
+                             else self.send_s)
+        self.least_recv_s = (self.host.cheapest_recv_s(self.recv_s) if self.host
+                             else self.recv_s)
         # THE per-message price of the engine and the closed forms (treeattn.sim.nccl.p2p)
         self.p2p = P2PModel(topology, self.backend, self.net, self.hardware, transport)
         self.bw = np.array([h.memory_bandwidth_Bps for h in self.hardware])

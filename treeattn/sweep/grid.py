@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, ModelConfig, SimError, plan
-from treeattn.sim.host.profiles import plan_overrides
+from treeattn.sim import ALGORITHM_NAMES, DecodeWorkload, ModelConfig, SimError, plan_workload
+from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sweep.rows import PICK, algorithm_rows
 from treeattn.topo import Topology
 
@@ -94,7 +94,8 @@ def predict_point(point: SweepPoint, algorithms: Iterable[str] = ALGORITHM_NAMES
     _check_point(point, topology)
     workload = DecodeWorkload(model or point.model, point.seq_len, batch=point.batch,
                               tp=point.tp)
-    chosen = plan(topology, workload, simulate_each=True, **plan_overrides(profile, topology))
+    chosen = plan_workload(topology, workload, simulate_each=True,
+                           **plan_overrides(profile, topology))
     rows = [r.to_json() for r in algorithm_rows(chosen, point.topology)
             if r.algorithm in algorithms or r.algorithm == PICK]
     for row in rows:

@@ -21,6 +21,7 @@ ALGO_STYLE = {
     "tree": ("#2ca02c", "o", "-"),
     "butterfly": ("#17becf", "v", "--"),
     "allgather": ("#bcbd22", "^", "--"),
+    "hier": ("#393b79", "h", "-"),
     "allreduce3": ("#9467bd", "s", "-."),
     "allreduce2": ("#8c564b", "s", ":"),
     "oneshot": ("#ff7f0e", "P", "-."),

@@ -16,9 +16,11 @@ Spec grammar: ``NAME[:KEY=VALUE[,KEY=VALUE...]]``. Names and their parameters:
 * ``pcie-4090`` (``gpus`` in 2, 4, 8; ``nodes``): RTX 4090s on PCIe 4.0 x16, half the GPUs
   behind each socket's PCIe switch, no peer-to-peer (traffic stages through host memory),
   one 200 Gb/s NIC per socket for more than one host.
-* ``local`` (``ranks``, ``latency`` s, ``bandwidth`` B/s): N CPU ranks on one host, each joined
-  to one ``cpu`` node by a loopback link; a rank-to-rank route crosses two links, whose latency
-  adds up to ``latency`` and whose bottleneck is ``bandwidth``.
+* ``local`` (``ranks``, ``latency`` s, ``bandwidth`` B/s, ``hosts``): N CPU ranks, each joined
+  to its host's ``cpu`` node by a loopback link; a rank-to-rank route crosses two links, whose
+  latency adds up to ``latency`` and whose bottleneck is ``bandwidth``. ``hosts`` (default 1,
+  must divide ``ranks``) lays the ranks out as that many equal hosts of one machine, joined
+  through zero-latency NICs and one switch (see :func:`local`).
 
 Multi-host built-ins share :func:`treeattn.topo.fabric.build_cluster` (and so the fabric)
 with ``FILE:nodes=N`` (:mod:`treeattn.topo.replicate`); the NVIDIA systems and their sourced
@@ -169,19 +171,53 @@ def pcie_4090(gpus: int = 8, nodes: int = 1):
 
 
 def local(ranks: int = 2, latency: float = hw.LOOPBACK_LATENCY,
-          bandwidth: float = hw.LOOPBACK_BANDWIDTH):
-    """``ranks`` CPU ranks on one host, every pair ``latency`` s and ``bandwidth`` B/s apart."""
+          bandwidth: float = hw.LOOPBACK_BANDWIDTH, hosts: int = 1):
+    """``ranks`` CPU ranks, every pair ``latency`` s and ``bandwidth`` B/s apart, laid out as
+    ``hosts`` equal hosts (rank ``r`` on host ``r // (ranks / hosts)``).
+
+    Hosts here are a layout, not another fabric: the ranks share one machine's loopback, so
+    a route between two hosts (rank, its host's ``cpu``, its NIC, a zero-latency switch, the
+    other NIC and ``cpu``, rank) costs what a route inside one host does. What the layout
+    changes is the hosts the schedules see (``hier``'s node and rail groups, hierarchical
+    trees), so that two-level schedules run, and are predicted, on CPU ranks. Each rank
+    node keeps ``machine="localhost"``: the host model shares one machine's cores among all
+    of them (:meth:`treeattn.topo.Topology.machine_of`).
+    """
     if not 1 <= ranks <= MAX_RANKS:
         raise TopologyError(f"local: ranks={ranks} must be between 1 and {MAX_RANKS}")
     if latency < 0:
         raise TopologyError(f"local: latency={latency} is negative")
     if bandwidth <= 0:
         raise TopologyError(f"local: bandwidth={bandwidth} is not positive")
-    b, host = GraphBuilder(), "localhost"
-    cpu = b.node(f"{host}/cpu0", "cpu", host)
-    for r in range(ranks):
-        rank = b.node(f"{host}/rank{r}", "gpu", host, model="cpu", rank=r, p2p=True)
-        b.link(rank, cpu, "loopback", bandwidth, latency / 2)
+    if not 1 <= hosts <= ranks or ranks % hosts:
+        raise TopologyError(f"local: hosts={hosts} does not divide ranks={ranks} into equal "
+                            "hosts")
+    return local_layout([r // (ranks // hosts) for r in range(ranks)], latency, bandwidth)
+
+
+def local_layout(host_of: list[int], latency: float = hw.LOOPBACK_LATENCY,
+                 bandwidth: float = hw.LOOPBACK_BANDWIDTH):
+    """CPU ranks on the hosts ``host_of[r]`` (numbered from 0, any sizes, any order), as
+    :func:`local` lays them out: the runtime's view of ranks whose hosts it was told."""
+    count = max(host_of) + 1
+    if sorted(set(host_of)) != list(range(count)):
+        raise TopologyError(f"local layout: hosts {sorted(set(host_of))} are not 0..{count - 1}")
+    b = GraphBuilder()
+    names = ["localhost"] if count == 1 else [f"host{h}" for h in range(count)]
+    cpus = [b.node(f"{host}/cpu0", "cpu", host) for host in names]
+    nics = [None] * count
+    if count > 1:  # each host reaches the others through its NIC and one switch
+        switch = b.node("loopback/switch", "net_switch", "loopback")
+        for h, host in enumerate(names):
+            nics[h] = b.node(f"{host}/nic0", "nic", host, rail=0)
+            b.link(cpus[h], nics[h], "loopback", bandwidth, 0.0)
+            b.link(nics[h], switch, "loopback", bandwidth, 0.0)
+    for r, h in enumerate(host_of):
+        # the machine the ranks share (its cores, its memory), whatever hosts they stand for
+        extra = {} if nics[h] is None else {"nic": nics[h], "machine": "localhost"}
+        rank = b.node(f"{names[h]}/rank{r}", "gpu", names[h], model="cpu", rank=r, p2p=True,
+                      **extra)
+        b.link(rank, cpus[h], "loopback", bandwidth, latency / 2)
     return b.graph
 
 
@@ -194,5 +230,5 @@ BUILDERS: dict[str, tuple[Callable, dict[str, float | int]]] = {
     "mi300x": (mi300x, {"nodes": 1}),
     "pcie-4090": (pcie_4090, {"gpus": 8, "nodes": 1}),
     "local": (local, {"ranks": 2, "latency": hw.LOOPBACK_LATENCY,
-                      "bandwidth": hw.LOOPBACK_BANDWIDTH}),
+                      "bandwidth": hw.LOOPBACK_BANDWIDTH, "hosts": 1}),
 }

@@ -68,7 +68,7 @@ package), MI210 64 GB, MI300X / MI308X 192 GB, MI300A 128 GB (unified HBM3 share
 CPU cores). ``cpu`` has 0, meaning unknown (no capacity check).
 
 * ``cpu``: 10 GB/s and 100 GFLOP/s, a placeholder until ``treeattn calibrate`` measures the
-  machine (:func:`treeattn.sim.host.profiles.hardware_from_profile`).
+  machine (:func:`treeattn.testbed.host.profiles.hardware_from_profile`).
 """
 
 from __future__ import annotations

@@ -137,6 +137,12 @@ class Topology:
     def host_of(self, ref: GpuRef) -> str:
         return self.graph.nodes[self.gpu(ref)]["host"]
 
+    def machine_of(self, ref: GpuRef) -> str:
+        """The machine whose CPU cores and memory the rank runs on: its host, unless the
+        node says otherwise (CPU ranks of one machine laid out as several hosts)."""
+        data = self.graph.nodes[self.gpu(ref)]
+        return data.get("machine", data["host"])
+
     def gpus_on(self, host: str) -> list[str]:
         """GPUs of ``host`` in rank order."""
         return [g for g in self.gpus if self.graph.nodes[g]["host"] == host]

@@ -36,9 +36,11 @@ DEFAULT_ALIASES = (DEFAULT_MODEL, "smollm2", "smollm2-135m", "SmolLM2-135M-Instr
 
 
 def cache_dir() -> Path:
-    """Where fetched models live: ``$TREEATTN_CACHE`` or ``~/.cache/treeattn``."""
-    root = os.environ.get("TREEATTN_CACHE") or Path.home() / ".cache" / "treeattn"
-    return Path(root)
+    """Where fetched models live: ``$TREEATTN_CACHE``, else ``$XDG_CACHE_HOME`` or
+    ``~/.cache``, under ``treeattn`` (the folder the native kernel builds into too)."""
+    if os.environ.get("TREEATTN_CACHE"):
+        return Path(os.environ["TREEATTN_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "treeattn"
 
 
 def _say(message: str) -> None:

@@ -15,7 +15,7 @@ Error of one point: ``max(p/m, m/p) − 1``. Over a grid:
 Bands, because one number is not an answer on a shared host: each point reports the measured
 median with its p10–p90 over the timed steps, and the predicted value with the band the
 calibration's own spread implies (the simulation repeated with every calibrated cost at its
-p10, then at its p90: :func:`treeattn.sim.host.profiles.profile_bound`). A point passes
+p10, then at its p90: :meth:`treeattn.sim.files.profiles.HostProfiles.bound`). A point passes
 (:func:`within_band`) when the prediction lies in the measured band widened by
 ``--max-error`` on both sides.
 
@@ -36,7 +36,6 @@ from treeattn.kernels.reference import naive_attention
 from treeattn.runtime.agreement import agree_at_setup
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, all_gather_objects, broadcast_object
-from treeattn.runtime.measure.calibrate import calibrate_in_group
 from treeattn.runtime.measure.timing import time_interleaved
 from treeattn.runtime.plans import (
     ALGORITHMS,
@@ -50,6 +49,7 @@ from treeattn.runtime.plans import (
     uses_cuda,
     workload_for,
 )
+from treeattn.runtime.transport import plugged_in
 from treeattn.runtime.wire import AttnDims
 from treeattn.schedule.ir import Send
 
@@ -233,7 +233,7 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
     is one (``calibrate --nccl-tests``); otherwise the calibrated ``local`` topology and
     ``cpu`` model from the profile; with neither, the uncalibrated ``local`` defaults.
     """
-    from treeattn.sim.host.profiles import is_gpu_profile
+    from treeattn.sim.files.profiles import host_profiles, is_gpu_profile
 
     gpu_profile = profile is not None and is_gpu_profile(profile)
     if topology is not None:
@@ -242,27 +242,46 @@ def predictor(profile: dict | None, world: int, topology: str | None = None):
         topo = Topology.load(topology)
         if topo.num_gpus != world:
             raise RuntimeFailure(f"topology {topology} has {topo.num_gpus} GPUs, world is {world}")
+        if profile is not None and not gpu_profile and cpu_ranks(topo):
+            # CPU ranks laid out as hosts: the calibrated local model on that layout
+            return host_profiles().models(profile, world, _host_index(topo))
         if gpu_profile:
-            from treeattn.sim.host.profiles import backend_from_profile
+            from treeattn.sim.files.profiles import gpu_backend
 
             if profile["world"] != world:
                 raise RuntimeFailure(f"the profile was calibrated on {profile['world']} GPUs, "
                                      f"world is {world}")
-            return topo, None, backend_from_profile(profile)
+            return topo, None, gpu_backend(profile)
         return topo, None, None
     if gpu_profile:
         raise RuntimeFailure("an nccl-tests profile describes a GPU cluster: give --topology "
                              "with it")
     if profile is None:
         return local_topology(world), None, None
-    from treeattn.sim.host.profiles import (
-        backend_from_profile,
-        hardware_from_profile,
-        topology_from_profile,
-    )
+    return host_profiles().models(profile, world)
 
-    return (topology_from_profile(profile, world), hardware_from_profile(profile),
-            backend_from_profile(profile))
+
+def cpu_ranks(topology) -> bool:
+    """Whether ``topology`` is CPU ranks (``local``, any host layout): what this machine
+    runs, so its calibration prices it."""
+    return all(topology.gpu_model(r) == "cpu" for r in range(topology.num_gpus))
+
+
+def _host_index(topology) -> list[int]:
+    index = {h: i for i, h in enumerate(topology.hosts)}
+    return [index[topology.host_of(r)] for r in range(topology.num_gpus)]
+
+
+def calibrates(req: RunRequest) -> bool:
+    """Whether a ``--check`` run calibrates in the group first: with no profile, on this
+    machine's ranks (no topology, or CPU ranks laid out as hosts)."""
+    if not req.check or req.profile is not None:
+        return False
+    if req.topology is None:
+        return True
+    from treeattn.topo import Topology
+
+    return cpu_ranks(Topology.load(req.topology))
 
 
 def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, world: int):
@@ -284,11 +303,11 @@ def _plan_point(req: RunRequest, algorithm: str, lengths: list[int], profile, wo
         return schedule, None, [], (None, None)
     sim = simulate(schedule, topology, workload, hardware, backend)
     band = [sim.makespan_s]
-    if profile is not None and req.topology is None:
-        from treeattn.sim.host.profiles import profile_bound
+    if profile is not None and hardware is not None:  # calibrated CPU ranks: their band
+        from treeattn.sim.files.profiles import host_profiles
 
         for side in ("lo", "hi"):
-            topo, hw, be = predictor(profile_bound(profile, side), world)
+            topo, hw, be = predictor(host_profiles().bound(profile, side), world, req.topology)
             band.append(simulate(schedule, topo, workload, hw, be, timeline=False).makespan_s)
     return schedule, sim.makespan_s, sim.timeline, (min(band), max(band))
 
@@ -314,8 +333,13 @@ def run_points(ctx: RankContext, req: RunRequest) -> list[dict] | None:
                    dtype=req.dtype, seq_lens=req.seq_lens, algorithms=req.algorithms,
                    params=req.params, native=req.native)
     profile = req.profile
-    if req.check and profile is None and req.topology is None:
-        profile = broadcast_object(ctx, calibrate_in_group(
+    if calibrates(req):
+        plugin = plugged_in()  # the same on every rank
+        if plugin is None:
+            raise RuntimeFailure("--check without --profile calibrates this host's ranks, "
+                                 "which needs the CPU test bed plugged in "
+                                 "(treeattn.testbed.plug_in())")
+        profile = broadcast_object(ctx, plugin.calibrate(
             ctx, dims, largest_message_bytes(req, ctx.world)))
     q = make_query(req.seed, dims, ctx.device)  # (B, Hq, D)
     points, outputs = [], []

@@ -1,6 +1,6 @@
 """Calibration profiles on disk, and where one was measured (host, CPU, versions).
 
-Split from :mod:`~treeattn.runtime.measure.calibrate` (which re-exports these names) so
+Split from :mod:`~treeattn.testbed.calibration.calibrate` (which re-exports these names) so
 that reading a profile does not need the microbenchmarks.
 """
 
@@ -42,9 +42,10 @@ def machine_info() -> dict:
 
 def read_profile(path: str | os.PathLike) -> dict:
     """Load a profile written by :func:`write_profile`, checked by the simulator's
-    :func:`~treeattn.sim.host.profiles.load_profile`; a one-line error if unreadable or invalid."""
+    :func:`~treeattn.sim.files.profiles.load_profile`; a one-line error if unreadable or
+    invalid."""
     from treeattn.sim import SimError
-    from treeattn.sim.host.profiles import load_profile
+    from treeattn.sim.files.profiles import load_profile
 
     try:
         return load_profile(Path(path))

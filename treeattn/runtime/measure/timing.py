@@ -30,10 +30,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from treeattn.runtime.collective_ops import CollectiveOps
 from treeattn.runtime.group import RankContext, all_gather_objects, barrier, wait_work
-from treeattn.runtime.local.shm_collectives import CollectiveOps
 from treeattn.runtime.run_state import RunStats
-from treeattn.runtime.transport import transport_for
+from treeattn.runtime.transport import collective_ops, transport_for
 
 MAX_STEPS = 200
 # per (channel, rank): the group's mailbox collectives and the float they all-reduce
@@ -57,7 +57,7 @@ def start_together(ctx: RankContext) -> None:
         return
     key = (id(channel), ctx.rank)
     if key not in _STARTS:
-        _STARTS[key] = (CollectiveOps(ctx, tuple(range(ctx.world)), None, channel),
+        _STARTS[key] = (collective_ops(ctx, tuple(range(ctx.world)), None, channel),
                         torch.zeros(1))
     ops, token = _STARTS[key]
     ops.all_reduce(token, "sum", "the start of a timed step")
@@ -122,15 +122,6 @@ class Measurement:
             "peak_memory_bytes": self.peak_memory_bytes,
             "timeline": [list(entry) for entry in self.timeline],
         }
-
-
-def time_steps(
-    ctx: RankContext, step: Callable[[], RunStats], warmup: int = 2, steps: int = 10,
-    min_time_s: float = 0.0, max_steps: int = MAX_STEPS,
-) -> Measurement:
-    """Run ``step`` ``warmup`` times untimed, then at least ``steps`` times timed (more until
-    ``min_time_s`` of timed steps, at most ``max_steps``); every rank calls it."""
-    return time_interleaved(ctx, [step], warmup, steps, min_time_s, max_steps)[0]
 
 
 def _keep_going(ctx: RankContext, rounds: int, floor: int, elapsed: float, min_time_s: float,

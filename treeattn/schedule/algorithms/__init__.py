@@ -8,6 +8,7 @@
 ``butterfly``  no parameters
 ``allreduce3`` ``inner`` ("tree" or "ring"), and for the tree ``shape``, ``root``, ``k``
 ``allgather``  no parameters
+``hier``       ``rail`` ("all_gather" or "all_reduce"); the host layout is the topology's
 ``ring``       no parameters (Ring Attention's pass-KV; ``ring-passkv`` is its label)
 ``ring-passq`` no parameters (Meta's CP pass-Q decode: queries travel, KV stays)
 ``allreduce2`` no parameters
@@ -48,6 +49,7 @@ import inspect
 from treeattn.schedule.algorithms.allgather import build_allgather
 from treeattn.schedule.algorithms.allreduce3 import build_allreduce2, build_allreduce3
 from treeattn.schedule.algorithms.butterfly import build_butterfly
+from treeattn.schedule.algorithms.hier import build_hier
 from treeattn.schedule.algorithms.passq import build_ring_passq
 from treeattn.schedule.algorithms.ring import build_ring
 from treeattn.schedule.algorithms.serving import (
@@ -67,6 +69,7 @@ REGISTRY = {
     "tree": build_tree,
     "butterfly": build_butterfly,
     "allgather": build_allgather,
+    "hier": build_hier,
     "allreduce3": build_allreduce3,
     "allreduce2": build_allreduce2,
     "oneshot": build_oneshot,
@@ -85,6 +88,7 @@ SOURCES = {
     "tree": "treeattn: topology-aware tree",
     "butterfly": "treeattn: recursive doubling",
     "allgather": "treeattn: p2p all-to-all gather",
+    "hier": "treeattn: node then rail all-gathers",
     "allreduce3": "Tree Attention paper: 3 all-reduces",
     "allreduce2": "2 all-reduces (max, packed sums)",
     "oneshot": "Star Attention / one-shot all-gather",
@@ -94,7 +98,7 @@ SOURCES = {
     "ring-passq": "Meta CP pass-Q ring",
 }
 # treeattn's own algorithms; every other one is a baseline a practitioner runs today.
-OWN = ("tree", "butterfly", "allgather")
+OWN = ("tree", "butterfly", "allgather", "hier")
 BASELINES = tuple(a for a in ALGORITHM_NAMES if a not in OWN)
 TREE_PARAMS = {"shape", "root", "k", "inner", "outer", "tree", "backend"}
 # The partial wire format each engine moves when the model computes in 16 bits (module

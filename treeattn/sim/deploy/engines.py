@@ -64,7 +64,7 @@ from dataclasses import dataclass, replace
 
 from treeattn.schedule.payloads import SimError
 from treeattn.sim.network import TRANSPORTS
-from treeattn.sim.planning.planner import plan
+from treeattn.sim.planning.planner import plan_workload
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def emit(target: str, topology, workload, overrides: dict | None = None,
     dcp = world // workload.tp
     check_constraints(engine, world, dcp, workload.model.n_kv_heads, workload.model.is_mla)
     sharded = replace(workload, layout="head_sharded")
-    pick = plan(topology, sharded, transports=transports, **overrides)
+    pick = plan_workload(topology, sharded, transports=transports, **overrides)
     rows, unoffered = [], []
     for backend in engine.backends:
         allowed = tuple(t for t in backend.transports if t in transports)
@@ -163,8 +163,8 @@ def emit(target: str, topology, workload, overrides: dict | None = None,
                              "none of the transports allowed")
             continue
         try:
-            chosen = plan(topology, sharded, algorithms=(backend.algorithm,),
-                          transports=allowed, **overrides)
+            chosen = plan_workload(topology, sharded, algorithms=(backend.algorithm,),
+                                   transports=allowed, **overrides)
         except SimError as exc:  # this backend cannot run here (transport, head split)
             unoffered.append(f"{backend.choice}: {exc}")
             continue

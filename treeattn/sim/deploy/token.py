@@ -22,9 +22,9 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
   same transports the attention merge is planned on;
 * **attention and its merge**, per layer: with the sequence on one rank, the attention of
   the rank's heads over the whole cache (one compute step); otherwise the planner's pick
-  (:func:`treeattn.sim.planning.planner.plan`) for the attention view of the split: the heads over
-  ``tp / dcp`` ranks, the sequence over ``dcp × cp``, the KV in its own dtype. With
-  ``dcp > 1`` the TP ranks hold different heads, so the queries of the DCP group are first
+  (:func:`treeattn.sim.planning.planner.plan_workload`) for the attention view of the split:
+  the heads over ``tp / dcp`` ranks, the sequence over ``dcp × cp``, the KV in its own dtype.
+  With ``dcp > 1`` the TP ranks hold different heads, so the queries of the DCP group are first
   all-gathered (vLLM's and SGLang's DCP do so), priced by the same collective model.
 
 Kernels per layer outside the attention kernel itself (which the planner prices), counted
@@ -207,7 +207,7 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     ('none', True)
     """
     from treeattn.schedule.algorithms import SOURCES
-    from treeattn.sim.planning.planner import plan
+    from treeattn.sim.planning.planner import plan_workload
 
     model = ModelConfig.from_name(model) if isinstance(model, str) else model
     check_token_model(model)
@@ -249,8 +249,8 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
         layer_s = hw.compute_time(local.attention_bytes(seq_len), local.attention_flops(seq_len))
         merge, system = "none", "no merge (the sequence on one rank)"
     else:
-        chosen = plan(topo, view, hardware, backend, algorithms=algorithms,
-                      max_simulated=max_simulated, transports=transports)
+        chosen = plan_workload(topo, view, hardware, backend, algorithms=algorithms,
+                               max_simulated=max_simulated, transports=transports)
         layer_s, merge, system = chosen.latency_s, chosen.name, SOURCES[chosen.algorithm]
     if split.dcp > 1:  # gather the DCP group's queries: B × (heads of tp/dcp ranks) × width
         heads = model.n_heads // split.attention_tp

@@ -278,11 +278,25 @@ def cpu_vendor(topology, hosts) -> str:
     """The CPU vendor NCCL would report for a communicator on ``hosts``: one vendor, or
     "mixed" when the hosts differ (nodes of kind ``cpu`` carry ``vendor``; "intel" when a
     topology does not say, NCCL's most common case and this model's earlier assumption)."""
+    by_host = _host_vendors(topology.graph)
     found = set()
-    wanted = set(hosts)
-    for _node, data in topology.graph.nodes(data=True):
-        if data.get("kind") == "cpu" and data.get("host") in wanted:
-            found.add(str(data.get("vendor", "intel")))
+    for host in hosts:
+        found |= by_host.get(host, set())
     if len(found) > 1:
         return "mixed"
     return found.pop() if found else "intel"
+
+
+_VENDORS_OF: list = [None, {}]  # the last graph read, and its hosts' CPU vendors
+
+
+def _host_vendors(graph) -> dict[str, set[str]]:
+    """Each host's CPU vendors, read off ``graph`` once (a plan prices hundreds of groups
+    of one topology; scanning every node for each would dominate a 1024-GPU plan)."""
+    if _VENDORS_OF[0] is not graph:
+        vendors: dict[str, set[str]] = {}
+        for _node, data in graph.nodes(data=True):
+            if data.get("kind") == "cpu":
+                vendors.setdefault(data.get("host"), set()).add(str(data.get("vendor", "intel")))
+        _VENDORS_OF[:] = [graph, vendors]
+    return _VENDORS_OF[1]

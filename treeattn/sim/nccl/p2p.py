@@ -29,7 +29,7 @@ bandwidth stay the protocol's.
 
 Elsewhere (CPU ranks on gloo, or a GPU topology priced with the ``gloo`` backend) a message
 costs the backend's calibrated ``send_s`` and ``recv_s`` and the route's own link latencies
-and bottleneck, as measured (:mod:`treeattn.sim.host.profiles`).
+and bottleneck, as measured (:mod:`treeattn.testbed.host.profiles`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class P2PModel:
     def __init__(self, topology, backend, network, hardware, transport: str = "nccl") -> None:
         self.net = network
         self.backend = backend
-        self.library = (backend.name in LIBRARIES and backend.program is None
+        self.library = (backend.name in LIBRARIES
                         and not all(h.name == "cpu" for h in hardware))
         self.shape = None
         self._hops: dict = {}

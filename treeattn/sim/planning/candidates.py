@@ -88,7 +88,10 @@ def tree_name(params: dict) -> str:
     return f"tree/{shape}@{params['root']}"
 
 
-def enumerate_candidates(world: int, hosts: int) -> list[Candidate]:
+def enumerate_candidates(world: int, hosts: int, forced: tuple[str, ...] = ()) -> list[Candidate]:
+    """Every candidate for ``world`` ranks on ``hosts`` hosts; ``hier`` only where it has
+    two levels (several hosts, one of them with several GPUs: elsewhere it is ``oneshot``)
+    unless it is in ``forced`` (the algorithms a caller asked for by name)."""
     out = []
     for shape in tree_shapes(world, hosts):
         for root in roots_for(world):
@@ -102,7 +105,10 @@ def enumerate_candidates(world: int, hosts: int) -> list[Candidate]:
     if world <= 256:
         out.append(Candidate("allreduce3/ring", "allreduce3", {"inner": "ring"}))
     for name in COLLECTIVE_ALGORITHMS:
-        out.append(Candidate(name, name, {}))
+        if name != "hier" or 1 < hosts < world or name in forced:
+            out.append(Candidate(name, name, {}))
+    if 1 < hosts < world:  # hier's rail step as two all-reduces (NCCL's tree on many hosts)
+        out.append(Candidate("hier/all_reduce", "hier", {"rail": "all_reduce"}))
     out.append(Candidate("ring", "ring", {}))
     if world <= 256:
         out.append(Candidate("ring-passq", "ring-passq", {}))
@@ -110,7 +116,7 @@ def enumerate_candidates(world: int, hosts: int) -> list[Candidate]:
 
 
 # Algorithms built only of collectives and local steps: their closed form is exact.
-COLLECTIVE_ALGORITHMS = ("allreduce2", "oneshot", "helix", "dcp")
+COLLECTIVE_ALGORITHMS = ("allreduce2", "oneshot", "helix", "dcp", "hier")
 
 
 def is_collective(c: Candidate) -> bool:

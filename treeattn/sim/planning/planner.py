@@ -1,4 +1,5 @@
-"""``plan(topology, workload)``: score every candidate, simulate the promising, pick the fastest.
+"""``plan_workload(topology, workload)``: score every candidate, simulate the promising, pick
+the fastest (``treeattn.plan`` is its library front door).
 
 Search (branch and bound): each candidate first gets its closed-form latency
 (:mod:`treeattn.sim.closed_form`), a lower bound on what the simulator will say because it
@@ -33,8 +34,11 @@ takes. What is enumerated for ``p`` ranks on ``h`` hosts (pruning rules that kee
 * ring-passq for p ≤ 256 (ring's recurrence on query blocks, then its exact collective
   tail): its schedule has p steps on each of p ranks, and its p − 1 serial hops already lose
   to every collective well before that size (on 16 DGX H100 nodes it is 9× the winner);
+* hier (node then rail all-gathers, and with its rail step as two all-reduces) when there
+  are several hosts and one has several GPUs (otherwise it is oneshot);
 * inside one NVLink domain, every plan again on each one-sided transport the cluster offers
-  (:func:`one_sided_variants`, named ``…@nccl-symm``, ``…@symm_mem``, ``…@mnnvl_ll128``).
+  (:func:`one_sided_variants`, named ``…@nccl-symm``, ``…@symm_mem``, ``…@mnnvl_ll128``),
+  and on several hosts hier again with its node step on each transport one host offers.
 
 :meth:`Plan.explain` says in one paragraph why the winner wins.
 """
@@ -121,9 +125,9 @@ class Plan:
         return self._schedule
 
     def token_latency_s(self, latency_s: float | None = None) -> float:
-        """All layers of attention, plus the replicated rest of the model if requested."""
-        return token_latency(self.workload, self.costs,
-                             self.latency_s if latency_s is None else latency_s)
+        """All layers of attention (``predict --token`` prices the whole step)."""
+        return self.workload.model.n_layers * (self.latency_s if latency_s is None
+                                               else latency_s)
 
     def best(self, algorithm: str) -> Candidate | None:
         """The best candidate of one algorithm (each row is what its name says)."""
@@ -159,13 +163,6 @@ class Plan:
             "refused": dict(self.refused),
             "explanation": self.explain(),
         }
-
-
-def token_latency(workload: DecodeWorkload, costs: CostModel, latency_s: float) -> float:
-    total = workload.model.n_layers * latency_s
-    if workload.include_model:
-        total += workload.model.weight_bytes_per_token() / float(costs.bw.min())
-    return total
 
 
 def _chunk_messages(c: Candidate, cm: CostModel) -> float:
@@ -278,15 +275,23 @@ def one_sided_variants(cands: list[Candidate], topology, cm: CostModel,
     if not wanted or one_sided_refusal(cm) is not None:
         return []
     world = cm._shape(tuple(range(cm.world)))
+    host = cm._shape(tuple(r for r in range(cm.world)
+                           if topology.host_of(r) == topology.hosts[0]))
     out = []
     for transport in wanted:
         # every schedule's collectives and messages span all ranks (serving.py,
-        # allreduce3.py, passq.py): a transport the whole cluster cannot offer serves none,
-        # which this tells before building its costs
-        if unoffered_reason(transport, world) is not None:
+        # allreduce3.py, passq.py) but hier's, whose node step spans one host: a transport
+        # that neither the whole cluster nor one host can offer serves none, which this
+        # tells before building its costs
+        whole = unoffered_reason(transport, world) is None
+        if not whole and (unoffered_reason(transport, host) is not None
+                          or not any(c.algorithm == "hier" for c in cands)):
             continue
         other = CostModel(topology, cm.workload, cm.hardware, cm.backend, transport=transport)
+        other._group_shapes = cm._group_shapes  # a group's shape is the transport's too
         for c in cands:
+            if not whole and c.algorithm != "hier":
+                continue  # nothing but hier's node step runs inside one domain
             if is_collective(c):
                 steps = (s for rank in c.built.steps for s in rank if isinstance(s, Collective))
                 if not any(other.one_sided(s.op, s.group) for s in steps):
@@ -299,7 +304,7 @@ def one_sided_variants(cands: list[Candidate], topology, cm: CostModel,
     return out
 
 
-def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
+def plan_workload(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
          algorithms: tuple[str, ...] | None = None, max_simulated: int | None = None,
          simulate_each: bool = False, prune: bool = True,
          transports: tuple[str, ...] = TRANSPORTS) -> Plan:
@@ -313,7 +318,8 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
     Examples
     --------
     >>> from treeattn.topo import Topology
-    >>> p = plan(Topology.from_spec("dgx-h100:nodes=2"), DecodeWorkload("llama-3.1-8b", 65536))
+    >>> w = DecodeWorkload("llama-3.1-8b", 65536)
+    >>> p = plan_workload(Topology.from_spec("dgx-h100:nodes=2"), w)
     >>> p.algorithm != "ring" and p.latency_s < p.best("ring").latency_s
     True
     """
@@ -324,14 +330,14 @@ def plan(topology, workload: DecodeWorkload, hardware=None, backend=None, *,
                 raise SimError(f"hardware must be a HardwareModel or a list of "
                                f"{topology.num_gpus} of them")
             hardware = [hardware[r] for r in cp_group(topology.num_gpus, workload.tp)]
-        chosen = plan(group_topology, group_workload, hardware, backend, algorithms=algorithms,
-                      max_simulated=max_simulated, simulate_each=simulate_each, prune=prune,
-                      transports=transports)
+        chosen = plan_workload(group_topology, group_workload, hardware, backend,
+                               algorithms=algorithms, max_simulated=max_simulated,
+                               simulate_each=simulate_each, prune=prune, transports=transports)
         chosen.cluster, chosen.tp = topology, workload.tp
         return chosen
     cm = CostModel(topology, workload, hardware, backend)
     check_capacity(cm)
-    cands = enumerate_candidates(cm.world, len(topology.hosts))
+    cands = enumerate_candidates(cm.world, len(topology.hosts), algorithms or ())
     if algorithms is not None:
         cands = [c for c in cands if c.algorithm in algorithms]
         if not cands:

@@ -5,11 +5,11 @@ Python step after it runs cold. For SmolLM2 at 32k on 2 ranks, the tree's send, 
 and step dispatch cost about 275 µs per layer next to a 2.4 ms kernel, for 2.3 KiB of data,
 and that capped generation at 1.7x one process. ``native/shm_program.c`` runs the same steps
 (send the running partial, wait for a peer's and merge it, or take a broadcast one) in one
-call, on the same mailboxes and protocol as :mod:`treeattn.runtime.local.shm`, with the merge
+call, on the same mailboxes and protocol as :mod:`treeattn.testbed.transport.shm`, with the merge
 reading the peer's partial straight from its mailbox.
 
 Which schedules: :func:`compile_program` takes a rank's steps when they are a plain
-reduction of partials (:func:`treeattn.sim.host.partial_reduction.reduction_ops`, the rule the
+reduction of partials (:func:`treeattn.testbed.host.partial_reduction.reduction_ops`, the rule the
 simulator prices by: the attention, then whole-partial sends, receives, and merges right after
 the receive they merge; tree and all-gather at every world size, butterfly at powers of two)
 and every message fits a mailbox. Anything else (KV blocks, chunks, collectives, messages over
@@ -26,7 +26,7 @@ The attention itself runs inside the same call where the C kernel takes the shar
 first step after the kernel starts without a trip through Python (measured: 56–71 µs per
 layer between the kernel's end and the program's start when they were two calls).
 
-Built like the kernels (:func:`treeattn.kernels.cpu_native.build`), from this file's C and
+Built like the kernels (:func:`treeattn.testbed.kernels.cpu_native.build`), from this file's C and
 the kernels' own decode kernel and merge, so the values are the Python path's bit for bit;
 where no compiler is present the executor runs its Python steps, and
 :func:`unavailable_reason` says why.
@@ -44,14 +44,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from treeattn.kernels import cpu_native, partial_attention_path
+from treeattn.kernels import partial_attention_path
 from treeattn.kernels.checks import check_partial_inputs
 from treeattn.kernels.dispatch import choose_backend
 from treeattn.runtime.errors import RankTimeout, RuntimeFailure
 from treeattn.runtime.group import silent_ranks_text
-from treeattn.runtime.local.shm import SLOT_BYTES
 from treeattn.runtime.wire import message_numel
-from treeattn.sim.host.partial_reduction import RECV_MERGE, SEND, reduction_ops
+from treeattn.testbed.host.partial_reduction import RECV_MERGE, SEND, reduction_ops
+from treeattn.testbed.kernels import cpu_native
+from treeattn.testbed.transport.shm import SLOT_BYTES
 
 SOURCES = (Path(__file__).with_name("native") / "shm_program.c", *cpu_native.SOURCES)
 ABI_VERSION = 5
@@ -170,7 +171,7 @@ class ShmProgram:
         """For inputs of this shape, layout and dtype: ``(scale, whether q is already fp32
         and contiguous, v's byte offset from k, the kernel's arguments)`` where the C kernel
         takes them, else False. The arguments (an int64 array: q's address, then
-        :func:`~treeattn.kernels.cpu_native.decode_arguments`) get their three addresses
+        :func:`~treeattn.testbed.kernels.cpu_native.decode_arguments`) get their three addresses
         filled per call.
 
         Checked once per signature, not per call: the checks and the path choice are a dozen
@@ -219,7 +220,8 @@ class ShmProgram:
 def compile_program(steps, names: list[str], rank: int, channel, dims) -> ShmProgram | None:
     """The program for ``steps`` (a rank's schedule), or None where it does not apply or the
     library is unavailable (module docstring). Which steps qualify is
-    :func:`treeattn.sim.host.partial_reduction.reduction_ops`, the rule the simulator prices by."""
+    :func:`treeattn.testbed.host.partial_reduction.reduction_ops`, the rule the simulator prices
+    by."""
     if channel is None or dims.dtype("partial") != torch.float32:
         return None
     if choose_backend(torch.device("cpu")) != "native":

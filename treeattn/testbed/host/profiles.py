@@ -1,5 +1,7 @@
-"""Calibration profiles: measured costs of this machine (or a GPU cluster's nccl-tests), read,
-checked, and turned into the simulator's models (:mod:`treeattn.sim.devices`).
+"""Profiles of this host's CPU ranks turned into the simulator's models: the test bed's
+reader (:class:`CpuProfiles`, a :class:`~treeattn.sim.files.profiles.HostProfiles`), which
+:func:`treeattn.testbed.plug_in_profiles` plugs into the planner. Reading and checking a
+profile, and a GPU cluster's nccl-tests profiles, are :mod:`treeattn.sim.files.profiles`'.
 
 ``treeattn calibrate`` (the runtime) writes a JSON profile, schema version 1::
 
@@ -29,13 +31,14 @@ the link bandwidth; otherwise the ping-pong β is. Small messages (tree partials
 by α and hardly notice the difference.
 
 Core sharing: compute runs on ``cores // threads_per_rank`` servers shared by all ranks of the
-host (:class:`HardwareModel` ``cores``), so with more ranks than
-cores the simulated compute queues, as the real processes do; with ``pinned`` each rank has
-its own server (:mod:`treeattn.sim.engine`). ``cold`` prices the host steps that run right
-after the attention kernel (:mod:`treeattn.sim.host.cold`).
+host (the hardware's :class:`~treeattn.testbed.host.model.CpuHost` ``cores``), so with more
+ranks than cores the simulated compute queues, as the real processes do; with ``pinned`` each
+rank has its own server (:mod:`treeattn.testbed.host.model`). ``cold`` prices the host steps
+that run right after the attention kernel (:mod:`treeattn.testbed.host.cold`), and
+``executor.program_step_s`` the compiled reduction's messages (:func:`program_costs`).
 
 Copies: on gloo every message byte goes through the kernel's sockets, copied by the host's
-cores, so a gloo profile's hardware has ``copies_messages`` and the engine lets a rank's
+cores, so a gloo profile's host has ``copies_messages`` and the engine lets a rank's
 attention and its own messages' copies take turns instead of overlapping. Measured at 2 ranks
 on a 2-core box, a ring step took the exchange's time plus the attention's (a 1 GiB block:
 ~520 ms exchange, ~95 ms attention each side, 700–730 ms a step), not the larger of the two.
@@ -46,20 +49,14 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import replace
-from pathlib import Path
 
-from treeattn.inputs import InputError, read_json
 from treeattn.schedule.payloads import SimError
-from treeattn.sim.devices import BACKENDS, BackendModel, HardwareModel
-from treeattn.sim.files.profile_schema import (
-    KERNELS_KIND,
-    NCCL_TESTS_KIND,
-    check_profile,
-    refuse_if_foreign,
-)
-from treeattn.sim.host.cold import cold_from_profile
-from treeattn.sim.host.partial_reduction import ProgramCosts
+from treeattn.sim.devices import BackendModel, HardwareModel
+from treeattn.sim.files.profile_schema import KERNELS_KIND, NCCL_TESTS_KIND
+from treeattn.sim.files.profiles import gpu_backend, load_profile
+from treeattn.testbed.host.cold import cold_from_profile
+from treeattn.testbed.host.model import CpuHost
+from treeattn.testbed.host.partial_reduction import ProgramCosts
 
 VERSION = 1
 # Decode attention on a CPU is memory-bound; when the profile has no FLOP rate we take one
@@ -77,94 +74,6 @@ def _positive(profile: dict, section: str, key: str, allow_zero: bool = False) -
     return value
 
 
-MAX_PROFILE_BYTES = 16 << 20  # a profile is a few KB; an nccl-tests one a few hundred
-
-
-def load_profile(source: str | Path | dict) -> dict:
-    """Read and check a calibration profile (a path or an already-parsed dict) against the
-    schema of :mod:`treeattn.sim.files.profile_schema`: a regular file of bounded size, bounded
-    nesting, numbers only where numbers belong, finite and in range, required keys present.
-
-    >>> p = load_profile({"version": 1, "backend": "gloo", "world": 2, "cores": 4,
-    ...                   "p2p": {"latency_s": 3e-5, "bandwidth_Bps": 2e9},
-    ...                   "attention": {"bandwidth_Bps": 1e10, "launch_s": 1e-5}})
-    >>> p["world"]
-    2
-    """
-    try:
-        if isinstance(source, dict):
-            profile, name = source, "calibration profile"
-        else:
-            profile = read_json(source, "profile", MAX_PROFILE_BYTES)
-            name = f"profile {source}"
-        check_profile(profile, name)
-        if profile.get("kind") == NCCL_TESTS_KIND:
-            _nccl_calibration(profile)  # raises on a malformed section
-    except InputError as exc:
-        raise SimError(str(exc)) from None
-    return profile
-
-
-# A profile of a GPU cluster, calibrated from nccl-tests output (``calibrate --nccl-tests``):
-#   {"version": 1, "kind": "nccl-tests", "backend": "nccl"|"rccl", "topology": NAME,
-#    "gpu_model": MODEL, "hosts": H, "world": N,
-#    "nccl_tests": {"world", "scales", "tables", "residuals", "sources"},
-#    "nccl_env": {NAME: VALUE} (optional: the NCCL variables the run had, sim/nccl/env.py)}
-
-
-def _nccl_calibration(profile: dict):
-    from treeattn.sim.nccl.fit import CollectiveCalibration
-
-    section = profile.get("nccl_tests")
-    if not isinstance(section, dict):
-        raise SimError("calibration profile: kind nccl-tests needs an nccl_tests object")
-    return CollectiveCalibration.from_json(section)
-
-
-def is_gpu_profile(profile: dict) -> bool:
-    """Whether ``profile`` calibrates a GPU cluster's collectives (not this CPU's ranks)."""
-    return load_profile(profile).get("kind") == NCCL_TESTS_KIND
-
-
-def plan_overrides(profile, topology, nccl_env=()) -> dict:
-    """``plan()``'s ``hardware``/``backend`` from a calibration profile (a path or a dict):
-    this CPU's ranks (``calibrate``), or a GPU cluster's collectives (``calibrate
-    --nccl-tests``), which must have been measured on as many GPUs as ``topology`` has.
-    ``nccl_env`` (``NAME=VALUE`` strings, :mod:`treeattn.sim.nccl.env`) sets the variables
-    the library runs with on the backend, the profile's or the topology's default."""
-    from treeattn.sim.nccl.env import parse_nccl_env
-
-    env = parse_nccl_env(nccl_env)
-    found = _profile_overrides(profile, topology)
-    if env:
-        from dataclasses import replace
-
-        from treeattn.sim.devices import default_backend
-
-        backend = found.get("backend") or default_backend(topology.gpu_model(0))
-        found["backend"] = replace(backend, nccl_env=parse_nccl_env(
-            [*backend.nccl_env, *env]))  # the flag's value wins over the profile's
-    return found
-
-
-def _profile_overrides(profile, topology) -> dict:
-    if not profile:
-        return {}
-    name = "calibration profile" if isinstance(profile, dict) else f"profile {profile}"
-    profile = load_profile(profile)
-    try:  # a profile of another kind of machine (CPU ranks for GPUs, H100s for an MI300X)
-        refuse_if_foreign(profile, topology, name)  # would price the wrong one: refuse it
-    except InputError as exc:
-        raise SimError(str(exc)) from None
-    if profile.get("kind") == NCCL_TESTS_KIND:
-        return {"backend": backend_from_profile(profile)}
-    if profile.get("kind") == KERNELS_KIND:
-        from treeattn.sim.deploy.kernel_table import hardware_from_kernels
-
-        return {"hardware": [hardware_from_kernels(profile)] * topology.num_gpus}
-    return {"hardware": hardware_from_profile(profile), "backend": backend_from_profile(profile)}
-
-
 def hardware_from_profile(profile: dict) -> HardwareModel:
     """The ``cpu`` model: memory bandwidth and launch from the attention calibration."""
     profile = load_profile(profile)
@@ -177,11 +86,12 @@ def hardware_from_profile(profile: dict) -> HardwareModel:
     flops = float(attention.get("flops_per_s", bandwidth * FLOPS_PER_BYTE_UNBOUND))
     threads = max(1, int(attention.get("threads_per_rank", 1)))
     launch = float(attention["launch_s"])
-    return HardwareModel("cpu", bandwidth, flops, launch,
-                         cores=max(1, profile["cores"] // threads),
-                         pinned=bool(profile.get("pinned", False)),
-                         cold=cold_from_profile(profile.get("cold")),
-                         copies_messages=profile.get("backend") == "gloo",
+    host = CpuHost(cores=max(1, profile["cores"] // threads),
+                   pinned=bool(profile.get("pinned", False)),
+                   cold=cold_from_profile(profile.get("cold")),
+                   copies_messages=profile.get("backend") == "gloo",
+                   program=program_costs(profile, float(profile["p2p"]["latency_s"])))
+    return HardwareModel("cpu", bandwidth, flops, launch, host=host,
                          bandwidth_shape=_bandwidth_shape(attention, launch))
 
 
@@ -209,19 +119,13 @@ def backend_from_profile(profile: dict) -> BackendModel:
     """gloo with the measured α split evenly between sender and receiver."""
     profile = load_profile(profile)
     if profile.get("kind") == NCCL_TESTS_KIND:
-        calibration = _nccl_calibration(profile)
-        base = BACKENDS.get(str(profile.get("backend", "nccl")), BACKENDS["nccl"])
-        lat = calibration.scales["lat"]  # p2p shares the collectives' base latency
-        return replace(base, send_s=base.send_s * lat, recv_s=base.recv_s * lat,
-                       calibration=calibration,
-                       nccl_env=tuple(profile.get("nccl_env", {}).items()))
+        return gpu_backend(profile)
     if profile.get("kind") == KERNELS_KIND:
         raise SimError("a kernel-table profile calibrates a GPU's kernels, not messages")
     alpha = float(profile["p2p"]["latency_s"])
     step = executor_step_overhead(profile)
     return BackendModel(str(profile.get("backend", "gloo")), alpha / 2 + step, alpha / 2 + step,
-                        collectives=_collective_fits(profile),
-                        program=program_costs(profile, alpha))
+                        collectives=_collective_fits(profile))
 
 
 def program_costs(profile: dict, alpha: float) -> ProgramCosts | None:
@@ -272,7 +176,7 @@ def executor_step_overhead(profile: dict) -> float:
 
 def _collective_fits(profile: dict) -> tuple[tuple[str, int, float, float], ...]:
     """The profile's ``collectives`` section: per op, a fit ``t = alpha + bytes * per_byte``
-    measured at ``collectives.world`` ranks (see :mod:`treeattn.runtime.measure.calibrate`)."""
+    measured at ``collectives.world`` ranks (see :mod:`treeattn.testbed.calibration.calibrate`)."""
     section = profile.get("collectives")
     if section is None:
         return ()
@@ -295,13 +199,22 @@ def link_bandwidth(profile: dict) -> float:
     return _positive(profile, "p2p", "bandwidth_Bps")
 
 
-def topology_from_profile(profile: dict, world: int | None = None):
-    """A ``local`` topology of ``world`` ranks with latency 0 and the measured bandwidth."""
+def topology_from_profile(profile: dict, world: int | None = None,
+                          host_of: list[int] | None = None):
+    """A ``local`` topology of ``world`` ranks with latency 0 and the measured bandwidth;
+    ``host_of[r]`` lays the ranks out as hosts (:func:`treeattn.topo.builders.local_layout`),
+    default one host."""
     from treeattn.topo import Topology
 
     profile = load_profile(profile)
     world = int(world or profile["world"])
     beta = link_bandwidth(profile)
+    if host_of is not None and len(set(host_of)) > 1:
+        from treeattn.topo.builders import local_layout
+
+        return Topology(local_layout(list(host_of), 0.0, beta),
+                        name=f"local:ranks={world},latency=0,bandwidth={beta!r} on "
+                             f"{len(set(host_of))} hosts")
     return Topology.from_spec(f"local:ranks={world},latency=0,bandwidth={beta!r}")
 
 
@@ -349,3 +262,16 @@ def profile_bound(profile: dict, side: str) -> dict:
         if op != "world" and isinstance(fit, dict) and "spread" in fit:
             _scaled(fit, fit["spread"][k], latency_keys=("alpha_s", "seconds_per_byte"))
     return out
+
+
+class CpuProfiles:
+    """The planner's reader of profiles of this host's CPU ranks."""
+
+    def models(self, profile: dict, world: int | None = None,
+               host_of: list[int] | None = None
+               ) -> tuple[object, HardwareModel, BackendModel]:
+        return (topology_from_profile(profile, world, host_of),
+                hardware_from_profile(profile), backend_from_profile(profile))
+
+    def bound(self, profile: dict, side: str) -> dict:
+        return profile_bound(profile, side)

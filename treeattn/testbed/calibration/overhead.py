@@ -12,7 +12,7 @@ the same machine load:
 - ``executor``: :meth:`treeattn.runtime.executor.Executor.run` with its Python steps, the
   whole step;
 - ``program``: the same with the rank's steps run as one C call
-  (:mod:`treeattn.runtime.local.shm_program`), where the group can (CPU ranks of one host,
+  (:mod:`treeattn.testbed.transport.shm_program`), where the group can (CPU ranks of one host,
   shared memory, a C compiler); otherwise it repeats ``executor``;
 - ``raw``: the same messages (sizes, order, peers, tags) as plain ``isend``/``irecv`` of
   preallocated buffers through the executor's transport (:mod:`treeattn.runtime.transport`:
@@ -25,9 +25,9 @@ the same machine load:
 
 :func:`measure_step_overhead` turns that into the profile key the simulator charges on every
 Send and Recv step (``executor.step_overhead_s``, read by
-:func:`treeattn.sim.host.profiles.executor_step_overhead`), and the program's own, which may be
+:func:`treeattn.testbed.host.profiles.executor_step_overhead`), and the program's own, which may be
 below the raw messages' (``executor.program_step_s``, for ranks that run as a program, see
-:mod:`treeattn.sim.host.partial_reduction`); ``treeattn calibrate`` records both, and
+:mod:`treeattn.testbed.host.partial_reduction`); ``treeattn calibrate`` records both, and
 ``benchmarks/executor_overhead.py`` reports the full comparison.
 """
 
@@ -42,10 +42,10 @@ import torch.distributed as dist
 from treeattn.kernels import merge_packed, partial_attention
 from treeattn.runtime.executor import Executor
 from treeattn.runtime.group import RankContext, all_gather_objects, wait_work
-from treeattn.runtime.local.shm import MAX_TAGS, SLOT_BYTES, max_world
 from treeattn.runtime.plans import build, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims, kv_message_lengths, message_numel
 from treeattn.schedule.ir import Compute, Merge, Recv, Send
+from treeattn.testbed.transport.shm import MAX_TAGS, SLOT_BYTES, max_world
 
 VARIANTS = ("executor", "program", "raw", "raw+kernels", "raw-gloo")
 TINY = AttnDims(1, 1, 1, 8)  # data costs nothing: what is left is the per-step host cost

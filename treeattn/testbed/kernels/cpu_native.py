@@ -9,7 +9,7 @@ head once, scores and weights each row while it is in registers, and widens bf16
 registers instead of in a copy; see that file for the algorithm.
 
 How it is built: on first use, with the system's C compiler (``$CC``, else cc, gcc or clang) at
-``-O3 -march=native``, into ``$TREEATTN_CACHE_DIR`` (default ``~/.cache/treeattn``) under a
+``-O3 -march=native``, into ``$TREEATTN_CACHE`` (default ``~/.cache/treeattn``) under a
 name that hashes the source, the compiler, its flags and this CPU's feature flags, so a
 shared home directory never hands one machine another's instructions. The library is written
 to a temporary name and renamed into place, so ranks that start together and build at once
@@ -41,7 +41,7 @@ import torch
 
 SOURCES = tuple(Path(__file__).with_name("native") / name
                 for name in ("decode_partial.c", "merge.c"))
-ENV_CACHE_DIR = "TREEATTN_CACHE_DIR"
+ENV_CACHE = "TREEATTN_CACHE"  # the one cache folder, shared with fetched models
 ABI_VERSION = 4
 MAX_QUERY_ROWS = 8  # the kernel's MAX_ROWS: query rows served by one pass over K and V
 KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's KV_F32, KV_BF16
@@ -73,10 +73,10 @@ class NativeKernel:
 
 
 def cache_dir() -> Path:
-    """Where built libraries are kept: ``$TREEATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or
+    """Where built libraries are kept: ``$TREEATTN_CACHE``, else ``$XDG_CACHE_HOME`` or
     ``~/.cache``, under ``treeattn``."""
-    if os.environ.get(ENV_CACHE_DIR):
-        return Path(os.environ[ENV_CACHE_DIR])
+    if os.environ.get(ENV_CACHE):
+        return Path(os.environ[ENV_CACHE])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "treeattn"
 
@@ -108,8 +108,8 @@ def build(out_dir: Path, flags: tuple[str, ...] | None = None,
 
     ``flags`` replaces the optimisation flags (tests build a portable variant with it).
     The runtime builds its own library from its own sources the same way
-    (:mod:`treeattn.runtime.local.shm_program`). Raises OSError with the compiler's message when no
-    flag set compiles.
+    (:mod:`treeattn.testbed.transport.shm_program`). Raises OSError with the compiler's message
+    when no flag set compiles.
     """
     compiler = _compiler()
     if compiler is None:

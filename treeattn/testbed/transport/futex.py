@@ -1,6 +1,6 @@
 """Sleep until another process changes a word of shared memory: the Linux futex, via ctypes.
 
-Why: a rank that waits for a shared-memory message (:mod:`treeattn.runtime.local.shm`) can only
+Why: a rank that waits for a shared-memory message (:mod:`treeattn.testbed.transport.shm`) can only
 spin, yield or nap, all of which cost. Spinning holds a core; with more ranks than cores,
 that is the core the sender needs. Napping (``time.sleep``) costs about 85 µs of latency
 per check on Linux, the kernel's default 50 µs timer slack included. And every nap's

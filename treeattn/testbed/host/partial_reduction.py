@@ -7,12 +7,12 @@ and allgather at every world size, and butterfly at powers of two, are plain red
 every rank; schedules that move KV blocks, chunks of heads or collectives are not.
 
 Why it matters: on CPU ranks of one host the runtime runs such a rank, its attention included,
-as one C call over shared-memory mailboxes (``treeattn/runtime/local/shm_program.py``), without the
-executor's Python steps. Those steps cost more than the call's, and more again with cold caches
-after the kernel, so the simulator prices such a rank with the program's own calibrated cost
-per message (:class:`ProgramCosts`, from ``executor.program_step_s`` in a calibration profile)
-and charges it no cold extras. Both sides decide with :func:`reduction_ops`, so they cannot
-disagree about which ranks run as a program.
+as one C call over shared-memory mailboxes (``treeattn/testbed/transport/shm_program.py``),
+without the executor's Python steps. Those steps cost more than the call's, and more again with
+cold caches after the kernel, so the simulator prices such a rank with the program's own
+calibrated cost per message (:class:`ProgramCosts`, from ``executor.program_step_s`` in a
+calibration profile) and charges it no cold extras. Both sides decide with
+:func:`reduction_ops`, so they cannot disagree about which ranks run as a program.
 
 IR-only: no simpy, no torch.
 """

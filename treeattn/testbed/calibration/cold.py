@@ -29,7 +29,7 @@ What is measured; a cold sample first runs the kernel over a probe shard of
   arrive staggered, some asleep; the collective after the kernel is the one that matters.
 
 The simulator charges these once per kind after an attention step that streams at least
-``after_bytes`` (twice the L2, from sysfs): see :mod:`treeattn.sim.host.cold`. Differences below
+``after_bytes`` (twice the L2, from sysfs): see :mod:`treeattn.testbed.host.cold`. Differences below
 zero (noise) are stored as 0.
 """
 
@@ -44,10 +44,9 @@ import torch.distributed as dist
 
 from treeattn.kernels import merge_packed, partial_attention
 from treeattn.runtime.group import RankContext, wait_work
-from treeattn.runtime.local.binding import group_cores
-from treeattn.runtime.local.shm_collectives import CollectiveOps
-from treeattn.runtime.transport import transport_for
+from treeattn.runtime.transport import collective_ops, transport_for
 from treeattn.runtime.wire import AttnDims
+from treeattn.testbed.transport.binding import group_cores
 
 PROBE_BYTES = 32 << 20  # K+V read before a cold sample: 16x a 2 MiB L2, like a 16k shard
 SAMPLES = 25  # per quantity and mode; each cold one costs a probe (a few ms)
@@ -129,13 +128,14 @@ def _message_extra(ctx: RankContext, dims: AttnDims, q, kv) -> float:
 
 def collective_call(ctx: RankContext, op: str, nbytes: int):
     """A zero-argument closure running ``op`` on ``nbytes`` (whole buffer) on every rank,
-    through the executor's path (:class:`CollectiveOps`: mailboxes when the messages fit)."""
+    through the executor's path (:func:`~treeattn.runtime.transport.collective_ops`: mailboxes
+    when the messages fit)."""
     p = ctx.world
     numel = max(p, -(-nbytes // 4) // p * p)  # a multiple of the world size, fp32
     full = torch.zeros(numel, device=ctx.device)
     part = torch.zeros(numel // p, device=ctx.device)
     pieces = [torch.zeros(numel // p, device=ctx.device) for _ in range(p)]
-    ops = CollectiveOps(ctx, tuple(range(p)), None, transport_for(ctx).channel)
+    ops = collective_ops(ctx, tuple(range(p)), None, transport_for(ctx).channel)
     calls = {
         "all_reduce": lambda: ops.all_reduce(full, "sum", op),
         "broadcast": lambda: ops.broadcast(full, 0, op),

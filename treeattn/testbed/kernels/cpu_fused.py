@@ -20,7 +20,7 @@ tolerances (``treeattn.kernels.testing.O_TOLERANCE``, key ``"fused"``), not the 
 path's 1e-5; an fp32 one only differs from the exact path by the order of its sums.
 
 Under ``auto`` it serves the dense calls that treeattn's C kernel does not take
-(:mod:`treeattn.kernels.cpu_native`: several torch threads, more than 8 query heads per KV
+(:mod:`treeattn.testbed.kernels.cpu_native`: several torch threads, more than 8 query heads per KV
 head, or no C compiler). It applies to CPU tensors with no ``kv_len`` (a decode shard is
 dense; ragged batches take the exact path) and at least one token, in bf16 always and in
 fp32 for grouped-query heads (G > 1). Not in fp16: there torch's kernel is slower than the

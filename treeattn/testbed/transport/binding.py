@@ -12,7 +12,7 @@ rank on its own core anyway, and pinning made the large loopback exchange that p
 ring's KV blocks less repeatable: at 2 ranks on 2 cores, 1 GiB took 593–785 ms pinned (two
 calibrations) and 712–984 ms with only the main thread pinned (three), against 876–973 ms
 unpinned (three), all timed with the exchange of that time, which posted its send before
-its receive (see :func:`treeattn.runtime.measure.calibrate.measure_exchange`). ``"cores"`` pins
+its receive (see :func:`treeattn.testbed.calibration.calibrate.measure_exchange`). ``"cores"`` pins
 always, ``"none"`` never.
 
 How: the launcher (:mod:`treeattn.runtime.launch`) reads the CPUs it may use once and hands

@@ -1,18 +1,20 @@
-"""What a rank's host CPU adds to a simulated step: the one interface the engine calls.
+"""What a rank's host CPU adds to a simulated step: the test bed's host model.
 
-On a GPU cluster the host only posts work, and the engine's step costs are the whole story.
-On CPU ranks (the project's test bed, and anyone who runs ranks on one machine) the same
-cores that run the attention also run every merge, message copy and collective, and
-calibration shows four effects that a GPU never has. They all live here, so the engine
-reads as the cluster engine and asks this model only "how long" and "when":
+On a GPU cluster the host only posts work, and the engine's step costs are the whole story
+(:class:`treeattn.sim.host_model.PlainHost`). On CPU ranks (the project's test bed, and
+anyone who runs ranks on one machine) the same cores that run the attention also run every
+merge, message copy and collective, and calibration shows four effects that a GPU never has.
+They all live here, so the engine reads as the cluster engine and asks this model only "how
+long" and "when". A calibrated CPU's hardware model carries a :class:`CpuHost`
+(``HardwareModel.host``), whose fields turn them on:
 
-* **Shared cores.** When the hardware has ``cores`` (a calibrated CPU), all ranks of a host
+* **Shared cores.** When the host has ``cores`` (a calibrated CPU), all ranks of a host
   share a ``simpy.Resource`` with that many servers, so ranks beyond the core count queue for
-  compute. When the launcher pinned the ranks (``HardwareModel.pinned``), the host's k-th
+  compute. When the launcher pinned the ranks (``CpuHost.pinned``), the host's k-th
   rank has core ``k mod cores`` to itself and queues only behind the ranks pinned to the same
   core; a rank that shares its core also waits for it to post a message.
 * **Compute and copies take turns.** On a host whose cores copy every byte of a message
-  (``HardwareModel.copies_messages``: gloo's sockets), a rank's attention and the copies of
+  (``CpuHost.copies_messages``: gloo's sockets), a rank's attention and the copies of
   its own messages take turns: when it starts, a Compute books the rank's own links (its one
   link out and one link in, which only its own messages use: the ``local`` star) for its
   duration, at the first time both are free of message chunks, and chunks booked later fit
@@ -20,43 +22,80 @@ reads as the cluster engine and asks this model only "how long" and "when":
   attention, not the larger of the two: both stream memory through the same cores. Merges
   (microseconds) do not take turns, and on a topology where links are not a rank's own
   nothing does. The critical path counts the wait as wire time.
-* **Cold steps.** With a calibrated ``HardwareModel.cold``, the first merge, send, receive and
+* **Cold steps.** With a calibrated ``CpuHost.cold``, the first merge, send, receive and
   collective after a rank's attention kernel also pay what running cold costs
-  (:mod:`treeattn.sim.host.cold`).
+  (:mod:`treeattn.testbed.host.cold`).
 * **The compiled reduction.** A rank whose steps the runtime runs as one C program (a plain
-  reduction of partials with a calibrated ``BackendModel.program``,
-  :mod:`treeattn.sim.host.partial_reduction`) pays the program's message costs instead, and
+  reduction of partials with a calibrated ``CpuHost.program``,
+  :mod:`treeattn.testbed.host.partial_reduction`) pays the program's message costs instead, and
   no cold extras (in a group that gets the mailboxes: one host, at most
   ``program.max_world`` ranks).
 
-Without a calibration none of these apply, and every method reduces to the plain costs.
+With none of them set, every method reduces to the plain costs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import simpy
 
 from treeattn.schedule.ir import Collective, Compute
-from treeattn.schedule.payloads import CollectiveOp
-from treeattn.sim.host.cold import KINDS
+from treeattn.schedule.payloads import CollectiveOp, SimError
+from treeattn.testbed.host.cold import KINDS, ColdSteps
+from treeattn.testbed.host.partial_reduction import ProgramCosts
+
+
+@dataclass(frozen=True)
+class CpuHost:
+    """A calibrated CPU host's costs beyond the device model (a :class:`~treeattn.sim.
+    host_model.HostSpec`): what :class:`HostModel` reads per rank."""
+
+    cores: int | None = None  # compute servers shared by the host's ranks; None: one each
+    pinned: bool = False  # ranks bound round-robin to the ``cores`` (the local launcher's way)
+    cold: ColdSteps | None = None  # host steps right after the kernel (testbed.host.cold)
+    # The host's cores copy every byte of a message (gloo's sockets), so a rank's attention
+    # and the copies of its own messages take turns
+    copies_messages: bool = False
+    # ranks of one host that run as the C program: its message costs (partial_reduction)
+    program: ProgramCosts | None = None
+
+    def __post_init__(self) -> None:
+        if self.cores is not None and self.cores < 1:
+            raise SimError("host: cores must be at least 1")
+
+    def bind(self, env: simpy.Environment, links, costs, schedule) -> HostModel:
+        return HostModel(env, links, costs, schedule, self.program)
+
+    def cheapest_send_s(self, send_s: float) -> float:
+        return min(send_s, self.program.send_s) if self.program else send_s
+
+    def cheapest_recv_s(self, recv_s: float) -> float:
+        return min(recv_s, self.program.recv_s) if self.program else recv_s
+
+
+PLAIN_CPU = CpuHost()  # a rank without a host spec of its own, beside ranks that have one
 
 
 class HostModel:
     """The host side of one simulated run: core pools, turns, cold state, programs."""
 
-    def __init__(self, env: simpy.Environment, links, costs, schedule) -> None:
+    def __init__(self, env: simpy.Environment, links, costs, schedule,
+                 program: ProgramCosts | None) -> None:
         self.env, self.links, self.c = env, links, costs
+        self.hosts = [h.host if isinstance(h.host, CpuHost) else PLAIN_CPU
+                      for h in costs.hardware]
         world = schedule.world
         self.cores = self._core_pools(world)
         # ranks whose attention takes turns with their messages' copies: the links they book
         self.copy_edges = self._copy_edges(world)
         self.copy_wait = [[0.0] * len(st) for st in schedule.steps]  # for the critical path
         # per rank: the calibrated cold-step costs and the kinds still cold
-        self.cold_costs = [h.cold for h in costs.hardware]
+        self.cold_costs = [h.cold for h in self.hosts]
         self.cold: list[set] = [set() for _ in range(world)]
         # ranks whose steps run as one C program: its message costs, and nothing runs cold
-        program = costs.program
-        one_host = len({costs.topology.host_of(r) for r in range(world)}) == 1
+        self.program = program
+        one_host = len({costs.topology.machine_of(r) for r in range(world)}) == 1
         grouped = program is not None and program.runs(world, one_host)
         self.programmed = [grouped and program.takes(steps) for steps in schedule.steps]
         # ranks whose core pool has fewer servers than ranks: their host work queues too
@@ -100,14 +139,14 @@ class HostModel:
         """The sender's host cost of an ``nbytes`` message (its protocol's: sim/nccl/p2p.py)."""
         c = self.c
         if self.programmed[r]:
-            return c.program.send_s
+            return self.program.send_s
         return c.p2p.send_s(nbytes) + self._cold_extra(r, "send")
 
     def recv_s(self, r: int, nbytes: int) -> float:
         """The receiver's host cost of an ``nbytes`` message."""
         c = self.c
         if self.programmed[r]:
-            return c.program.recv_s
+            return self.program.recv_s
         return c.p2p.recv_s(nbytes) + self._cold_extra(r, "recv")
 
     def collective_s(self, r: int, step: Collective) -> float:
@@ -134,13 +173,13 @@ class HostModel:
 
     def _core_pools(self, world: int) -> list:
         """Each rank's compute servers: the host's pool, or its own core when pinned."""
-        hw = self.c.hardware
+        hw = self.hosts
         if all(h.cores is None for h in hw):
             return [None] * world
         pools: dict = {}
         out = []
         for r in range(world):
-            host = self.c.topology.host_of(r)
+            host = self.c.topology.machine_of(r)  # ranks of one machine share its cores
             if hw[r].pinned:  # the launcher binds the host's k-th rank to core k mod cores
                 if host not in pools:
                     pools[host] = ([simpy.Resource(self.env, capacity=1)
@@ -161,7 +200,7 @@ class HostModel:
         direct rank-to-rank link, a mesh) a link is no rank's own, so nothing is booked and
         compute overlaps the copies as on hardware that does not copy."""
         net = self.c.net
-        copying = [r for r, h in enumerate(self.c.hardware) if h.copies_messages]
+        copying = [r for r, h in enumerate(self.hosts) if h.copies_messages]
         if world < 2 or not copying:
             return [()] * world
         edges = {}

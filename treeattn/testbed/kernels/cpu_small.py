@@ -13,7 +13,7 @@ of five batches (this repository's 2-core box, torch 2.13):
 * merge of 8 heads × 128: 20 against 9 µs; of 128 × 128: 23 against 20 µs; of 512 × 128:
   41 against 53 µs (torch wins).
 
-Where the C kernel (:mod:`treeattn.kernels.cpu_native`) takes a call it runs first: it
+Where the C kernel (:mod:`treeattn.testbed.kernels.cpu_native`) takes a call it runs first: it
 beats this path 2-3x even on a 16-token shard (``benchmarks/results/kernel_paths.md``). So
 this path serves the CPU chain without it (no C compiler, or ``TREEATTN_KERNEL=fused``),
 where it is 2.2-3.1x faster than the exact path on such shards and 1.5x on merges.

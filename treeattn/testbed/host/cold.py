@@ -3,7 +3,7 @@ costs beyond a warm one, and which steps pay it (used by :mod:`treeattn.sim.engi
 
 On a CPU the attention kernel streams the rank's KV shard through the core's caches, so the
 host code that runs next finds none of its code or data there. Calibration measures the
-extra seconds per kind of step right after a kernel (:mod:`treeattn.runtime.local.cold`, the
+extra seconds per kind of step right after a kernel (:mod:`treeattn.testbed.calibration.cold`, the
 profile's ``cold`` section); the engine charges them like this:
 
 * a Compute of the attention family (``attention``, ``attention_block``,

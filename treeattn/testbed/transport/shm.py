@@ -16,14 +16,14 @@ payload out, then stores ``read + 1``. Each counter has one writer, so no lock i
 on x86-64 (TSO) stores become visible in program order, so a receiver that sees the new
 count sees the payload. Other architectures keep gloo (no fences from Python). A process
 reads its own counter back from the segment instead of keeping a copy, so this path and the
-C one of :mod:`treeattn.runtime.local.shm_program` can take turns on a mailbox.
+C one of :mod:`treeattn.testbed.transport.shm_program` can take turns on a mailbox.
 
 Matching is FIFO per (sender, receiver, tag), as gloo's is. A send whose slot is still
 full (the previous message with that tag not yet read) is kept and pushed by any later
 wait of this process (:meth:`ShmChannel.progress`), so a rank that moves on to receive
 cannot deadlock a peer that waits for it. Waiting spins (only when every rank has a core
 of its own: a spinning rank would otherwise hold the core its peer needs to make the
-message), then sleeps on the counter it waits for (a futex, :mod:`treeattn.runtime.local.futex`)
+message), then sleeps on the counter it waits for (a futex, :mod:`treeattn.testbed.transport.futex`)
 until the peer's store wakes it; every store is followed by that wake. While this rank has
 deferred sends to push, or where futexes are unavailable, it naps 50 µs at a time instead.
 Every wait has the run's timeout.
@@ -32,7 +32,7 @@ Messages over :data:`SLOT_BYTES` or with a tag of :data:`MAX_TAGS` or more go th
 (:mod:`treeattn.runtime.transport` decides, from the size, identically on both sides), and
 so does everything in groups of more than 8 ranks (:data:`MAX_SEGMENT_BYTES`). A wait on a
 gloo message keeps this rank's deferred mailbox sends moving too. Each ordered pair has one
-more mailbox, :data:`COLLECTIVE_TAG`, which only :mod:`treeattn.runtime.local.shm_collectives`
+more mailbox, :data:`COLLECTIVE_TAG`, which only :mod:`treeattn.testbed.transport.shm_collectives`
 uses, so a collective never takes a point-to-point message still waiting in a tagged one.
 ``TREEATTN_SHM=0`` turns shared memory off.
 """
@@ -54,8 +54,8 @@ import torch
 
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, all_gather_objects
-from treeattn.runtime.local import futex
-from treeattn.runtime.local.binding import group_cores
+from treeattn.testbed.transport import futex
+from treeattn.testbed.transport.binding import group_cores
 
 ENV_SWITCH = "TREEATTN_SHM"
 SLOT_BYTES = 64 << 10  # a partial of B*Hq*(D+1) fp32 up to 64 KiB (B=1, Hq=128, D=127)

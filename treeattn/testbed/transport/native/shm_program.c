@@ -6,7 +6,7 @@
  * 2.4 ms kernel, where the data moved is 2.3 KiB. One call that sends, waits and merges
  * touches a few cache lines of code and data instead of the interpreter's.
  *
- * The mailbox protocol is treeattn/runtime/local/shm.py's, unchanged, so a program and the Python
+ * The mailbox protocol is treeattn/testbed/transport/shm.py's, unchanged, so a program and the Python
  * path can use the same mailboxes one after the other: each mailbox is a 128-byte header
  * (int64 words: [0] messages written, stored only by the sender; [1] bytes of the last one;
  * [8] messages read, stored only by the receiver) followed by the payload. A send needs
@@ -160,7 +160,7 @@ static int check_program(const op_t *prog, int64_t n_ops, int64_t bytes, const i
 
 /* Run `n_ops` ops on the packed partial `running` (rows x d of o, then rows of lse, fp32).
  * With `attention` non-NULL, first compute `running` with the decode kernel
- * (treeattn/kernels/native/decode_partial.c), whose arguments after the scale, up to its
+ * (treeattn/testbed/kernels/native/decode_partial.c), whose arguments after the scale, up to its
  * outputs, are `attention[1..16]` (q's address at [0]; the kernel's row capacity is `rows`,
  * and its head dimension must be `d`): the step that follows a kernel then
  * starts without a trip through Python, whose state the kernel has just evicted.

@@ -11,7 +11,7 @@ The measurements, run inside an existing process group (every rank calls
   reduce-scatter, all-to-all, broadcast) at a few sizes on all ranks, each fitted to
   ``t = α + n·s`` (``n`` in nccl-tests' convention, see :mod:`treeattn.sim.nccl.collectives`), so
   the simulator can price collective-based schedules on this machine at this world size.
-  They run through the executor's path (:mod:`treeattn.runtime.local.shm_collectives`): the
+  They run through the executor's path (:mod:`treeattn.testbed.transport.shm_collectives`): the
   mailboxes while each message fits one, the process group above.
 - **exchange**: every rank sends to ``r+1`` and receives from ``r−1`` at once (the ring's
   pattern). Recorded for the simulator: on loopback, concurrent messages share the host's
@@ -31,7 +31,7 @@ which set the bandwidth-bound predictions, are measured in :data:`ROUNDS` bursts
 the calibration and combined by :func:`combine_rounds`, so one burst caught by another
 user's load spike does not move them; and the p10/p90 of the samples
 give each section a ``spread`` ``[p10/median, p90/median]`` (max over ranks) from which
-``run --check`` derives the predicted band (:func:`treeattn.sim.host.profiles.profile_bound`).
+``run --check`` derives the predicted band (:func:`treeattn.testbed.host.profiles.profile_bound`).
 - **attention**: ``treeattn.kernels.partial_attention`` over local shards of several lengths,
   with ``min(world, cores)`` ranks running at once so the memory-bandwidth contention of
   concurrent ranks is captured. Oversubscription (more ranks than cores) is *not* folded in
@@ -41,11 +41,11 @@ give each section a ``spread`` ``[p10/median, p90/median]`` (max over ranks) fro
   default shape), the memory-bound regime of long-context decode. A straight-line fit over
   all sizes would let noise in the large times swing the intercept by milliseconds.
 - **executor**: the schedule executor's own host cost per Send/Recv step beyond raw gloo
-  (:func:`treeattn.runtime.local.overhead.measure_step_overhead`), which the simulator adds to
+  (:func:`treeattn.testbed.calibration.overhead.measure_step_overhead`), which the simulator adds to
   both ends of every message.
 - **cold** (CPU ranks): the extra cost of the first merge, message and collective right
   after the attention kernel has streamed a shard through the caches
-  (:mod:`treeattn.runtime.local.cold`).
+  (:mod:`treeattn.testbed.calibration.cold`).
 
 The profile::
 
@@ -73,9 +73,6 @@ import torch.distributed as dist
 from treeattn.kernels import partial_attention
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.group import RankContext, barrier, wait_work
-from treeattn.runtime.local.binding import group_cores, is_pinned
-from treeattn.runtime.local.cold import busy_ranks, collective_call, measure_cold_steps
-from treeattn.runtime.local.overhead import measure_step_overhead
 from treeattn.runtime.measure.fitting import (  # noqa: F401  (fit_latency_bandwidth: re-export)
     fit_latency_bandwidth,
     latency_bandwidth,
@@ -90,6 +87,9 @@ from treeattn.runtime.measure.profile_io import (  # noqa: F401  (re-exported)
 from treeattn.runtime.measure.timing import combine_rounds, sample_stats, spread, start_together
 from treeattn.runtime.transport import transport_for
 from treeattn.runtime.wire import AttnDims
+from treeattn.testbed.calibration.cold import busy_ranks, collective_call, measure_cold_steps
+from treeattn.testbed.calibration.overhead import measure_step_overhead
+from treeattn.testbed.transport.binding import group_cores, is_pinned
 
 P2P_SIZES = (4, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
 EXCHANGE_CAP = 1 << 30  # largest exchange calibrated: 2 such buffers per rank
@@ -328,11 +328,6 @@ def attention_section(ctx: RankContext, dims: AttnDims, stats, tokens=ATTENTION_
         "times_s": times,
         "spread": spread(stats[1:]),
     }
-
-
-def measure_attention(ctx: RankContext, dims: AttnDims, tokens=ATTENTION_TOKENS) -> dict:
-    """The attention section from one burst of :func:`attention_stats`."""
-    return attention_section(ctx, dims, attention_stats(ctx, dims, tokens), tokens)
 
 
 def _bytes(dims: AttnDims) -> int:
