@@ -132,6 +132,7 @@ def test_bf16_on_cpu_gives_the_fp32_greedy_tokens():
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
     (["--temperature", "nan"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "1e-300"], "--temperature must be 0 (greedy) or at least"),
     (["--top-p", "0"], "--top-p must be in (0, 1]"),
     (["--top-p", "1.01"], "--top-p must be in (0, 1]"),
     (["--top-k", "-3"], "--top-k must be >= 0"),

@@ -120,8 +120,10 @@ def _main(argv: list[str] | None) -> int:
         return _fail(message)
     except TreeattnError as exc:
         return _fail(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        return _fail(f"{exc.strerror or exc}: {exc.filename}")
+    except OSError as exc:  # a path the user named: missing, a directory, too long, ...
+        if exc.filename is None:
+            raise
+        return _fail(f"{exc.strerror or exc}: {str(exc.filename)[:200]}")
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM while ranks run (see launch.py)
         sys.stderr.write(f"error: {str(exc) or 'interrupted'}\n")
         return 130

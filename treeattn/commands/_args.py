@@ -1,10 +1,18 @@
-"""Argument types shared by the sub-commands (kept free of heavy imports)."""
+"""Argument types shared by the sub-commands, and the rule that every flag a command is given
+either takes effect in its mode or is refused (kept free of heavy imports)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Collection, Mapping
+
+from treeattn.errors import UserError
 
 SUFFIX = {"k": 1024, "m": 1024 * 1024}
+# A thousand times the longest context any model is trained for (about a billion tokens):
+# a count past it is a typo, and a 400-digit one would overflow the float arithmetic.
+MAX_TOKENS = 1 << 40
+MAX_COUNT = 1 << 20  # GPUs, ranks, sequences in a batch: far past any cluster or batch
 
 
 def parse_tokens(text: str) -> int:
@@ -16,10 +24,32 @@ def parse_tokens(text: str) -> int:
     raw = text.strip().lower()
     scale = SUFFIX.get(raw[-1:], 1)
     digits = raw[:-1] if raw[-1:] in SUFFIX else raw
+    if len(digits) > 20:  # int() of a huge string is slow and its value useless
+        raise argparse.ArgumentTypeError(f"not a token count: {text[:40]!r}...")
     try:
-        return int(digits) * scale
+        value = int(digits) * scale
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a token count: {text!r}") from exc
+        raise argparse.ArgumentTypeError(f"not a token count: {text[:40]!r}") from exc
+    if value > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"{value:,} tokens is past the bound of "
+                                         f"{MAX_TOKENS:,}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count of GPUs, ranks or sequences: an integer in ``[1, MAX_COUNT]``.
+
+    >>> positive_int("8")
+    8
+    """
+    try:
+        value = int(text) if len(text) <= 20 else None
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to {MAX_COUNT:,}, got "
+                                         f"{text[:40]!r}")
+    return value
 
 
 BYTE_SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -42,6 +72,42 @@ def parse_bytes(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"a byte count must be positive, got {text!r}")
     return value
+
+
+# Every flag either takes effect or is refused. A command's parser records its flags and their
+# defaults (record_flags); each mode of the command lists the flags it reads, and any other
+# flag given a value other than its default is refused with one line (refuse_unread). A flag
+# added to a parser is so refused in every mode until a mode says it reads it.
+FLAGS_DEST = "parser_flags"
+
+
+def record_flags(parser: argparse.ArgumentParser) -> None:
+    """Store ``parser``'s optional flags (dest -> (flag as shown, default)) in every
+    namespace it parses, for :func:`refuse_unread`. Call it after the last ``add_argument``."""
+    flags = {a.dest: (max(a.option_strings, key=len), a.default) for a in parser._actions
+             if a.option_strings and a.default is not argparse.SUPPRESS}
+    parser.set_defaults(**{FLAGS_DEST: flags})
+
+
+def given_flags(args: argparse.Namespace) -> dict[str, str]:
+    """dest -> flag of every recorded flag whose value differs from its default (a flag given
+    its default value is the same as one left out)."""
+    flags = getattr(args, FLAGS_DEST, {})
+    return {dest: flag for dest, (flag, default) in flags.items()
+            if getattr(args, dest, default) != default}
+
+
+def refuse_unread(args: argparse.Namespace, mode: str, reads: Collection[str],
+                  why: Mapping[str, str] | None = None) -> None:
+    """Raise UserError naming every flag given to ``mode`` that it does not read (``reads``:
+    dests), with ``why`` a flag does not apply where one is known."""
+    unread = [(dest, flag) for dest, flag in given_flags(args).items() if dest not in reads]
+    if not unread:
+        return
+    names = ", ".join(flag for _, flag in unread)
+    reasons = "; ".join(dict.fromkeys(why[dest] for dest, _ in unread if why and dest in why))
+    raise UserError(f"{mode} does not use {names}" + (f" ({reasons})" if reasons else "")
+                    + (": drop it" if len(unread) == 1 else ": drop them"))
 
 
 def add_nccl_env_flag(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from treeattn import testbed
-from treeattn.commands._args import parse_tokens
+from treeattn.commands._args import parse_tokens, record_flags, refuse_unread
 from treeattn.commands.generate_cluster import (
     add_cluster_options,
     check_placement,
@@ -51,6 +51,32 @@ DEMO_PROMPT = "What is the capital of France?"
 # the model at different speeds. A hung rank is still named within it (the launcher's
 # heartbeat watchdog), and a dead one at once.
 DEFAULT_TIMEOUT_S = 60.0
+# The flags (argparse dests) each mode reads; any other flag given a value is refused
+# (treeattn.commands._args.refuse_unread), with the reason where one helps.
+RANKS_READS = frozenset({
+    "nproc", "prompt", "chat", "max_new_tokens", "algorithm", "plan", "model", "verify",
+    "json", "engine", "cuda_graph", "context_tokens", "prefill", "timeout", "topology",
+    "profile", "dtype", "device", "temperature", "top_k", "top_p", "seed"})
+ONE_RANK_READS = RANKS_READS - {"algorithm", "plan", "prefill", "timeout", "topology",
+                                "profile"}
+NOT_ONE_RANK = {
+    "algorithm": "one rank has no partials to merge", "plan": "one rank has nothing to merge",
+    "prefill": "one rank prefills its whole cache itself",
+    "timeout": "one rank waits on no peer",
+    "topology": "--topology plans the merge of several ranks",
+    "profile": "--profile prices the merge of several ranks",
+}
+HF_READS = frozenset({
+    "nproc", "prompt", "chat", "max_new_tokens", "algorithm", "plan", "model", "verify",
+    "json", "engine", "timeout", "device", "temperature", "top_k", "top_p", "seed",
+    "context_tokens"})
+NOT_HF = {
+    "cuda_graph": "it captures treeattn's own decode step",
+    "profile": "it runs --algorithm or --plan as given",
+    "prefill": "it prefills the prompt with a pass-KV ring",
+    "dtype": "it runs transformers' model in fp32",
+    "topology": "it runs --algorithm or --plan as given",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -99,6 +125,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              f"(default {DEFAULT_TIMEOUT_S:g})")
     add_cluster_options(parser)
     parser.set_defaults(func=guarded(handle))
+    record_flags(parser)
 
 
 @dataclass
@@ -125,12 +152,12 @@ def _check_args(args: argparse.Namespace) -> int:
     from treeattn.runtime.launch import check_timeout
 
     world = world_size(args)
+    if world == 1:
+        refuse_unread(args, "generate on one rank", ONE_RANK_READS, NOT_ONE_RANK)
     check_timeout(args.timeout)
     check_placement(args)
     sampling_of(args)
-    if not args.prompt or not args.prompt.strip():
-        raise UserError("the prompt is empty")
-    check_utf8(args.prompt)
+    check_prompt(args.prompt)
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.context_tokens < 0:
@@ -147,7 +174,37 @@ def _check_args(args: argparse.Namespace) -> int:
     if args.profile is not None and (args.plan or args.algorithm != "auto"):
         raise UserError("--profile prices the planner's choice: use it with --algorithm auto "
                         "(a --plan file was priced when it was made)")
+    check_plan_flags(args)
     return world
+
+
+def check_prompt(prompt: str) -> None:
+    """Raise UserError for an empty or blank prompt, or one that is not UTF-8 text."""
+    if not prompt or not prompt.strip():
+        raise UserError("the prompt is empty")
+    check_utf8(prompt)
+
+
+def check_plan_flags(args: argparse.Namespace) -> None:
+    """A --plan file fixes the merge: refuse the flags that would choose another one."""
+    if args.plan and args.algorithm != "tree":
+        raise UserError(f"--plan runs its file's schedule; --algorithm {args.algorithm} picks "
+                        "another: give one of them")
+    if args.plan and args.topology:
+        raise UserError("--plan runs its file's schedule, made for the topology it names; "
+                        "--topology plans another: give one of them")
+
+
+def check_hf_flags(args: argparse.Namespace) -> None:
+    """Refuse the flags ``--engine hf`` does not use, before transformers is imported."""
+    from treeattn.runtime.launch import check_timeout
+
+    refuse_unread(args, "generate --engine hf", HF_READS, NOT_HF)
+    check_timeout(args.timeout)
+    if args.device == "cuda":
+        raise UserError("generate --engine hf runs its ranks on the CPU: drop --device cuda")
+    check_prompt(args.prompt)
+    check_plan_flags(args)
 
 
 def check_utf8(prompt: str) -> None:
@@ -421,6 +478,7 @@ def summary_lines(out: Outcome) -> list[str]:
 
 def handle(args: argparse.Namespace) -> int:
     if args.engine == "hf":
+        check_hf_flags(args)
         from treeattn.commands.generate_hf import handle_hf
 
         return handle_hf(args, planned_schedule)

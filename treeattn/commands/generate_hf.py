@@ -33,9 +33,6 @@ def _check(args: argparse.Namespace) -> int:
     if torchrun_mode(args):
         raise UserError("--engine hf runs local ranks (--nproc); under torchrun use "
                         "treeattn.hf in your own script (docs/hf.md)")
-    for flag, value in (("--cuda-graph", args.cuda_graph), ("--profile", args.profile)):
-        if value:
-            raise UserError(f"{flag} is not supported with --engine hf")
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.context_tokens < 0:
@@ -179,6 +176,8 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
         ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
     else:
         ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    if ids.shape[1] == 0:
+        raise UserError(f"the prompt {args.prompt[:40]!r} tokenizes to no tokens")
     if args.context_tokens:
         ids = torch.cat([context_ids(tokenizer, args.context_tokens), ids], dim=1)
     algorithm = args.algorithm

@@ -15,7 +15,13 @@ from rich.console import Console
 
 from treeattn import atomic
 from treeattn.atomic import check_distinct, check_output_path
-from treeattn.commands._args import add_nccl_env_flag, parse_tokens
+from treeattn.commands._args import (
+    add_nccl_env_flag,
+    parse_tokens,
+    positive_int,
+    record_flags,
+    refuse_unread,
+)
 from treeattn.commands.tables import Column, add_wide_flag, print_table, say
 from treeattn.commands.token import (
     add_token_flags,
@@ -35,6 +41,31 @@ from treeattn.sim.prefill.pricing import SOURCES as SOURCES_PREFILL
 from treeattn.sweep.rows import PICK, algorithm_rows
 
 PLAN_PREFILL_GPUS = 1024  # plan prices the prefill beside the decode up to here (~1.4 s)
+# The flags (argparse dests) each mode of the two commands reads; any other flag given a
+# value is refused (treeattn.commands._args.refuse_unread), with the reason where one helps.
+SHARED_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile",
+                          "nccl_env"})
+DECODE_READS = SHARED_READS | {"batch", "tp", "layout", "trace",
+                               "weights_dtype", "kv_dtype", "transport", "partial_dtype"}
+PREFILL_READS = SHARED_READS | {"prefill", "context_tokens"}
+NOT_DECODE = {
+    "context_tokens": "--context-tokens prices a prefill after cached tokens: use it with "
+                      "--prefill (a decode's context is its --seq-len)",
+    "dcp": "--dcp shards a TP group's cache in a whole decode step: use it with --token",
+}
+NOT_PREFILL = {
+    "batch": "the prefill is priced for one sequence without tensor parallelism",
+    "tp": "the prefill is priced for one sequence without tensor parallelism",
+    "transport": "the prefill is priced on NCCL's send/recv; --transport restricts the "
+                 "decode's collectives",
+    "trace": "--trace draws decode timelines; the prefill is priced in closed form",
+    "token": "--token prices a decode step",
+    "weights_dtype": "the prefill is priced in the model's own dtype",
+    "kv_dtype": "the prefill is priced in the model's own dtype",
+    "dcp": "--dcp shards a TP group's cache in a whole decode step",
+    "layout": "--layout places a decode's merged output",
+}
+MAX_SEQ_LENS = 16  # predict's --seq-len values: each is a planner run (a second or more)
 DEMO_TOPOLOGIES = ("dgx-h100:nodes=1", "dgx-h100:nodes=16", "mi300x", "pcie-4090:gpus=8")
 DEMO_SEQ_LENS = (32 * 1024, 128 * 1024, 1024 * 1024)
 DEMO_MODEL = "llama-3.1-8b"
@@ -46,8 +77,8 @@ def _common(parser: argparse.ArgumentParser, many: bool) -> None:
     parser.add_argument("--seq-len", type=parse_tokens, required=True,
                         action="append" if many else None,
                         help="cached tokens" + (" (repeatable)" if many else ""))
-    parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
-    parser.add_argument("--tp", type=int, default=1,
+    parser.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together")
+    parser.add_argument("--tp", type=positive_int, default=1,
                         help="tensor-parallel size: heads split over this many GPUs (a host's "
                              "first), the sequence over the rest")
     parser.add_argument("--layout", choices=("replicated", "head_sharded"), default="replicated",
@@ -82,6 +113,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="price one whole decode step (weights, TP all-reduces, attention and "
                         "its merge, LM head): TPOT and tokens/s")
     p.set_defaults(func=handle_predict)
+    record_flags(p)
     q = subparsers.add_parser("plan", help="choose the reduction tree for a cluster")
     _common(q, many=False)
     q.add_argument("-o", "--output", metavar="PLAN.json", default=None,
@@ -89,10 +121,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--emit", choices=EMIT_TARGETS, default=None,
                    help="print the serving engine's flags for the best plan it can express "
                         "(--tp sets its DCP size: GPUs / tp), beside treeattn's pick")
-    q.add_argument("--gpus", type=int, default=None,
+    q.add_argument("--gpus", type=positive_int, default=None,
                    help="search the TP × DCP × CP splits of this many GPUs (the topology's "
                         "first) for the lowest time per output token")
     q.set_defaults(func=handle_plan)
+    record_flags(q)
 
 
 def _load(args: argparse.Namespace, seq_len: int):
@@ -116,9 +149,6 @@ def _prefill(args: argparse.Namespace, seq_len: int) -> list:
     from treeattn.sim.prefill.pricing import predict_prefill
     from treeattn.topo import Topology
 
-    if args.batch != 1 or args.tp != 1:
-        raise SimError("--prefill prices one sequence without tensor parallelism: use "
-                       "--batch 1 --tp 1")
     with planning_limits():
         topo = Topology.load(args.topology)
     overrides = plan_overrides(args.profile, topo, args.nccl_env)
@@ -160,22 +190,19 @@ def _decode_merge_only(args: argparse.Namespace, flag: str) -> None:
 
 
 def handle_predict(args: argparse.Namespace) -> int:
+    args.seq_len = list(dict.fromkeys(args.seq_len))  # each length once, in the given order
+    if len(args.seq_len) > MAX_SEQ_LENS:
+        raise SimError(f"{len(args.seq_len)} --seq-len values, expected at most "
+                       f"{MAX_SEQ_LENS} (each is one planner run): predict fewer at a time")
     for flag, on in (("--prefill", args.prefill), ("--token", args.token)):
         if on:
             _decode_merge_only(args, flag)
     if args.prefill:
-        if args.transport:
-            raise SimError("--transport restricts the decode's collectives; the prefill is "
-                           "priced on NCCL's send/recv (drop --transport or --prefill)")
-        if args.trace:
-            raise SimError("--trace draws decode timelines; the prefill is priced in "
-                           "closed form (drop --trace or --prefill)")
+        refuse_unread(args, "predict --prefill", PREFILL_READS, NOT_PREFILL)
         return handle_prefill(args)
-    if args.context_tokens:
-        raise SimError("--context-tokens prices a prefill after cached tokens: use it with "
-                       "--prefill (a decode's context is its --seq-len)")
     if args.token:
         return handle_predict_token(args)
+    refuse_unread(args, "predict", DECODE_READS, NOT_DECODE)
     if args.trace is not None:  # "" included: refused as an empty path
         check_output_path(args.trace)
     rows, timelines, unfit, refused = [], [], [], {}
@@ -230,6 +257,7 @@ def handle_plan(args: argparse.Namespace) -> int:
     if args.gpus is not None:
         _decode_merge_only(args, "--gpus")
         return handle_plan_gpus(args)
+    refuse_unread(args, "plan", DECODE_READS | {"output", "emit"}, NOT_DECODE)
     check_distinct(args.output, args.trace)
     for path in (args.output, args.trace):
         if path:

@@ -14,14 +14,48 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from rich.console import Console
 
+from treeattn.commands._args import positive_int, refuse_unread
 from treeattn.commands.tables import Column, print_table
 from treeattn.schedule.payloads import SimError
 from treeattn.schedule.workload import ModelConfig
 from treeattn.sim.deploy.capacity import Split, dtype_name, memory_check
 from treeattn.sim.network import TRANSPORTS
+
+# plan --gpus prices every split of its budget, each a planner run on its CP ranks: measured
+# 20 s for --gpus 512 (treeattn plan --gpus 512 --topology dgx-h100:nodes=64 --model
+# llama-3.1-8b --seq-len 1M, the 2-core CPU host), about SEARCH_SECONDS_PER_GPU each. Past
+# SEARCH_NOTE_GPUS a note gives that estimate first; past MAX_SEARCH_GPUS (over a minute) the
+# search is refused before any work: search a slice, or plan one split with predict --token.
+SEARCH_SECONDS_PER_GPU = 0.04
+SEARCH_NOTE_GPUS = 256
+MAX_SEARCH_GPUS = 2048
+
+# The flags (argparse dests) each mode reads; any other flag given a value is refused.
+TOKEN_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile", "token",
+                         "batch", "tp", "dcp", "weights_dtype", "kv_dtype", "transport",
+                         "nccl_env"})
+GPUS_READS = frozenset({"topology", "model", "seq_len", "json", "wide", "profile", "gpus",
+                        "batch", "weights_dtype", "kv_dtype", "transport", "nccl_env"})
+NOT_TOKEN = {
+    "trace": "a whole step is priced without drawing its timeline: `treeattn predict "
+             "--trace` draws the merge's",
+    "layout": "a whole step places the merged output as its split needs: head-sharded for "
+              "TP alone, else replicated",
+    "context_tokens": "--context-tokens prices a prefill after cached tokens: use it with "
+                      "--prefill",
+}
+NOT_GPUS = {
+    "tp": "the search tries every TP × DCP × CP split",
+    "dcp": "the search tries every TP × DCP × CP split",
+    "layout": "each split places the merged output as it needs",
+    "output": "-o writes one merge's plan for run/generate --plan: plan without --gpus",
+    "trace": "--trace draws one merge's timeline: plan without --gpus",
+    "emit": "--emit prints one merge's engine flags: plan without --gpus",
+}
 
 
 def add_token_flags(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +64,7 @@ def add_token_flags(parser: argparse.ArgumentParser) -> None:
                         help="weight dtype of the deployment (default: the model's)")
     parser.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8", "fp32"), default=None,
                         help="KV-cache dtype (default: the model's)")
-    parser.add_argument("--dcp", type=int, default=1,
+    parser.add_argument("--dcp", type=positive_int, default=1,
                         help="decode context parallelism inside the TP group (with --token): "
                              "the KV cache sharded over this many of the TP ranks")
     parser.add_argument("--transport", action="append", choices=TRANSPORTS, default=None,
@@ -70,9 +104,30 @@ def _dtypes(args, model: ModelConfig) -> tuple[str, str]:
 
 
 def _topology(spec: str):
+    """The topology of ``spec``, built within the planner's bounds (a note on stderr before a
+    long plan, a refusal past the largest)."""
+    from treeattn.sim.planning.plan_size import check_planning_size, planning_limits
     from treeattn.topo import Topology
 
-    return Topology.load(spec)
+    with planning_limits():
+        topology = Topology.load(spec)
+    note = check_planning_size(topology.num_gpus, f"topology {spec!r}")
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    return topology
+
+
+def check_search_size(gpus: int) -> None:
+    """Refuse a deployment search past MAX_SEARCH_GPUS; a note on stderr past
+    SEARCH_NOTE_GPUS (see the constants)."""
+    seconds = gpus * SEARCH_SECONDS_PER_GPU
+    if gpus > MAX_SEARCH_GPUS:
+        raise SimError(f"plan --gpus {gpus:,}: expected at most {MAX_SEARCH_GPUS:,} GPUs for "
+                       f"the deployment search (about {seconds:.0f} s on one core); search "
+                       "fewer GPUs, or price one split with predict --token --tp")
+    if gpus > SEARCH_NOTE_GPUS:
+        print(f"note: searching the splits of {gpus:,} GPUs takes about {seconds:.0f} s on one "
+              "core", file=sys.stderr, flush=True)
 
 
 def _capacity(topology) -> float:
@@ -108,6 +163,7 @@ def handle_predict_token(args: argparse.Namespace) -> int:
     from treeattn.sim.files.export import tagged
     from treeattn.sim.files.profiles import plan_overrides
 
+    refuse_unread(args, "predict --token", TOKEN_READS, NOT_TOKEN)
     topo = _topology(args.topology)
     model = ModelConfig.from_name(args.model)
     weights, kv = _dtypes(args, model)
@@ -157,11 +213,19 @@ def handle_plan_gpus(args: argparse.Namespace) -> int:
     from treeattn.sim.files.export import tagged
     from treeattn.sim.files.profiles import plan_overrides
 
+    refuse_unread(args, "plan --gpus", GPUS_READS, NOT_GPUS)
     topo = _topology(args.topology)
+    if args.gpus > topo.num_gpus:
+        raise SimError(f"plan --gpus {args.gpus:,} needs {args.gpus:,} GPUs and the topology "
+                       f"has {topo.num_gpus:,}")
+    check_search_size(args.gpus)
     model = ModelConfig.from_name(args.model)
     weights, kv = _dtypes(args, model)
-    overrides = (plan_overrides(args.profile, topo, args.nccl_env)
-                 if topo.num_gpus == args.gpus else {})
+    if args.profile and topo.num_gpus != args.gpus:
+        raise SimError(f"--profile calibrates all {topo.num_gpus} GPUs of {args.topology}; "
+                       f"plan --gpus {args.gpus} searches a slice of them: drop --profile or "
+                       f"give --gpus {topo.num_gpus}")
+    overrides = plan_overrides(args.profile, topo, args.nccl_env)
     # the budget's GPUs, and a TP group inside the first host
     first_host = len(topo.gpus_on(topo.hosts[0]))
     groups = [list(range(min(args.gpus, topo.num_gpus))),

@@ -28,6 +28,9 @@ from treeattn.llm.errors import ModelError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEVICES = ("auto", "cpu", "cuda")
+# Below this a temperature divides fp32 logits past their range (1e-300 makes them infinite
+# and the sampler's probabilities NaN); it would sample as greedy decoding does anyway.
+MIN_TEMPERATURE = 1e-3
 FP32_MODULES = ("tok_embeddings", "output")  # kept in fp32: the logits are formed in fp32
 
 
@@ -97,6 +100,9 @@ class Sampling:
         """Return self if every setting is in range, else raise ModelError (one line)."""
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ModelError(f"--temperature must be a finite number >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ModelError(f"--temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
+                             f"got {self.temperature:g}")
         if self.top_k < 0:
             raise ModelError(f"--top-k must be >= 0 (0: no cut), got {self.top_k}")
         if not (0 < self.top_p <= 1):  # also False for NaN
