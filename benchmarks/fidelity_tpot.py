@@ -42,22 +42,6 @@ TARGET = 0.30  # the issue's bound on the scored points (checked by tests/test_s
 
 # Where the model misses, and why, written from the per-point table.
 MISSES = {
-    "meta-cp-405b-tp16-128k": (
-        "Predicted 1.28× fast (30.9 against 39.5 ms), where the one-node TP8 point of the "
-        "same paper is within 9% (42.5 against 46.3 ms). The predicted step: 15.0 ms of "
-        "weight reads (FP8 GEMMs at DeepGEMM's 0.71 of HBM), 4.5 ms of kernel fixed costs, "
-        "7.0 ms for 252 all-reduces of 32 KiB across two nodes (27.7 µs each, NCCL's tuning "
-        "model) and 4.4 ms of attention. The model halves the weight reads from TP8 to TP16 "
-        "(-11.6 ms) where the paper gains 6.7 ms: the cross-node all-reduces cost more than "
-        "NCCL's tuning model says, or the row-wise FP8 GEMMs of half the width read less "
-        "efficiently; the paper does not separate them."),
-    "meta-cp-405b-cp2tp8-128k": (
-        "Predicted 1.32× fast. The paper's Table 8 breaks one layer's CP2 pass-Q at 128K into "
-        "22.0 µs of attention, 32.3 µs of SendRecv and 81.1 µs of All2All (157.7 µs in all); "
-        "the model prices the whole ring-passq merge at 59.8 µs per layer (7.5 ms over 126 "
-        "layers), its all-to-all of a few KiB across two nodes being NCCL's p2p price, not "
-        "the 81 µs measured; plus the TP8 point's ~4 ms. The ranking against TP16 on the "
-        "same 16 GPUs is reproduced."),
     "meta-cp-405b-tp32-128k": (
         "Predicted 1.77× fast. Published, TP32 is slower than TP16 (47.3 against 39.5 ms): "
         "all-reduces across four nodes cost more than the halved weight reads save. The model "
@@ -65,10 +49,6 @@ MISSES = {
         "KiB across four nodes cost 40 µs each (10.1 ms), where the published step implies "
         "well over twice that beyond the TP8 point's gap. The ranking against CP4 × TP8 on "
         "the same 32 GPUs is reproduced."),
-    "meta-cp-405b-cp4tp8-128k": (
-        "Predicted 1.46× fast: the paper's CP4 pass-Q layer is 238.6 µs (Table 8: 105.7 µs "
-        "of SendRecv, 79.9 µs of All2All, 14.7 µs of attention), the model's 86.7 µs; plus "
-        "the TP8 point's gap. The ranking against TP32 is reproduced."),
     "tt-16xh100-r1-128-1024": (
         "Predicted 3× fast. The prediction is 1.4 ms of weight reads, 5.3 ms of kernel "
         "fixed costs and 3.2 ms for 123 TP16 all-reduces of 14 KiB over two nodes (NCCL's "

@@ -23,7 +23,9 @@ from treeattn.runtime.group import RankContext
 from treeattn.runtime.launch import LaunchOptions, launch
 from treeattn.runtime.sharded_attention import ShardedAttention, ShardedAttentionError
 
-pytestmark = pytest.mark.timeout(300)
+# A timed-out wait leaves gloo's pair to the silent rank closed, so these ranks are never
+# reused by another test (fresh_ranks: no warm group, see tests/rank_pool.py).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.fresh_ranks]
 TIMEOUT_S = 3.0  # the objects' timeout: short, so that the skipped calls end quickly
 # the object's algorithm and the (batch, tokens) of the call rank 1 skips
 SKIPS = {"skipped call": ("tree", (1, 5)), "skipped collective": ("oneshot", (1, 5)),

@@ -376,6 +376,7 @@ def test_the_cache_runs_on_a_process_subgroup():
     (lambda: transformers.BartConfig(), "bart .*cross-attention"),
     (lambda: transformers.FalconMambaConfig(), "falcon_mamba .*no layer keeps K/V"),
     (lambda: transformers.NemotronConfig(), "nemotron is not in treeattn's list of served"),
+    (lambda: {"model_type": "llama"}, "config must be the model's transformers config"),
 ])
 def test_unsupported_model_features_are_refused_by_name(config, feature):
     from treeattn.hf import HFIntegrationError, ShardedCache

@@ -112,6 +112,11 @@ def check_served(config, unlisted: bool = False) -> list[str]:
     """Refuse, naming the model type and the reason, a model treeattn does not serve; returns
     each layer's kind (:func:`layer_kinds`). A model type outside :data:`SERVED_MODEL_TYPES`
     (the ones found identical to transformers) is refused too, unless ``unlisted``."""
+    from transformers import PretrainedConfig
+
+    if not isinstance(config, PretrainedConfig):
+        raise HFIntegrationError(f"config must be the model's transformers config "
+                                 f"(model.config), got {type(config).__name__}")
     text, name = text_config(config), model_type(config)
     if name in REFUSED_MODEL_TYPES:
         raise HFIntegrationError(f"{name} is not served by treeattn: "
