@@ -24,7 +24,7 @@ from treeattn.llm.prefill import prefill_bytes, sharded_prefill
 from treeattn.llm.prefill_check import PrefillJob, reference_prefill
 from treeattn.runtime.group import RankContext
 from treeattn.runtime.launch import LaunchOptions, launch
-from treeattn.runtime.prefill_ring import causal_partial
+from treeattn.runtime.prefill.ring import causal_partial
 from treeattn.sim.prefill.layout import PrefillLayout
 
 ATOL = RTOL = 1e-4
@@ -57,7 +57,7 @@ def test_layout_covers_every_position_once_and_balances_causal_work(world, conte
        max_size=3), seed=st.integers(0, 2**16))
 def test_causal_partial_blocks_merge_to_causal_attention(t, start, cuts, seed):
     """Attending the keys in arbitrary blocks and merging = one causal attention."""
-    from treeattn.runtime.prefill_ring import merge_prefill_pair
+    from treeattn.runtime.prefill.ring import merge_prefill_pair
 
     gen = torch.Generator().manual_seed(seed)
     s = start + t

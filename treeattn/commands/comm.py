@@ -32,7 +32,8 @@ from treeattn.commands.tables import Column, add_wide_flag, print_table
 from treeattn.errors import UserError
 from treeattn.schedule.payloads import SimError, busbw_factor
 from treeattn.sim.files.export import tagged
-from treeattn.sim.nccl.collectives import OPS, GroupShape, check_dtype, collective_cost
+from treeattn.sim.nccl.collectives import OPS, GroupShape, collective_cost
+from treeattn.sim.nccl.dtypes import check_dtype
 from treeattn.sim.nccl.env import parse_nccl_env, with_env
 from treeattn.sim.network import TRANSPORTS
 from treeattn.sim.onesided import one_sided

@@ -22,17 +22,16 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from treeattn import testbed
-from treeattn.commands._args import parse_tokens, record_flags, refuse_unread
+from treeattn.commands._args import parse_tokens, record_flags
+from treeattn.commands.generate_checks import check_args, check_hf_flags
 from treeattn.commands.generate_cluster import (
     add_cluster_options,
-    check_placement,
     placed,
     rank_of_this_process,
     run_torchrun,
     sampling_of,
     topology_for,
     torchrun_mode,
-    world_size,
 )
 from treeattn.commands.run import dumps, guarded
 from treeattn.commands.tables import say
@@ -41,44 +40,11 @@ from treeattn.schedule.algorithms import CLI_CHOICES
 
 ALGORITHMS = CLI_CHOICES
 PREFILL_CHOICES = ("pass-kv", "pass-q", "all-gather-kv")  # treeattn.sim.prefill.pricing's
-# Why the runtime refuses all-gather-KV: the sharded cache bounds what a rank holds.
-PREFILL_REFUSED = {
-    "all-gather-kv": "all-gather-KV puts a whole layer's K/V of the context on every rank, "
-                     "which the sharded cache exists to avoid",
-}
 DEMO_PROMPT = "What is the capital of France?"
 # Per wait on a peer. Longer than run's 30 s: the first wait also covers the ranks loading
 # the model at different speeds. A hung rank is still named within it (the launcher's
 # heartbeat watchdog), and a dead one at once.
 DEFAULT_TIMEOUT_S = 60.0
-# The flags (argparse dests) each mode reads; any other flag given a value is refused
-# (treeattn.commands._args.refuse_unread), with the reason where one helps.
-RANKS_READS = frozenset({
-    "nproc", "prompt", "chat", "max_new_tokens", "algorithm", "plan", "model", "verify",
-    "json", "engine", "cuda_graph", "context_tokens", "prefill", "timeout", "topology",
-    "profile", "dtype", "device", "temperature", "top_k", "top_p", "seed"})
-ONE_RANK_READS = RANKS_READS - {"algorithm", "plan", "prefill", "timeout", "topology",
-                                "profile"}
-NOT_ONE_RANK = {
-    "algorithm": "one rank has no partials to merge", "plan": "one rank has nothing to merge",
-    "prefill": "one rank prefills its whole cache itself",
-    "timeout": "one rank waits on no peer",
-    "topology": "--topology plans the merge of several ranks",
-    "profile": "--profile prices the merge of several ranks",
-}
-HF_READS = frozenset({
-    "nproc", "prompt", "chat", "max_new_tokens", "algorithm", "plan", "model", "verify",
-    "json", "engine", "timeout", "device", "temperature", "top_k", "top_p", "seed",
-    "context_tokens"})
-NOT_HF = {
-    "cuda_graph": "it captures treeattn's own decode step",
-    "profile": "it runs --algorithm or --plan as given",
-    "prefill": "it prefills the prompt with a pass-KV ring",
-    "dtype": "it runs transformers' model in fp32",
-    "topology": "it runs --algorithm or --plan as given",
-}
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="generate text with a real model on a sharded KV cache",
@@ -147,81 +113,6 @@ class Outcome:
     ranks_agree: bool | None = None
 
 
-def _check_args(args: argparse.Namespace) -> int:
-    """Check every option before anything is loaded; returns the world size."""
-    from treeattn.runtime.launch import check_timeout
-
-    world = world_size(args)
-    if world == 1:
-        refuse_unread(args, "generate on one rank", ONE_RANK_READS, NOT_ONE_RANK)
-    check_timeout(args.timeout)
-    check_placement(args)
-    sampling_of(args)
-    check_prompt(args.prompt)
-    if args.max_new_tokens <= 0:
-        raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    if args.context_tokens < 0:
-        raise UserError(f"--context-tokens must not be negative, got {args.context_tokens}")
-    if args.cuda_graph and (world != 1 or args.context_tokens):
-        raise UserError("--cuda-graph decodes in one process from a prompt: use --nproc 1 "
-                        "and no --context-tokens")
-    if args.context_tokens and args.context_tokens < world:
-        raise UserError(f"--context-tokens {args.context_tokens} is below the world size "
-                        f"{world}")
-    if args.prefill in PREFILL_REFUSED and world > 1:
-        raise UserError(f"--prefill {args.prefill} cannot fill this layout: "
-                        f"{PREFILL_REFUSED[args.prefill]}; the runtime runs pass-kv and pass-q")
-    if args.profile is not None and (args.plan or args.algorithm != "auto"):
-        raise UserError("--profile prices the planner's choice: use it with --algorithm auto "
-                        "(a --plan file was priced when it was made)")
-    check_plan_flags(args)
-    return world
-
-
-def check_prompt(prompt: str) -> None:
-    """Raise UserError for an empty or blank prompt, or one that is not UTF-8 text."""
-    if not prompt or not prompt.strip():
-        raise UserError("the prompt is empty")
-    check_utf8(prompt)
-
-
-def check_plan_flags(args: argparse.Namespace) -> None:
-    """A --plan file fixes the merge: refuse the flags that would choose another one."""
-    if args.plan and args.algorithm != "tree":
-        raise UserError(f"--plan runs its file's schedule; --algorithm {args.algorithm} picks "
-                        "another: give one of them")
-    if args.plan and args.topology:
-        raise UserError("--plan runs its file's schedule, made for the topology it names; "
-                        "--topology plans another: give one of them")
-
-
-def check_hf_flags(args: argparse.Namespace) -> None:
-    """Refuse the flags ``--engine hf`` does not use, before transformers is imported."""
-    from treeattn.runtime.launch import check_timeout
-
-    refuse_unread(args, "generate --engine hf", HF_READS, NOT_HF)
-    check_timeout(args.timeout)
-    if args.device == "cuda":
-        raise UserError("generate --engine hf runs its ranks on the CPU: drop --device cuda")
-    check_prompt(args.prompt)
-    check_plan_flags(args)
-
-
-def check_utf8(prompt: str) -> None:
-    """Raise UserError for a prompt that is not valid UTF-8 text.
-
-    Bytes that are not UTF-8 reach Python as lone surrogates (argv's surrogateescape); the
-    tokenizer cannot encode them.
-    """
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = prompt[exc.start]
-        shown = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else repr(bad)
-        raise UserError(f"the prompt is not valid UTF-8 text ({shown} at character "
-                        f"{exc.start})") from None
-
-
 def run_generation(args: argparse.Namespace, stream: bool) -> Outcome | None:
     """Load, generate (local or distributed) and optionally verify; the command's core.
 
@@ -231,7 +122,7 @@ def run_generation(args: argparse.Namespace, stream: bool) -> Outcome | None:
     from treeattn.llm.generate import check_request, generate_local
     from treeattn.llm.options import Sampler
 
-    world = _check_args(args)
+    world = check_args(args)
     sampling = sampling_of(args)
     topology = topology_for(args, world)
     spec = resolve_model(args.model)

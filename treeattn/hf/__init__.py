@@ -12,9 +12,10 @@ See ``docs/hf.md``: which layers are sharded, how prefill runs, and what is refu
 """
 
 from treeattn.hf.attention import ATTENTION_NAME, RankZeroScores, register, treeattn_attention
-from treeattn.hf.cache import LAYOUTS, ShardedCache, ShardedLayer, WindowLayer, owner_of
+from treeattn.hf.cache import LAYOUTS, ShardedCache, ShardedLayer, owner_of
 from treeattn.hf.prefill import sharded_prefill
 from treeattn.hf.support import HFIntegrationError, check_served, layer_kinds
+from treeattn.hf.window import WindowLayer
 
 register()
 

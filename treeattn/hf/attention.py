@@ -8,7 +8,7 @@ is (``ShardedLayer.mode``):
 
 - **ring** (:func:`treeattn.hf.sharded_prefill`): ``query``/``key``/``value`` are this
   rank's prompt chunks; their causal attention over every earlier position is the pass-KV
-  ring (:func:`treeattn.runtime.prefill_ring.ring_attention`), by global positions (the
+  ring (:func:`treeattn.runtime.prefill.ring.ring_attention`), by global positions (the
   mask transformers built for the chunk alone is not used);
 - **prefill**: ``key``/``value`` are the whole prompt's (replicated prefill): ordinary SDPA
   with the causal (and padding) mask, exact;
@@ -21,12 +21,12 @@ is (``ShardedLayer.mode``):
   layer dropped them (``ShardedLayer.drop_padding``), so each sequence attends to its own
   tokens (``kv_len``).
 
-A sliding-window or chunked layer (:class:`~treeattn.hf.cache.WindowLayer`) is whole on
+A sliding-window or chunked layer (:class:`~treeattn.hf.window.WindowLayer`) is whole on
 every rank and attended locally with transformers' mask (in a sharded prefill, over the keys
 its queries see, gathered round the ring). Logit soft-capping and attention sinks take the
 model's own eager attention where the K/V are whole, and a capped partial merged by
 log-sum-exp (the sink joining after the merge) where they are sharded. Every call claims the
-cache update just before it (:func:`~treeattn.hf.cache.claim`): once per update, or refused.
+cache update just before it (:func:`~treeattn.hf.claims.claim`): once per update, or refused.
 
 Without a ``ShardedCache`` (e.g. a forward with ``use_cache=False``) it is plain SDPA. The
 mask function registered beside it is transformers' SDPA mask: transformers ignores the mask
@@ -42,8 +42,11 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from treeattn.hf.cache import HFIntegrationError, ShardedLayer, WindowLayer, claim
-from treeattn.runtime.prefill_ring import ring_attention
+from treeattn.hf.cache import ShardedLayer
+from treeattn.hf.claims import claim
+from treeattn.hf.support import HFIntegrationError
+from treeattn.hf.window import WindowLayer
+from treeattn.runtime.prefill.ring import ring_attention
 
 ATTENTION_NAME = "treeattn"
 

@@ -4,7 +4,7 @@
 last token of the prompt, each rank running the model on its own zig-zag pair of prompt
 chunks only (:class:`treeattn.sim.prefill.layout.PrefillLayout`: balanced causal work), with
 ``position_ids`` the chunks' global positions, so RoPE is as in one process. Every layer's
-attention is the pass-KV ring of :func:`treeattn.runtime.prefill_ring.ring_attention`; while
+attention is the pass-KV ring of :func:`treeattn.runtime.prefill.ring.ring_attention`; while
 the blocks go round, each rank keeps the positions its cache layout names (contiguous or
 interleaved), so at the end it holds exactly its shard of every layer and nothing else.
 
@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import torch
 
-from treeattn.hf.cache import HFIntegrationError, ShardedCache, ShardedLayer, WindowLayer, release
-from treeattn.hf.support import model_type
-from treeattn.runtime.prefill_ring import ring_attention
+from treeattn.hf.cache import ShardedCache, ShardedLayer
+from treeattn.hf.claims import release
+from treeattn.hf.support import HFIntegrationError, model_type
+from treeattn.hf.window import WindowLayer
+from treeattn.runtime.prefill.ring import ring_attention
 from treeattn.sim.prefill.layout import PrefillLayout
 
 

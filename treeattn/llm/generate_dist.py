@@ -71,7 +71,7 @@ class GenerateRequest:
     stream: bool = False
     dtype: str = "fp32"  # the blocks' dtype on every rank (treeattn.llm.options.DTYPES)
     sampling: Sampling = field(default_factory=Sampling)
-    prefill: str = "pass-kv"  # treeattn.runtime.prefill_ring.PREFILL_ALGORITHMS
+    prefill: str = "pass-kv"  # treeattn.runtime.prefill.ring.PREFILL_ALGORITHMS
 
 
 def split_lengths(n: int, world: int) -> list[int]:

@@ -3,11 +3,11 @@
 No rank ever holds the whole context. Rank ``r`` runs the model on its zig-zag pair of
 prompt chunks only (:class:`treeattn.sim.prefill.layout.PrefillLayout`: balanced causal
 work), and each layer's attention over everything before its queries is a pass-KV ring
-(:func:`treeattn.runtime.prefill_ring.ring_attention`). While the blocks go round, every rank
+(:func:`treeattn.runtime.prefill.ring.ring_attention`). While the blocks go round, every rank
 keeps the pieces that fall in its contiguous storage run, so at the end it holds exactly its
 :class:`~treeattn.llm.cache.ShardedKVCache` shard of every layer, in the layout decode uses.
 With ``algorithm="pass-q"`` the query blocks go round instead
-(:func:`treeattn.runtime.prefill_passq.passq_attention`: cheaper when a long document's K/V
+(:func:`treeattn.runtime.prefill.passq.passq_attention`: cheaper when a long document's K/V
 are already in place and a short prompt follows) and each layer's prompt K/V are then sent
 to the ranks that store them.
 The rank whose queries include the last position computes the first token's logits and
@@ -39,8 +39,8 @@ from treeattn.llm.generate_context import context_kv, segment_kv
 from treeattn.llm.local_cache import PREFILL_CHUNK, model_device
 from treeattn.llm.model import Transformer, rope_cos_sin
 from treeattn.runtime.group import RankContext, wait_work
-from treeattn.runtime.prefill_passq import passq_attention, send_to_storage
-from treeattn.runtime.prefill_ring import (
+from treeattn.runtime.prefill.passq import passq_attention, send_to_storage
+from treeattn.runtime.prefill.ring import (
     PREFILL_ALGORITHMS,
     TILE_K,
     TILE_Q,

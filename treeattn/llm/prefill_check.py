@@ -23,7 +23,7 @@ from treeattn.llm.model import LlamaConfig, random_model
 from treeattn.llm.options import dtype_of, place_model
 from treeattn.llm.prefill import sharded_prefill
 from treeattn.runtime.group import RankContext, all_gather_objects
-from treeattn.runtime.prefill_ring import RingStats
+from treeattn.runtime.prefill.ring import RingStats
 
 
 def _status_kib(field: str) -> int | None:
@@ -59,7 +59,7 @@ class PrefillJob:
     gather_kv: bool = True  # rank 0 gets every rank's shards (small runs only)
     random_shape: bool = False  # ``model`` names a registered shape: seeded random weights
     replicated: bool = False  # run the whole single-process prefill instead (world 1)
-    algorithm: str = "pass-kv"  # treeattn.runtime.prefill_ring.PREFILL_ALGORITHMS
+    algorithm: str = "pass-kv"  # treeattn.runtime.prefill.ring.PREFILL_ALGORITHMS
 
     def __call__(self, ctx: RankContext) -> list[dict] | None:
         model = (random_model(LlamaConfig.from_name(self.model)) if self.random_shape

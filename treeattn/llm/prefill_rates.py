@@ -8,7 +8,7 @@ the kernels the runtime runs, on the shapes this rank will give them:
 * **matmul**, FLOP/s: ``F.linear`` at each of the layer's projections (Q, K, V, O, gate, up,
   down; weights stored as the model stores them) for this rank's query tokens (median of 5);
 * **attention**, FLOP/s (``4·Hq·D`` per causal query-key pair): the ring's own tiled kernel
-  (:func:`treeattn.runtime.prefill_ring.causal_partial`) over every (query block, key block)
+  (:func:`treeattn.runtime.prefill.ring.causal_partial`) over every (query block, key block)
   pair this rank attends under the algorithm, each partial merged as a ring step merges it,
   on random data (median of 3): pass-KV attends its own queries over every rank's block,
   pass-Q every rank's queries over its own block;
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from treeattn.runtime.group import RankContext, all_gather_objects
-from treeattn.runtime.prefill_ring import causal_partial, merge_prefill_pair
+from treeattn.runtime.prefill.ring import causal_partial, merge_prefill_pair
 from treeattn.schedule.workload import ModelConfig
 from treeattn.sim.devices import CPU_LAUNCH_S, HardwareModel
 from treeattn.sim.prefill.layout import PrefillLayout, causal_pairs

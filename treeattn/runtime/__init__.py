@@ -7,7 +7,7 @@
 - :mod:`treeattn.runtime.executor`: executes a :class:`treeattn.schedule.ir.Schedule`
   (:mod:`treeattn.runtime.wire`: its message layout; :mod:`treeattn.runtime.native`: the
   backend's own all-reduce).
-- :mod:`treeattn.runtime.prefill_ring`: one layer's context-parallel prefill attention, a
+- :mod:`treeattn.runtime.prefill.ring`: one layer's context-parallel prefill attention, a
   ring passing K/V blocks.
 - :mod:`treeattn.runtime.transport`: messages through the process group, or a transport
   plugged in for ranks of one host (the CPU test bed's, :mod:`treeattn.testbed`);

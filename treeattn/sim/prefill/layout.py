@@ -10,7 +10,7 @@ costs ``i + 1`` keys, so a contiguous split gives the last rank ``2W-1`` times t
 one's work, while pairing an early chunk with its mirror gives every rank the same number of
 (query, key) pairs to within one chunk's worth (:meth:`PrefillLayout.pairs`).
 
-Shared by the runtime's ring (:mod:`treeattn.runtime.prefill_ring`) and the simulator's
+Shared by the runtime's ring (:mod:`treeattn.runtime.prefill.ring`) and the simulator's
 pricing (:mod:`treeattn.sim.prefill.pricing`), so both see the very same blocks; pure Python.
 """
 

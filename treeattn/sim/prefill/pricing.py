@@ -21,7 +21,7 @@ The algorithms differ in what travels and what overlaps:
 * ``pass-q`` (Meta's context-parallel inference, Yang et al. 2024, arXiv 2411.01783): the
   query blocks go round instead, with the same overlap; the partial output a rank makes for
   another's queries goes straight back to their owner during the next step (overlapped
-  too, as :mod:`treeattn.runtime.prefill_passq` runs it); and since the K/V never moved,
+  too, as :mod:`treeattn.runtime.prefill.passq` runs it); and since the K/V never moved,
   each rank's zig-zag prompt K/V must still reach its contiguous storage shard: one message
   per (computing rank, storing rank) pair per layer, each rank's sends and receives taking
   turns on its links (:func:`_to_storage`).
@@ -223,7 +223,7 @@ def _pass_kv(p: _Prefill) -> PrefillPrediction:
 
 
 def _pass_q(p: _Prefill) -> PrefillPrediction:
-    """As :mod:`treeattn.runtime.prefill_passq` runs it: at step ``s`` rank ``r`` attends the
+    """As :mod:`treeattn.runtime.prefill.passq` runs it: at step ``s`` rank ``r`` attends the
     queries of ``r - s`` over its own block while the next query block arrives from
     ``r - 1`` and the partial ``r + s - 1`` made of ``r``'s queries in the last step comes
     back; a partial of no pair is neither made nor sent (both sides know it)."""

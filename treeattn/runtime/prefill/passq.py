@@ -36,7 +36,7 @@ import math
 import torch
 
 from treeattn.runtime.group import RankContext, wait_work
-from treeattn.runtime.prefill_ring import (
+from treeattn.runtime.prefill.ring import (
     PREFILL_TAG,
     RingStats,
     causal_partial,
@@ -60,7 +60,7 @@ def passq_attention(ctx: RankContext, layout: PrefillLayout, q: torch.Tensor,
 
     ``q`` (B, Hq, T, D) are this rank's compute queries (``layout.compute(rank)``); ``own``
     (2, B, Hkv, S, D) is its block (``layout.block(rank)``), which never moves. Returns the
-    output (B, Hq, T, D) fp32, equal to :func:`treeattn.runtime.prefill_ring.ring_attention`'s.
+    output (B, Hq, T, D) fp32, equal to :func:`treeattn.runtime.prefill.ring.ring_attention`'s.
 
     A partial travels as its two tensors, ``o`` then ``lse``, as the kernel made them (no
     packed copy); three tags per step keep the block and the two halves apart on gloo.
