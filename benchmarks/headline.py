@@ -136,6 +136,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     specs = [s for s in CLUSTERS if any(r["topology"] == s and "own_margin" in r for r in rows)]
     fig, ax = plt.subplots(figsize=(10, 4.5))
@@ -147,6 +148,9 @@ def plot(rows: list[dict], path: Path) -> None:
                 ax.scatter(i, r["own_margin"], color=colour, s=18, alpha=0.8)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.set_xticks(range(len(specs)), specs, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("strongest baseline / best own schedule")
     ax.set_title("treeattn's own schedules against the strongest baseline (predicted; "

@@ -39,7 +39,8 @@ def test_greedy_is_argmax_and_cuts_to_one_token_are_greedy():
     assert _draws(Sampling()) == greedy
     assert _draws(Sampling(1.0, top_k=1, seed=3)) == greedy
     assert _draws(Sampling(1.0, top_p=1e-6, seed=3)) == greedy
-    assert _draws(Sampling(1e-30, seed=3)) == greedy  # a tiny temperature stays finite
+    with pytest.raises(ModelError, match="at least 0.001"):  # too small to stay finite
+        Sampling(1e-30, seed=3).check()
 
 
 @pytest.mark.timeout(60)

@@ -119,7 +119,7 @@ def test_predict_prefill_and_plan_report_the_prefill_pick(capsys):
 
 @pytest.mark.parametrize("extra,message", [
     (["--seq-len", "0"], "at least one prompt token"),
-    (["--seq-len", "4096", "--batch", "2"], "--batch 1 --tp 1"),
+    (["--seq-len", "4096", "--batch", "2"], "does not use --batch"),
 ])
 def test_predict_prefill_bad_input_is_one_line_and_exit_2(extra, message, capsys):
     argv = ["predict", "--prefill", "--topology", "dgx-h100:nodes=1", "--model",
