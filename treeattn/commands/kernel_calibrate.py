@@ -10,14 +10,12 @@ torch: this runs wherever the planner runs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 
 from rich.console import Console
 
-from treeattn import atomic
 from treeattn.atomic import check_output_path
+from treeattn.commands.nccl_calibrate import write_profile
 from treeattn.commands.tables import Column, print_table
 from treeattn.errors import UserError
 from treeattn.sim.deploy.kernel_table import fit_kernels, kernel_profile, read_kernel_table
@@ -39,15 +37,7 @@ def handle(args: argparse.Namespace) -> int:
     rows = read_kernel_table(args.kernels)
     profile = kernel_profile(rows, fit_kernels(rows, f"kernel table {args.kernels}"), model,
                              args.kernels)
-    text = json.dumps(profile, indent=2, allow_nan=False) + "\n"
-    if args.output:
-        atomic.write_text(args.output, text)
-    else:
-        sys.stdout.write(text)
-    _report(profile, Console(stderr=True))
-    if args.output:
-        Console(stderr=True).print(f"wrote {args.output}")
-    return 0
+    return write_profile(profile, args.output, _report)
 
 
 def _report(profile: dict, console: Console) -> None:

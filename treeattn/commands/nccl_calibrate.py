@@ -69,14 +69,20 @@ def handle(args: argparse.Namespace) -> int:
     if args.output is not None:  # "" included: refused as an empty path
         check_output_path(args.output)
     profile = calibration_profile(args.nccl_tests, args.topology)
+    return write_profile(profile, args.output, _report)
+
+
+def write_profile(profile: dict, output: str | None, report) -> int:
+    """Write a calibration profile to ``output`` atomically (stdout when None), then the fit's
+    ``report(profile, console)`` on stderr."""
     text = json.dumps(profile, indent=2, allow_nan=False) + "\n"
-    if args.output:
-        atomic.write_text(args.output, text)
+    if output:
+        atomic.write_text(output, text)
     else:
         sys.stdout.write(text)
-    _report(profile, Console(stderr=True))
-    if args.output:
-        Console(stderr=True).print(f"wrote {args.output}")
+    report(profile, Console(stderr=True))
+    if output:
+        Console(stderr=True).print(f"wrote {output}")
     return 0
 
 
