@@ -87,6 +87,8 @@ def test_smollm2_gguf_like_one_process(smollm2):
     (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
     (["--context-tokens", "-5"], "--context-tokens"),
     (["--cuda-graph"], "does not use --cuda-graph"),
+    (["--nproc", "1", "--algorithm", "ring"], "one rank has no partials to merge"),
+    (["--nproc", "1", "--timeout", "5"], "one rank waits on no peer"),
 ])
 def test_generate_engine_hf_refuses_with_one_line(args, message, capsys):
     from treeattn.cli import main

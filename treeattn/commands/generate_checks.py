@@ -95,7 +95,11 @@ def check_hf_flags(args: argparse.Namespace) -> None:
     """Refuse the flags ``--engine hf`` does not use, before transformers is imported."""
     from treeattn.runtime.launch import check_timeout
 
-    refuse_unread(args, "generate --engine hf", HF_READS, NOT_HF)
+    if args.nproc == 1:  # one rank merges nothing: the merge's flags are refused as on ours
+        refuse_unread(args, "generate --engine hf on one rank", HF_READS - set(NOT_ONE_RANK),
+                      NOT_HF | NOT_ONE_RANK)
+    else:
+        refuse_unread(args, "generate --engine hf", HF_READS, NOT_HF)
     check_timeout(args.timeout)
     if args.device == "cuda":
         raise UserError("generate --engine hf runs its ranks on the CPU: drop --device cuda")

@@ -114,7 +114,8 @@ def _rank(ctx, folder: str, algorithm, max_new_tokens: int, sampling):
     model.tie_weights()
     model.eval()
     ids = torch.load(Path(folder, "ids.pt"))
-    cache = treeattn.hf.ShardedCache(model.config, algorithm, reserve=max_new_tokens)
+    cache = treeattn.hf.ShardedCache(model.config, algorithm, reserve=max_new_tokens,
+                                     timeout_s=ctx.timeout_s)  # --timeout, every wait
     sharded = set(cache.kinds) <= {"full", "none"}  # else the replicated prefill
     try:
         t0 = time.perf_counter()
@@ -198,7 +199,8 @@ def run_hf(args: argparse.Namespace, read_plan=None) -> dict:
     record = {"engine": "hf", "text": tokenizer.decode(tokens, skip_special_tokens=True),
               "tokens": tokens, "world": world, "model": source,
               "algorithm": algorithm if isinstance(algorithm, str) else algorithm.algorithm,
-              "prompt_tokens": int(ids.shape[1]), "decode_s": result["decode_s"],
+              "prompt_tokens": int(ids.shape[1]) - args.context_tokens,
+              "decode_s": result["decode_s"],
               "attention_s_per_token": result["attention_s"] / steps,
               "attention_calls": result["attention_calls"], "layers": layers,
               "ranks_agree": result["ranks_agree"],
@@ -239,7 +241,7 @@ def handle_hf(args: argparse.Namespace, read_plan) -> int:
                 f"transformers, {record['algorithm']}: attention "
                 f"{record['attention_s_per_token'] * 1e3:.2f} ms per token (all layers), "
                 f"{record['prefill'].split(' (')[0]} prefill of {record['prompt_tokens']} "
-                f"tokens")
+                f"prompt + {record['context_tokens']} context tokens")
         sys.stderr.write(line + "\n")
         if "identical_to_single_process" in record:
             verdict = ("identical to" if record["identical_to_single_process"]

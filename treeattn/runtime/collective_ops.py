@@ -19,7 +19,8 @@ _DIST_REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
 class CollectiveOps:
-    """The collectives of one group (``members``: global ranks, in group order) for this rank.
+    """The collectives of one group (``members``: the context's ranks, in group order) for
+    this rank; they are turned into global ranks where torch needs them.
 
     ``handle`` is the torch.distributed group (``None``: the default group). Every method
     blocks until this rank's part is done, with the run's timeout, and names ``what`` in its
@@ -42,7 +43,7 @@ class CollectiveOps:
                    what)
 
     def broadcast(self, buf: torch.Tensor, root: int, what: str) -> None:
-        """Every member's ``buf`` becomes global rank ``root``'s."""
+        """Every member's ``buf`` becomes that of ``root`` (a rank of the context)."""
         src = self.ctx.global_rank(root)  # torch addresses the root by its global rank
         self._wait(dist.broadcast(buf, src=src, group=self.handle, async_op=True), what)
 

@@ -254,7 +254,8 @@ class ShardedAttention:
     def _make_subgroups(self) -> None:
         """On a process subgroup, make the subgroups the schedule's collectives run on, with
         every rank of the world (``dist.new_group`` is collective over it): ``hier`` by
-        name, or a plan whose collectives need them. Every context-parallel group then
+        name, ``"auto"`` on a topology of several hosts, or a plan whose collectives need
+        them. Every context-parallel group then
         constructs its ``ShardedAttention`` at the same point."""
         if self.ctx.group is None:
             return
@@ -262,9 +263,12 @@ class ShardedAttention:
             needed = schedule_subgroups(self.ctx, self.schedule)
             if not needed:
                 return
-        elif self.algorithm == "hier":
-            shape = build("hier", local_topology(self.world, self.hosts),
-                          DecodeWorkload("debug", self.world))
+        elif self.algorithm == "hier" or (self.algorithm == "auto"
+                                          and len(self.topology.hosts) > 1):
+            # hier by name, or the planner's pick on several hosts, which may be hier: its
+            # node and rail groups depend only on the hosts
+            topology = self.topology or local_topology(self.world, self.hosts)
+            shape = build("hier", topology, DecodeWorkload("debug", self.world))
             needed = schedule_subgroups(self.ctx, shape)
         else:
             return
