@@ -135,6 +135,24 @@ def test_tp_all_reduces_use_the_collective_model():
     assert p.parts_s["kernels"] == pytest.approx(723 * 4e-6)
 
 
+def test_tp_all_reduces_take_the_backends_nccl_tests_calibration():
+    """A cluster calibrated from nccl-tests prices its TP all-reduces by its own table, as
+    the merge's collectives are: a flat 1 ms all-reduce on 8 ranks makes 161 ms (80 layers ×
+    2 + the embedding's), and the logits' all-gather, not measured, keeps the model."""
+    from treeattn.sim.devices import backend_for
+    from treeattn.sim.nccl.fit import CollectiveCalibration
+
+    m = ModelConfig.from_name("llama-3.1-70b")
+    table = ((1, 1 << 30), (1e-3, 1e-3))
+    calibration = CollectiveCalibration(8, {"lat": 1.0, "net_lat": 1.0, "bw": 1.0,
+                                            "net_bw": 1.0}, {"all_reduce": table})
+    backend = replace(backend_for("nccl"), calibration=calibration)
+    p = predict_token(DGX, m, 4096, Split(8), batch=2, transports=("nccl",), backend=backend)
+    plain = predict_token(DGX, m, 4096, Split(8), batch=2, transports=("nccl",))
+    assert p.parts_s["tp_all_reduce"] == pytest.approx(0.161)
+    assert p.parts_s["lm_head_gather"] == pytest.approx(plain.parts_s["lm_head_gather"])
+
+
 def test_fp8_weights_halve_the_bytes_and_read_at_the_fp8_gemm_rate():
     """Half the bytes, read at FP8 GEMMs' sourced rate (Hopper: DeepGEMM's M = 64 rows on
     an H800, median 2388 of 3350 GB/s) instead of the bf16 decode rate (0.90)."""

@@ -16,7 +16,8 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
 * **TP all-reduces**: two per layer (after the attention output projection and after the
   MLP or experts) of ``B × hidden`` activations, plus the vocabulary-parallel embedding's
   all-reduce and the LM head's all-gather of the logits, each priced by the collective
-  model (:func:`treeattn.sim.nccl.collectives.collective_cost`) on TP group 0's GPUs, on
+  model (:func:`treeattn.sim.nccl.collectives.collective_cost`, under the backend's NCCL
+  variables, or its nccl-tests calibration where it has one) on TP group 0's GPUs, on
   the fastest of the allowed transports that runs it there (inside one NVLink domain the
   engines run their TP all-reduce on symmetric memory: :mod:`treeattn.sim.onesided`), the
   same transports the attention merge is planned on;
@@ -80,9 +81,10 @@ from treeattn.sim.deploy.capacity import (
     step_weight_reads,
 )
 from treeattn.sim.deploy.kernel_table import CANONICAL
-from treeattn.sim.devices import weight_read_factor
+from treeattn.sim.devices import BackendModel, weight_read_factor
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
-from treeattn.sim.network import TRANSPORTS, resolve_hardware
+from treeattn.sim.nccl.env import with_env
+from treeattn.sim.network import TRANSPORTS, resolve_backend, resolve_hardware
 from treeattn.sim.onesided import one_sided
 from treeattn.sim.parallel import cp_group, group_workload, sub_topology
 from treeattn.topo.hardware import normalize_model
@@ -166,20 +168,27 @@ def deployment_topology(topology, split: Split):
 
 
 def _collective(op: str, nbytes: int, topology, ranks: list[int],
-                transports: tuple[str, ...], dtype: str = "bfloat16") -> tuple[float, str]:
+                transports: tuple[str, ...], backend: BackendModel,
+                dtype: str = "bfloat16") -> tuple[float, str]:
     """(seconds, transport) of the fastest of ``transports`` that runs ``op`` on ``ranks``
     (``dtype`` data, summed); NCCL's regular path where it is allowed or none of the
-    one-sided ones runs the op (the libraries' own fallback)."""
+    one-sided ones runs the op (the libraries' own fallback). NCCL's path sees the group as
+    ``backend``'s variables leave it (``--nccl-env``) and takes ``backend``'s nccl-tests
+    calibration where it has one, as the merge's collectives do."""
     if len(ranks) < 2 or nbytes < 1:
         return 0.0, "none"
-    shape = GroupShape.of(topology, ranks)
+    shape = with_env(GroupShape.of(topology, ranks), backend.nccl_env)
     options = []
     for name in transports:
         transport = one_sided(name)
         if transport is not None and transport.unavailable(op, shape, "sum") is None:
             options.append((transport.cost(op, int(nbytes), shape, "sum").time_s, name))
     if "nccl" in transports or not options:
-        options.append((collective_cost(op, int(nbytes), shape, dtype=dtype).time_s, "nccl"))
+        if backend.calibration is not None:  # measured on this cluster: trust it
+            nccl_s = backend.calibration.time_s(op, int(nbytes), shape)
+        else:
+            nccl_s = collective_cost(op, int(nbytes), shape, dtype=dtype).time_s
+        options.append((nccl_s, "nccl"))
     return min(options)
 
 
@@ -237,11 +246,12 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     hidden = batch * model.dim * act
     # the activations are summed in the model's compute dtype (bf16 for an fp8 checkpoint)
     act_dtype = model.dtype if model.dtype in DTYPE_BYTES else "bfloat16"
+    library = resolve_backend(topo, backend)
     all_reduce_s, tp_transport = _collective("all_reduce", hidden, topo, tp_ranks, transports,
-                                             act_dtype)
+                                             library, act_dtype)
     parts["tp_all_reduce"] = (2 * model.n_layers + 1) * all_reduce_s
     parts["lm_head_gather"] = _collective("all_gather", batch * model.vocab_size * act, topo,
-                                          tp_ranks, transports)[0]
+                                          tp_ranks, transports, library)[0]
 
     view = attention_view(model, split, seq_len, batch, kdt)
     if split.seq_ranks == 1:
@@ -256,7 +266,7 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
         heads = model.n_heads // split.attention_tp
         q_bytes = batch * heads * model.head_dim * act
         group = cp_group(split.tp, split.attention_tp)
-        layer_s += _collective("all_gather", q_bytes, topo, group, transports)[0]
+        layer_s += _collective("all_gather", q_bytes, topo, group, transports, library)[0]
     parts["attention"] = model.n_layers * layer_s
     return TokenPrediction(model.name, split, seq_len, batch, wdt, kdt, parts, merge, system,
                            memory, layer_s, extra={"tp_all_reduce_transport": tp_transport})
