@@ -97,10 +97,10 @@ def markdown(rows: list[dict]) -> str:
                      f"{max(r['relative_error'] for r in group):.2e} | "
                      f"{max(r['bound_ratio'] for r in group):.2f} | "
                      f"{'yes' if all(r['ranks_identical'] for r in group) else 'no'} |")
-    lines += ["", "The gathers (`oneshot`, `allgather`) merge their arrivals in each rank's own "
-              "order, so their ranks agree only to floating-point rounding (in fp32 too); the "
-              "tree, the butterfly at powers of two and Helix give every rank the same bits.",
-              ""]
+    lines += ["", "`allgather` (point-to-point sends) merges its arrivals in each rank's own "
+              "order, so its ranks agree only to floating-point rounding (in fp32 too); "
+              "`oneshot`'s collective gather folds in group order, and it, the tree, the "
+              "butterfly at powers of two and Helix give every rank the same bits.", ""]
     return "\n".join(lines)
 
 

@@ -159,7 +159,8 @@ def run_collective(ctx: RankContext, groups: Groups, step: Collective, flat: tor
     """Run ``step`` on this rank's payload buffer ``flat``.
 
     Returns ``("replace", new_flat)`` or ``("keep", kept)`` where ``kept`` is what a later
-    ``Merge(tag)`` folds in: ``("all", [buffers])`` or ``("heads", i, p, [chunks])``.
+    ``Merge(tag)`` folds in: ``("all", i, [the other members' buffers])`` or ``("heads", i, p,
+    [chunks])``, ``i`` this rank's place in the group.
     """
     group, ops, p = step.group, groups[step.group], len(step.group)
     me = group.index(ctx.rank)
@@ -177,7 +178,7 @@ def run_collective(ctx: RankContext, groups: Groups, step: Collective, flat: tor
         if not step.sharded:
             pieces = [torch.empty_like(flat) for _ in range(p)]
             ops.all_gather(pieces, flat, what)
-            return "keep", ("all", [pieces[j] for j in range(p) if j != me])
+            return "keep", ("all", me, [pieces[j] for j in range(p) if j != me])
         mine = _padded(take_heads(flat, step.payload, dims, me, p), max(sizes))
         pieces = [torch.empty_like(mine) for _ in range(p)]
         ops.all_gather(pieces, mine, what)
@@ -200,10 +201,16 @@ def run_collective(ctx: RankContext, groups: Groups, step: Collective, flat: tor
 
 
 def fold_kept(flat: torch.Tensor, payload: str, op: str, kept, dims: AttnDims) -> torch.Tensor:
-    """``Merge(op, tag)`` of what a collective kept: fold every piece into ``flat`` (a copy)."""
+    """``Merge(op, tag)`` of what a collective kept: fold every piece into ``flat`` (a copy).
+
+    A gather's pieces are folded in group order, ``flat`` in this rank's place, from the first
+    member on: every member runs the same operations in the same order, so the replicas are
+    bit-identical (whatever the wire format), as the numpy reference's are."""
     if kept[0] == "all":
-        out = flat
-        for piece in kept[1]:
+        _, index, others = kept
+        ordered = [*others[:index], flat, *others[index:]]
+        out = ordered[0]
+        for piece in ordered[1:]:
             out = _combine(out, piece, payload, op, dims, dims.n_heads)
         return out
     _, index, count, pieces = kept

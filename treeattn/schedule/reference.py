@@ -188,7 +188,7 @@ def _collective(buffers, kept, step: Collective) -> None:
                 out = _set_heads(out, j, p, _heads(values[j], j, p))
             mine[payload] = out
         elif step.op == CollectiveOp.ALL_GATHER:
-            kept[member][step.tag] = ("all", [values[j] for j in range(p) if j != i])
+            kept[member][step.tag] = ("all", i, [values[j] for j in range(p) if j != i])
         elif step.op == CollectiveOp.REDUCE_SCATTER:
             part = _reduce([_heads(v, i, p) for v in values], step.op)
             mine[payload] = _set_heads(values[i], i, p, part)
@@ -198,12 +198,20 @@ def _collective(buffers, kept, step: Collective) -> None:
 
 
 def _fold_collective(buffers, op, payload, value) -> None:
-    """``Merge(op, tag)`` of what a collective kept: fold each piece in, in group order."""
+    """``Merge(op, tag)`` of what a collective kept: fold each piece in, in group order.
+
+    A gather folds every member's piece, one's own in its place, from the first member on,
+    so that every member does the same operations in the same order and the replicas are
+    bit-identical whatever the wire format."""
     target = payload  # a gather or all-to-all of partials, or pass-Q's outbox
     if value[0] == "all":
-        for piece in value[1]:
-            buffers[target] = (merge(buffers[target], piece) if op == MergeOp.PARTIAL
-                               else _combine(op, buffers[target], piece))
+        index, others = value[1], value[2]
+        ordered = [*others[:index], buffers[target], *others[index:]]
+        folded = ordered[0]
+        for piece in ordered[1:]:
+            folded = merge(folded, piece) if op == MergeOp.PARTIAL else _combine(op, folded,
+                                                                                  piece)
+        buffers[target] = folded
         return
     (index, count), pieces = value[1], value[2]
     mine = _heads(buffers[target], index, count)
