@@ -22,6 +22,8 @@ Semantics are those of :mod:`treeattn.schedule.ir`. This module owns three thing
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
@@ -38,16 +40,21 @@ _REDUCE_OPS = {CollectiveOp.ALL_REDUCE_SUM: "sum", CollectiveOp.ALL_REDUCE_MAX: 
 
 
 # Subgroups made so far, by their members' global ranks: made once per process group and
-# reused by every executor. The default group's object is kept with them, so that a new
-# process group (after destroy and init) never reuses another's.
-_SUBGROUPS: dict[tuple[int, ...], object] = {}
-_SUBGROUPS_OF: list = [None]
+# reused by every executor. The default group they belong to is remembered too, so that a
+# new process group (after destroy and init) never reuses another's. Both are held weakly:
+# torch holds a group until ``dist.destroy_process_group``, and a reference kept past it
+# destroys the group only at interpreter exit, where gloo's threads can abort the process
+# ("terminate called without an active exception") after a run that succeeded.
+_SUBGROUPS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_SUBGROUPS_OF: list = [None]  # a weak reference to the default group, or None
 
 
-def _made() -> dict[tuple[int, ...], object]:
-    if _SUBGROUPS_OF[0] is not dist.group.WORLD:
+def _made() -> weakref.WeakValueDictionary:
+    world = dist.group.WORLD
+    owner = _SUBGROUPS_OF[0]
+    if owner is None or owner() is not world:
         _SUBGROUPS.clear()
-        _SUBGROUPS_OF[0] = dist.group.WORLD
+        _SUBGROUPS_OF[0] = weakref.ref(world)
     return _SUBGROUPS
 
 

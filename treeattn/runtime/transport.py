@@ -22,6 +22,7 @@ The transport of a process group is made once, collectively, at its first use.
 from __future__ import annotations
 
 import time
+import weakref
 from datetime import timedelta
 from typing import Protocol
 
@@ -180,8 +181,10 @@ class _Pushing:
         return self.work.wait(timeout) if timeout is not None else self.work.wait()
 
 
-# keyed by the group's id; the group object is kept with it so that its id is not reused
-_TRANSPORTS: dict[tuple[int, int, int], tuple[object, Transport]] = {}
+# keyed by the group's id, with a weak reference to the group: a dead reference means the
+# id belongs to a newer group. Weak, because a group torch has destroyed but a module still
+# holds is destroyed only at interpreter exit, where gloo's threads can abort the process.
+_TRANSPORTS: dict[tuple[int, int, int], tuple[weakref.ref, Transport]] = {}
 
 
 def transport_for(ctx: RankContext) -> Transport:
@@ -189,8 +192,9 @@ def transport_for(ctx: RankContext) -> Transport:
     point the first time (it is collective then), as executor construction and calibration do."""
     group = ctx.group if ctx.group is not None else dist.group.WORLD
     key = (id(group), ctx.rank, ctx.world)
-    if key not in _TRANSPORTS:
+    found = _TRANSPORTS.get(key)
+    if found is None or found[0]() is not group:
         plugin = plugged_in()
         channel = plugin.open_channel(ctx) if plugin is not None else None
-        _TRANSPORTS[key] = (group, Transport(ctx, channel))
-    return _TRANSPORTS[key][1]
+        found = _TRANSPORTS[key] = (weakref.ref(group), Transport(ctx, channel))
+    return found[1]
