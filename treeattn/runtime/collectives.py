@@ -45,11 +45,41 @@ _REDUCE_OPS = {CollectiveOp.ALL_REDUCE_SUM: "sum", CollectiveOp.ALL_REDUCE_MAX: 
 # torch holds a group until ``dist.destroy_process_group``, and a reference kept past it
 # destroys the group only at interpreter exit, where gloo's threads can abort the process
 # ("terminate called without an active exception") after a run that succeeded.
-_SUBGROUPS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+class _HeldWeakly:
+    """Members' global ranks -> what ``dist.new_group`` returned: a group, held by a weak
+    reference (a dead one reads as absent), or the plain marker torch gives a non-member."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[int, ...], object] = {}
+
+    def __contains__(self, ranks: tuple[int, ...]) -> bool:
+        if ranks not in self._held:
+            return False
+        held = self._held[ranks]
+        return not isinstance(held, weakref.ref) or held() is not None
+
+    def get(self, ranks: tuple[int, ...]):
+        held = self._held.get(ranks)
+        return held() if isinstance(held, weakref.ref) else held
+
+    def __getitem__(self, ranks: tuple[int, ...]):
+        return self.get(ranks)
+
+    def __setitem__(self, ranks: tuple[int, ...], group) -> None:
+        try:
+            self._held[ranks] = weakref.ref(group)
+        except TypeError:  # a non-member's marker (an int): nothing to free
+            self._held[ranks] = group
+
+    def clear(self) -> None:
+        self._held.clear()
+
+
+_SUBGROUPS = _HeldWeakly()
 _SUBGROUPS_OF: list = [None]  # a weak reference to the default group, or None
 
 
-def _made() -> weakref.WeakValueDictionary:
+def _made() -> _HeldWeakly:
     world = dist.group.WORLD
     owner = _SUBGROUPS_OF[0]
     if owner is None or owner() is not world:
