@@ -25,6 +25,7 @@ from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import CostModel
 from treeattn.sim.onesided import ONE_SIDED, TRANSPORTS, unoffered_reason
+from treeattn.sim.onesided.fixed_costs import GRAPH_EXCHANGE_US, exchange_us
 from treeattn.sim.parallel import sub_topology
 from treeattn.topo import Topology
 
@@ -71,11 +72,22 @@ def test_direct_all_to_all_pays_one_signal():
     assert SYMM.cost("all_to_all", nbytes, shape, "sum").time_s * 1e6 == pytest.approx(want)
 
 
+def test_blackwell_exchange_is_its_published_graph_replay_time():
+    us, source = GRAPH_EXCHANGE_US["blackwell"]
+    # nccl-tests #333: 8 B200s, symmetric buffers, CUDA graphs, "just over 3 microseconds"
+    assert 3.0 <= us < 3.5 and "nccl-tests issue #333" in source
+    assert "hopper" not in GRAPH_EXCHANGE_US  # no published graph replay: NCCL's 4.5 µs
+    assert exchange_us(_shape(ONE_BOX, 8)) == 4.5
+    # an eager launch's figure (NCCL's LL all-gather base, 8.5 µs) is above the replay's
+    assert us < 8.5
+
+
 def test_ll128_all_to_all_on_a_gb200_rack():
     shape = _shape(RACK16, 16)
     nbytes = 1 << 20
-    # Blackwell's LL all-gather base 8.5 µs; 15/16 of the 600 GB/s load/store ceiling
-    want = 8.5 + 15 / 16 * nbytes / (600 * GB * 120 / 128)
+    # the published graph-replayed exchange; 15/16 of the 600 GB/s load/store ceiling
+    us = GRAPH_EXCHANGE_US["blackwell"][0]
+    want = us + 15 / 16 * nbytes / (600 * GB * 120 / 128)
     got = LL128.cost("all_to_all", nbytes, shape, "sum")
     assert got.time_s * 1e6 == pytest.approx(want)
     assert got.protocol == "LL128"
