@@ -48,8 +48,16 @@ kernels on the same GPUs, which publish a cost model): an exchange, plus each ba
 the traffic at torch's block count times NCCL's per-block rate, capped at NCCL's load/store
 ceiling (``multimem`` all-reduce: NCCL's ``multimem`` ceiling).
 
-A one-shot all-reduce on Hopper is so ``4.5 + 2·1.65 = 7.8`` µs plus its traffic, and the
-cheapest of the three kernels for the size is taken (vLLM picks by size among them).
+A one-shot all-reduce on Hopper is so ``3.7`` µs plus its traffic (the fixed costs a graph
+replay pays, :mod:`treeattn.sim.onesided.fixed_costs`).
+
+**Which all-reduce kernel runs** is vLLM's choice, not the cheapest: its
+``SymmMemCommunicator`` (vLLM ``vllm/distributed/device_communicators/symm_mem.py``, read at
+commit 00859a52) runs ``multimem_all_reduce_`` for the world sizes of
+``_WORLD_SIZES_MULTIMEM`` (SM 9.0: 4, 6, 8; SM 10.x: 6, 8) and ``two_shot_all_reduce_``
+otherwise, whatever the size, and never the one-shot kernel. One kernel for every size also
+keeps a price from falling as the message grows. The other ops take the cheapest kernel that
+runs them.
 """
 
 from __future__ import annotations
@@ -67,6 +75,8 @@ NAME = "symm_mem"
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 SUM_ONLY = ("all_reduce", "reduce_scatter")
 VECTOR_BYTES = 16  # bytes per thread and step (the 16-byte-aligned kernels)
+# vLLM's SymmMemCommunicator._WORLD_SIZES_MULTIMEM by generation (SM 9.0; SM 10.x)
+VLLM_MULTIMEM_WORLD_SIZES = {"hopper": (4, 6, 8), "blackwell": (6, 8)}
 
 
 def domain_unavailable(shape: GroupShape) -> str | None:
@@ -168,20 +178,31 @@ def symm_mem_kernels(op: str, nbytes: int, shape: GroupShape,
     return out
 
 
+def vllm_all_reduce_kernel(shape: GroupShape) -> str:
+    """The symm_mem all-reduce kernel vLLM runs for this group: multimem or two-shot."""
+    multimem = shape.nranks in VLLM_MULTIMEM_WORLD_SIZES[shape.arch] and shape.nranks > 2
+    return "multimem" if multimem else "two_shot"
+
+
 def symm_mem_cost(op: str, nbytes: int, shape: GroupShape,
                   reduction: str = "sum") -> CollectiveCost:
-    """The cheapest of torch's symm_mem kernels for ``op`` (raises SimError where none runs).
+    """The symm_mem kernel that runs ``op``: vLLM's for an all-reduce, else the cheapest
+    (raises SimError where none runs).
 
     >>> from treeattn.topo import Topology
     >>> shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
     >>> best = symm_mem_cost("all_reduce", 16384, shape)
     >>> best.algorithm, round(best.latency_s * 1e6, 2)
-    ('symm_mem_multimem', 7.8)
+    ('symm_mem_multimem', 3.7)
     """
     reason = unavailable(op, shape, reduction)
     if reason is not None:
         raise SimError(reason)
-    return min(symm_mem_kernels(op, nbytes, shape, reduction), key=lambda c: c.time_s)
+    kernels = symm_mem_kernels(op, nbytes, shape, reduction)
+    if op == "all_reduce":
+        name = f"symm_mem_{vllm_all_reduce_kernel(shape)}"
+        return next(c for c in kernels if c.algorithm == name)
+    return min(kernels, key=lambda c: c.time_s)
 
 
 def put_base_us(shape: GroupShape, ll: bool) -> float:
