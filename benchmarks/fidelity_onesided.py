@@ -70,7 +70,15 @@ ORDER_MISS = (
     "8 blocks NCCL's multiplier of the rank count, which reaches the 480 GB/s ceiling "
     "already; the measured rows say the multimem kernel falls short of it at 4 ranks. vLLM "
     "still runs multimem for 4 ranks on Hopper.")
+_B200 = (
+    "On 2 B200s the published rows rise 4 us per MiB from 17 us at 0.5 MiB; the price "
+    "rises 2.4 us per MiB (the loads at 24 blocks' outstanding loads per NVLink round "
+    "trip, the stores at the 600 GB/s ceiling) from 13.5. Blackwell's graph-replay "
+    "fraction comes from NCCL's LL all-reduce, not from torch's two-shot or the two "
+    "staging copies, and no graph replay of those on B200 with its sizes was found to set "
+    "it from.")
 MISSES = {
+    ("vllm-42324-b200-tp2", "two_shot"): _B200,
     ("vllm-24111-h100-tp4-custom-ar", "ca_2stage"): _TWO_STAGE,
     ("vllm-24111-h100-tp6-custom-ar", "ca_2stage"): _TWO_STAGE,
     ("sglang-2904-h100-tp2", "sglang_custom_ar"): _SGLANG,

@@ -40,6 +40,12 @@ GB = 2 ** 30 / 1e6  # bytes per µs of NCCL's "GB/s"
 SYMM, LL128 = ONE_SIDED["symm_mem"], ONE_SIDED["mnnvl_ll128"]
 HOPPER, BLACKWELL = 3.7 / 7.8, 3.0 / 11.0  # graph-replay fractions of NCCL's eager figures
 EXCHANGE, BARRIER = HOPPER * 4.5, HOPPER * (7.8 - 4.5) / 2  # Hopper, µs
+ROUND_TRIP = 2 * 0.6  # µs: a load over NVLink, twice NCCL's NVLink LL hop latency
+
+
+def _loads(threads, in_flight):
+    """Bytes per µs one block loads: its threads' outstanding 16-byte loads per round trip."""
+    return threads * in_flight * 16 / ROUND_TRIP
 
 
 def _shape(topology, n):
@@ -49,12 +55,15 @@ def _shape(topology, n):
 def test_torch_one_shot_and_two_shot_priced_from_their_sources():
     shape = _shape(ONE_BOX, 2)  # two ranks: no multimem (it needs more than two)
     # one-shot of 64 KiB: one block of 512 threads x 16 B = 8 KiB per block, so 8 blocks
-    # (of the 24 allowed) at 65 GB/s each, capped at the 320 GB/s load/store ceiling; it
-    # loads the peer's whole buffer; two barriers
+    # (of the 24 allowed); it loads the peer's whole buffer, each thread one 16-byte load
+    # from its one peer in flight per round trip (below NCCL's 65 GB/s per block; 8 blocks
+    # below the 320 GB/s ceiling); two barriers
     nbytes = 65536
-    one_shot = EXCHANGE + 2 * BARRIER + nbytes / (min(8 * 65, 320) * GB)
-    # two-shot: a 32 KiB shard, 2 blocks of 1024 threads; loads and stores (n-1)/n of it
-    two_shot = EXCHANGE + 2 * BARRIER + 2 * nbytes / 2 / (min(2 * 65, 320) * GB)
+    one_shot = EXCHANGE + 2 * BARRIER + nbytes / (8 * _loads(512, 1))
+    # two-shot: a 32 KiB shard, 2 blocks of 1024 threads; loads (n-1)/n of it the same way,
+    # stores (n-1)/n of it at NCCL's 65 GB/s per block
+    two_shot = (EXCHANGE + 2 * BARRIER + nbytes / 2 / (2 * _loads(1024, 1))
+                + nbytes / 2 / (2 * 65 * GB))
     kernels = {c.algorithm: c.time_s * 1e6 for c in torch_symm.symm_mem_kernels(
         "all_reduce", nbytes, shape)}
     assert kernels["symm_mem_one_shot"] == pytest.approx(one_shot)
@@ -67,10 +76,12 @@ def test_torch_one_shot_and_two_shot_priced_from_their_sources():
 
 
 def test_a_one_shot_all_reduce_of_4_kib_on_8_h100s_by_hand():
-    # 4 KiB fits one block (512 threads x 16 B = 8 KiB): 7 peers' buffers at one block's
-    # 65 GB/s, after SGLang PR #2904's 3.7 µs
+    # 4 KiB fits one block (512 threads x 16 B = 8 KiB): 7 peers' buffers, each thread
+    # with one load per peer in flight per round trip (below NCCL's 65 GB/s per block),
+    # after SGLang PR #2904's 3.7 µs
     nbytes = 4096
-    want = 3.7 + 7 * nbytes / (65 * GB)
+    assert _loads(512, 7) < 65 * GB
+    want = 3.7 + 7 * nbytes / _loads(512, 7)
     kernels = {c.algorithm: c for c in torch_symm.symm_mem_kernels(
         "all_reduce", nbytes, _shape(ONE_BOX, 8))}
     assert kernels["symm_mem_one_shot"].time_s * 1e6 == pytest.approx(want)
@@ -94,8 +105,10 @@ def test_blackwell_fixed_costs_are_the_published_graph_replay_fraction():
 def test_torch_multimem_all_reduce_on_nvswitch():
     shape = _shape(ONE_BOX, 8)
     nbytes = 8 << 20  # 8 MiB: bandwidth-bound, where multimem wins
-    # S + S/n through the switch at min(8 blocks x 65 x n, 480) GB/s
-    want = 3.7 + (nbytes + nbytes / 8) / (min(8 * 65 * 8, 480) * GB)
+    # S loaded through the switch by 8 blocks of 1024 threads, one ld_reduce each in
+    # flight, times n = 8 streams reduced; S/n multicast; both at the 480 GB/s ceiling
+    assert 8 * _loads(1024, 1) * 8 > 480 * GB
+    want = 3.7 + (nbytes + nbytes / 8) / (480 * GB)
     got = SYMM.cost("all_reduce", nbytes, shape, "sum")
     assert got.algorithm == "symm_mem_multimem"
     assert got.time_s * 1e6 == pytest.approx(want)
@@ -219,8 +232,9 @@ def test_the_token_runs_its_tp_all_reduce_on_the_transports_allowed():
     hidden = 8192 * 2  # batch 1 x dim 8192 x bf16
     one = collective_cost("all_reduce", hidden, _shape(ONE_BOX, 8)).time_s
     assert nccl.parts_s["tp_all_reduce"] == pytest.approx(calls * one)
-    # multimem by hand: one block (a 2 KiB shard), S + S/8 at min(65 x 8, 480) GB/s
-    multimem = 3.7 + (hidden + hidden / 8) / (min(65 * 8, 480) * GB)
+    # multimem by hand: one block (a 2 KiB shard) of 1024 threads, one ld_reduce each in
+    # flight per round trip, times 8 streams, for S; S/8 multicast at min(65 x 8, 480) GB/s
+    multimem = 3.7 + hidden / (8 * _loads(1024, 1)) + hidden / 8 / (480 * GB)
     assert symm.parts_s["tp_all_reduce"] == pytest.approx(calls * multimem * 1e-6)
     assert fastest.parts_s["tp_all_reduce"] <= min(symm.parts_s["tp_all_reduce"],
                                                    nccl.parts_s["tp_all_reduce"]) + 1e-12

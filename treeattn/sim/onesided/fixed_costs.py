@@ -12,7 +12,8 @@ figures give the *shape* of a one-sided kernel's fixed cost:
   ones: ``(7.8 − 4.5) / 2 = 1.65`` µs on Hopper, ``(13 − 8.5) / 2 = 2.25`` µs on Blackwell;
 * **the traffic** at NCCL's per-block NVLink load/store rate times the blocks the kernel
   launches, capped at the ceiling NCCL's model gives load/store kernels on that NVLink
-  generation.
+  generation (loads also at most what a block's outstanding loads deliver per NVLink round
+  trip: :mod:`treeattn.sim.onesided.torch_symm`).
 
 NCCL's base latencies describe a kernel launched eagerly, one call at a time (nccl-tests'
 default); vLLM and SGLang capture their decode steps in CUDA graphs and replay them, which

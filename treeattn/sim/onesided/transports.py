@@ -21,7 +21,8 @@ mnnvl_ll128    FlashInfer's MNNVL LL128 all-to-all           SGLang ``--dcp-comm
 
 Every one-sided transport is priced as the engines run it, replayed in a CUDA graph: its
 fixed costs are NCCL's eager figures at the generation's published graph-replay fraction
-(:mod:`treeattn.sim.onesided.fixed_costs`); ``nccl-symm`` keeps NCCL's own kernel choice.
+(:mod:`treeattn.sim.onesided.fixed_costs`); ``nccl-symm`` ranks NCCL's kernels as NCCL does,
+on their replayed times.
 
 A point-to-point message on a one-sided transport is a store into the peer's buffer: the
 transport's own fixed cost (``put_base_us``) replaces NCCL's enqueue and proxy cost, while the
@@ -60,14 +61,25 @@ def _nccl_domain(shape: GroupShape) -> str | None:
 
 def _nccl_symm_replayed(op: str, nbytes: int, shape: GroupShape,
                         reduction: str = "sum") -> CollectiveCost:
-    """The symmetric kernel NCCL picks by its own (eager) model, replayed in a CUDA graph as
-    the engines run it: its base latency at the generation's graph-replay fraction
+    """NCCL's symmetric kernels replayed in a CUDA graph, as the engines run them: each
+    candidate's base latency at the generation's graph-replay fraction
     (:func:`treeattn.sim.onesided.fixed_costs.graph_scale`; on Blackwell, the very kernel
-    nccl-tests issue #333 timed)."""
-    eager = nccl_symm.symmetric_cost(op, nbytes, shape, reduction)
-    latency = graph_scale(shape) * eager.latency_s
-    return replace(eager, latency_s=latency, time_s=eager.time_s - eager.latency_s + latency,
-                   tuner_s=None)
+    nccl-tests issue #333 timed), and NCCL's ranking (time, plus 2.5% per block) applied
+    to those replayed times. Ranked by its eager estimate instead, NCCL would keep an LL
+    kernel past the size where a plain one is faster replayed, and the price would drop by
+    up to a fifth at the switch."""
+    if nccl_symm.unavailable(op, shape, reduction) is None:
+        scale = graph_scale(shape)
+        options = []
+        for eager in nccl_symm.symmetric_candidates(op, nbytes, shape, reduction):
+            latency = scale * eager.latency_s
+            time_s = eager.time_s - eager.latency_s + latency
+            penalty = eager.choice_s / eager.time_s  # 1 + 2.5% per block
+            options.append(replace(eager, latency_s=latency, time_s=time_s,
+                                   tuner_s=time_s * penalty))
+        if options:
+            return min(options, key=lambda c: c.choice_s)
+    return nccl_symm.symmetric_cost(op, nbytes, shape, reduction)  # raises SimError
 
 
 def _nccl_symm_put_us(shape: GroupShape, ll: bool) -> float:
