@@ -49,7 +49,7 @@ TARGET = 0.30  # the issue's bound
 # tests/test_fidelity_onesided.py: every miss explained, every explanation a miss)
 _TWO_STAGE = (
     "vLLM's own two-stage kernel (cross_device_reduce_2stage), priced as torch's two-shot "
-    "(the same (n-1)/n loads twice), runs at 0.35-0.65 of that price: its rows rise from "
+    "(the same (n-1)/n loads twice), runs at 0.36-0.65 of that price: its rows rise from "
     "about 15 us at 0.5 MiB, where its one-stage kernel takes 10-13 us, so it pays a fixed "
     "cost well above two barriers (its middle barrier waits, through a device-wide counter, "
     "for every block of every rank) and moves its bytes at 200-265 GB/s against the "
