@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import write_results  # noqa: E402
 
 from treeattn.sim.deploy.capacity import Split, dtype_name
+from treeattn.sim.deploy.engines import ENGINES
 from treeattn.sim.deploy.token import predict_token
 from treeattn.sim.devices import GPU_LAUNCH_S, MEMORY_EFFICIENCY, HardwareModel
 from treeattn.sim.network import TRANSPORTS
@@ -142,10 +143,13 @@ def crossovers() -> list[dict]:
     concurrency measured). At equal concurrency the faster TPOT has the higher throughput,
     and a split whose KV does not fit cannot hold that concurrency, so the predicted
     crossover is the first concurrency at which DCP's TPOT is lower or TP's does not fit.
+    Both splits are priced on the measured engine's own paths (``Engine.runs``): its DCP
+    backends' schedules and transports, its TP all-reduce's transports.
     """
     data = json.loads(SOURCES.read_text())
     out = []
     for x in data.get("crossovers", []):
+        runs = ENGINES[x["engine"]].runs()
         topo = Topology.from_spec(x["topology"])
         weights = dtype_name(x["weights_dtype"], "bfloat16")
         for kv in x["kv_dtypes"]:
@@ -155,7 +159,7 @@ def crossovers() -> list[dict]:
                 for b in x["concurrency"]:
                     tp, dcp = (predict_token(topo, x["model"], context, split, batch=b,
                                              weights_dtype=weights,
-                                             kv_dtype=dtype_name(kv, "bfloat16"))
+                                             kv_dtype=dtype_name(kv, "bfloat16"), **runs)
                                for split in (Split(tp=x["tp"]), Split(tp=x["tp"], dcp=x["dcp"])))
                     dcp_wins = not tp.memory.fits or dcp.tpot_s < tp.tpot_s
                     steps.append({"concurrency": b, "tp_ms": round(tp.tpot_s * 1e3, 3),
@@ -169,7 +173,8 @@ def crossovers() -> list[dict]:
                 # how many doublings apart the two crossovers lie (0: the same interval)
                 off = None if first is None else round(math.log2(max(predicted[1], 1)
                                                                  / max(hi, 1)))
-                out.append({"id": x["id"], "url": x["url"], "kv_dtype": kv, "context": context,
+                out.append({"id": x["id"], "url": x["url"], "engine": x["engine"],
+                            "kv_dtype": kv, "context": context,
                             "published": [lo, hi], "predicted": predicted,
                             "doublings_off": off, "steps": steps})
     return out

@@ -79,3 +79,36 @@ def test_an_expressible_pick_names_the_backend_that_runs_it():
     algorithm, _, transport = record["pick"].partition("@")
     assert algorithm == "helix"
     assert record["pick_backend"] == {"mnnvl_ll128": "fi_a2a", "": "a2a"}[transport]
+
+
+def test_sglang_is_priced_on_its_own_paths_not_vllms():
+    """SGLang's DCP runs ag_rs on NCCL (its symmetric kernels with --enable-symm-mem), a2a
+    on ncclAllToAll and fi_a2a on the MNNVL LL128 kernel; its TP all-reduce on NCCL,
+    --enable-symm-mem or --enable-torch-symm-mem. vLLM's direct-store all-to-all
+    (VLLM_USE_DIRECT_DCP_A2A, transport symm_mem) is not among its DCP paths."""
+    runs = ENGINES["sglang"].runs()
+    assert runs["algorithms"] == ("dcp", "helix")
+    assert set(runs["transports"]) == {"nccl", "nccl-symm", "mnnvl_ll128"}
+    assert "symm_mem" not in runs["transports"]
+    assert set(runs["tp_transports"]) == {"nccl", "nccl-symm", "symm_mem"}
+    flags = {t: f for t, (_, f) in ENGINES["sglang"].tp_all_reduce.items()}
+    assert flags["symm_mem"] == ("--enable-torch-symm-mem",)
+    assert flags["nccl-symm"] == ("--enable-symm-mem",)
+    # vLLM's DCP a2a may run on its direct stores
+    assert "symm_mem" in ENGINES["vllm"].runs()["transports"]
+
+
+def test_a_step_priced_as_sglang_runs_it_never_uses_vllms_direct_a2a():
+    from treeattn.sim.deploy.capacity import Split
+    from treeattn.sim.deploy.token import predict_token
+
+    topo = Topology.from_spec("dgx-b200")
+    split = Split(tp=8, dcp=8)
+    sglang = predict_token(topo, "deepseek-v3", 65536, split, **ENGINES["sglang"].runs())
+    anything = predict_token(topo, "deepseek-v3", 65536, split)
+    direct = predict_token(topo, "deepseek-v3", 65536, split, transports=("symm_mem",),
+                           algorithms=("helix",))
+    # the merge on every transport may take vLLM's direct stores; SGLang's cannot
+    assert anything.tpot_s <= sglang.tpot_s
+    assert sglang.parts_s["attention"] != pytest.approx(direct.parts_s["attention"])
+    assert sglang.to_json()["tp_all_reduce_transport"] in ENGINES["sglang"].tp_all_reduce

@@ -3,7 +3,11 @@
 References are worked by hand from the published constants the modules name (NCCL 2.30.7
 ``sym_kernels.cc``: Hopper LL all-gather base 4.5 µs, plain 7.8 µs, 65 and 44 GB/s per
 block, 480 and 320 GB/s ceilings, GB = 2**30 bytes; torch's launch caps; the LL128 line of
-120 data bytes in 128), not read back from the code under test.
+120 data bytes in 128), not read back from the code under test. The fixed costs are those
+figures at each generation's published graph-replay fraction: on Hopper SGLang PR #2904's
+one-shot all-reduce (2 H100s, 512 B, 3.7 µs) over NCCL's plain all-reduce base (7.8 µs), on
+Blackwell nccl-tests issue #333's LL symmetric all-reduce (8 B200s, CUDA graphs, 3.0 µs)
+over NCCL's LL all-reduce base (11 µs).
 """
 
 from __future__ import annotations
@@ -24,15 +28,25 @@ from treeattn.sim.deploy.token import predict_token
 from treeattn.sim.files.profiles import plan_overrides
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.network import CostModel
-from treeattn.sim.onesided import ONE_SIDED, TRANSPORTS, unoffered_reason
+from treeattn.sim.onesided import ONE_SIDED, TRANSPORTS, torch_symm, unoffered_reason
+from treeattn.sim.onesided.fixed_costs import GRAPH_REPLAY, barrier_us, exchange_us
 from treeattn.sim.parallel import sub_topology
 from treeattn.topo import Topology
 
 ONE_BOX = Topology.from_spec("dgx-h100")
+B200_BOX = Topology.from_spec("dgx-b200")
 TWO_BOXES = Topology.from_spec("dgx-h100:nodes=2")
 RACK16 = sub_topology(Topology.from_spec("gb200-nvl72"), list(range(16)))
 GB = 2 ** 30 / 1e6  # bytes per µs of NCCL's "GB/s"
 SYMM, LL128 = ONE_SIDED["symm_mem"], ONE_SIDED["mnnvl_ll128"]
+HOPPER, BLACKWELL = 3.7 / 7.8, 3.0 / 11.0  # graph-replay fractions of NCCL's eager figures
+EXCHANGE, BARRIER = HOPPER * 4.5, HOPPER * (7.8 - 4.5) / 2  # Hopper, µs
+ROUND_TRIP = 2 * 0.6  # µs: a load over NVLink, twice NCCL's NVLink LL hop latency
+
+
+def _loads(threads, in_flight):
+    """Bytes per µs one block loads: its threads' outstanding 16-byte loads per round trip."""
+    return threads * in_flight * 16 / ROUND_TRIP
 
 
 def _shape(topology, n):
@@ -42,23 +56,60 @@ def _shape(topology, n):
 def test_torch_one_shot_and_two_shot_priced_from_their_sources():
     shape = _shape(ONE_BOX, 2)  # two ranks: no multimem (it needs more than two)
     # one-shot of 64 KiB: one block of 512 threads x 16 B = 8 KiB per block, so 8 blocks
-    # (of the 24 allowed) at 65 GB/s each, capped at the 320 GB/s load/store ceiling; it
-    # loads the peer's whole buffer; two barriers
+    # (of the 24 allowed); it loads the peer's whole buffer, each thread one 16-byte load
+    # from its one peer in flight per round trip (below NCCL's 65 GB/s per block; 8 blocks
+    # below the 320 GB/s ceiling); two barriers
     nbytes = 65536
-    one_shot = 4.5 + 2 * 1.65 + nbytes / (min(8 * 65, 320) * GB)
-    # two-shot: a 32 KiB shard, 2 blocks of 1024 threads; loads and stores (n-1)/n of it
-    two_shot = 4.5 + 2 * 1.65 + 2 * nbytes / 2 / (min(2 * 65, 320) * GB)
+    one_shot = EXCHANGE + 2 * BARRIER + nbytes / (8 * _loads(512, 1))
+    # two-shot: a 32 KiB shard, 2 blocks of 1024 threads; loads (n-1)/n of it the same way,
+    # stores (n-1)/n of it at NCCL's 65 GB/s per block
+    two_shot = (EXCHANGE + 2 * BARRIER + nbytes / 2 / (2 * _loads(1024, 1))
+                + nbytes / 2 / (2 * 65 * GB))
+    kernels = {c.algorithm: c.time_s * 1e6 for c in torch_symm.symm_mem_kernels(
+        "all_reduce", nbytes, shape)}
+    assert kernels["symm_mem_one_shot"] == pytest.approx(one_shot)
+    assert kernels["symm_mem_two_shot"] == pytest.approx(two_shot)
+    # vLLM runs two-shot on 2 ranks (multimem only for 4, 6 and 8 on Hopper), even where
+    # one-shot would be cheaper
     got = SYMM.cost("all_reduce", nbytes, shape, "sum")
-    assert got.time_s * 1e6 == pytest.approx(min(one_shot, two_shot))
-    assert got.algorithm == ("symm_mem_one_shot" if one_shot < two_shot else
-                             "symm_mem_two_shot")
+    assert got.algorithm == "symm_mem_two_shot"
+    assert got.time_s * 1e6 == pytest.approx(two_shot)
+
+
+def test_a_one_shot_all_reduce_of_4_kib_on_8_h100s_by_hand():
+    # 4 KiB fits one block (512 threads x 16 B = 8 KiB): 7 peers' buffers, each thread
+    # with one load per peer in flight per round trip (below NCCL's 65 GB/s per block),
+    # after SGLang PR #2904's 3.7 µs
+    nbytes = 4096
+    assert _loads(512, 7) < 65 * GB
+    want = 3.7 + 7 * nbytes / _loads(512, 7)
+    kernels = {c.algorithm: c for c in torch_symm.symm_mem_kernels(
+        "all_reduce", nbytes, _shape(ONE_BOX, 8))}
+    assert kernels["symm_mem_one_shot"].time_s * 1e6 == pytest.approx(want)
+    assert kernels["symm_mem_one_shot"].latency_s * 1e6 == pytest.approx(3.7)
+
+
+def test_blackwell_fixed_costs_are_the_published_graph_replay_fraction():
+    row = GRAPH_REPLAY["blackwell"]
+    # nccl-tests #333: 8 B200s, symmetric buffers, CUDA graphs, "just over 3 microseconds"
+    assert row.published_us == 3.0 and "nccl-tests issue #333" in row.source
+    assert row.nccl_eager_us == 11.0  # NCCL's LL all-reduce base on Blackwell (eager)
+    b200 = _shape(Topology.from_spec("dgx-b200"), 8)
+    assert exchange_us(b200) == pytest.approx(BLACKWELL * 8.5)
+    # a one-shot (an exchange and two barriers) below 4 µs, where NCCL's eager figures give 13
+    assert exchange_us(b200) + 2 * barrier_us(b200) == pytest.approx(BLACKWELL * 13.0)
+    assert "sglang PR #2904" in GRAPH_REPLAY["hopper"].source
+    assert exchange_us(_shape(ONE_BOX, 8)) + 2 * barrier_us(_shape(ONE_BOX, 8)) == \
+        pytest.approx(3.7)
 
 
 def test_torch_multimem_all_reduce_on_nvswitch():
     shape = _shape(ONE_BOX, 8)
     nbytes = 8 << 20  # 8 MiB: bandwidth-bound, where multimem wins
-    # S + S/n through the switch at min(8 blocks x 65 x n, 480) GB/s
-    want = 4.5 + 2 * 1.65 + (nbytes + nbytes / 8) / (min(8 * 65 * 8, 480) * GB)
+    # S loaded through the switch by 8 blocks of 1024 threads, one ld_reduce each in
+    # flight, times n = 8 streams reduced; S/n multicast; both at the 480 GB/s ceiling
+    assert 8 * _loads(1024, 1) * 8 > 480 * GB
+    want = 3.7 + (nbytes + nbytes / 8) / (480 * GB)
     got = SYMM.cost("all_reduce", nbytes, shape, "sum")
     assert got.algorithm == "symm_mem_multimem"
     assert got.time_s * 1e6 == pytest.approx(want)
@@ -67,15 +118,16 @@ def test_torch_multimem_all_reduce_on_nvswitch():
 def test_direct_all_to_all_pays_one_signal():
     shape = _shape(ONE_BOX, 8)
     nbytes = 8192  # a rank's send buffer; 1 KiB to each peer, one block
-    want = 4.5 + 1.65 + 7 * 1024 / (44 * GB)
+    want = EXCHANGE + BARRIER + 7 * 1024 / (44 * GB)
     assert SYMM.cost("all_to_all", nbytes, shape, "sum").time_s * 1e6 == pytest.approx(want)
 
 
 def test_ll128_all_to_all_on_a_gb200_rack():
     shape = _shape(RACK16, 16)
     nbytes = 1 << 20
-    # Blackwell's LL all-gather base 8.5 µs; 15/16 of the 600 GB/s load/store ceiling
-    want = 8.5 + 15 / 16 * nbytes / (600 * GB * 120 / 128)
+    # Blackwell's LL all-gather base 8.5 µs at its graph-replay fraction; 15/16 of the
+    # 600 GB/s load/store ceiling
+    want = BLACKWELL * 8.5 + 15 / 16 * nbytes / (600 * GB * 120 / 128)
     got = LL128.cost("all_to_all", nbytes, shape, "sum")
     assert got.time_s * 1e6 == pytest.approx(want)
     assert got.protocol == "LL128"
@@ -103,29 +155,34 @@ def test_sums_only_a_max_falls_back_to_nccl():
 
 @settings(max_examples=60, deadline=None)
 @given(op=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]),
-       ranks=st.integers(2, 8), small=st.integers(1, 1 << 22), extra=st.integers(0, 1 << 22))
+       ranks=st.integers(2, 8), small=st.integers(1, 1 << 22), extra=st.integers(0, 1 << 22),
+       blackwell=st.booleans())
 # a fresh clone's run: 6 ranks, 75,014 B cost 9.12 us and 98,305 B 8.67 us when the second
 # block halved each block's share
-@example(op="reduce_scatter", ranks=6, small=75_014, extra=98_305 - 75_014)
+@example(op="reduce_scatter", ranks=6, small=75_014, extra=98_305 - 75_014, blackwell=False)
 def test_symm_mem_costs_grow_with_size_and_never_beat_their_fixed_cost(op, ranks, small,
-                                                                      extra):
-    shape = _shape(ONE_BOX, ranks)
+                                                                      extra, blackwell):
+    shape = _shape(B200_BOX if blackwell else ONE_BOX, ranks)
     a = SYMM.cost(op, small, shape, "sum")
     b = SYMM.cost(op, small + extra, shape, "sum")
-    floor = 4.5 + (1 if op == "all_to_all" else 2) * 1.65
+    if blackwell:  # NCCL's Blackwell LL all-gather base 8.5 µs, plain 13, at 3.0 / 11
+        exchange, barrier, ceilings = BLACKWELL * 8.5, BLACKWELL * 2.25, (1000, 600)
+    else:
+        exchange, barrier, ceilings = EXCHANGE, BARRIER, (480, 320)
+    floor = exchange + (1 if op == "all_to_all" else 2) * barrier
     assert a.time_s * 1e6 >= floor - 1e-9
     assert b.time_s >= a.time_s * (1 - 1e-12)  # a price never falls as the op grows
     # and never faster than the data it must move out of or into one GPU at the ceiling
     moved = (ranks - 1) / ranks * small if op != "all_reduce" else small / ranks
-    ceiling = 480 if op == "all_reduce" else 320
+    ceiling = ceilings[0] if op == "all_reduce" else ceilings[1]
     assert a.time_s * 1e6 >= floor + moved / (ceiling * GB) * (1 - 1e-9)
 
 
 def test_messages_on_symm_mem_are_stores_with_a_signal():
     cm = CostModel(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768), transport="symm_mem")
     regular = CostModel(ONE_BOX, DecodeWorkload("llama-3.1-8b", 32768))
-    assert cm.p2p.send_s(4096) == pytest.approx(0.5e-6 * (4.5 + 1.65))
-    assert cm.p2p.summary(0, 1, 4096) == regular.p2p.summary(0, 1, 4096)
+    assert cm.p2p.send_s(4096) == pytest.approx(0.5e-6 * (EXCHANGE + BARRIER))
+    assert cm.p2p.summary(0, 1, 4096) == pytest.approx(regular.p2p.summary(0, 1, 4096))
     across = CostModel(TWO_BOXES, DecodeWorkload("llama-3.1-8b", 32768), transport="symm_mem")
     assert across.p2p.one_sided is None  # across InfiniBand: NCCL's send/recv
 
@@ -181,8 +238,9 @@ def test_the_token_runs_its_tp_all_reduce_on_the_transports_allowed():
     hidden = 8192 * 2  # batch 1 x dim 8192 x bf16
     one = collective_cost("all_reduce", hidden, _shape(ONE_BOX, 8)).time_s
     assert nccl.parts_s["tp_all_reduce"] == pytest.approx(calls * one)
-    # multimem by hand: one block (a 2 KiB shard), S + S/8 at min(65 x 8, 480) GB/s
-    multimem = 4.5 + 2 * 1.65 + (hidden + hidden / 8) / (min(65 * 8, 480) * GB)
+    # multimem by hand: one block (a 2 KiB shard) of 1024 threads, one ld_reduce each in
+    # flight per round trip, times 8 streams, for S; S/8 multicast at min(65 x 8, 480) GB/s
+    multimem = 3.7 + hidden / (8 * _loads(1024, 1)) + hidden / 8 / (480 * GB)
     assert symm.parts_s["tp_all_reduce"] == pytest.approx(calls * multimem * 1e-6)
     assert fastest.parts_s["tp_all_reduce"] <= min(symm.parts_s["tp_all_reduce"],
                                                    nccl.parts_s["tp_all_reduce"]) + 1e-12
@@ -268,5 +326,5 @@ def test_comm_prices_a_chosen_transport(capsys):
     assert [r["bytes"] for r in rows] == [1024, 2048, 4096, 8192]
     assert all(r["transport"] == "symm_mem" and r["algorithm"].startswith("symm_mem_")
                for r in rows)
-    assert all(r["time_us"] >= 4.5 + 2 * 1.65 - 1e-9 for r in rows)
-    assert math.isclose(rows[0]["time_us"], 7.8, abs_tol=0.05)
+    assert all(r["time_us"] >= 3.7 - 1e-9 for r in rows)
+    assert math.isclose(rows[0]["time_us"], 3.7, abs_tol=0.05)

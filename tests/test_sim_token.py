@@ -295,9 +295,10 @@ def test_the_published_tp_dcp_crossover_is_reproduced_within_one_doubling():
     at every context the predicted crossover lies within one doubling of concurrency of the
     published one under either KV dtype the source may have run (it does not say), the
     published interval lies between the two, and the crossover falls as the context grows,
-    as published."""
+    as published. Both splits are priced on SGLang's own paths (its DCP backends and its TP
+    all-reduce's transports), not on vLLM's direct-store all-to-all."""
     crossed = _fidelity().crossovers()
-    assert len(crossed) == 8
+    assert len(crossed) == 8 and {c["engine"] for c in crossed} == {"sglang"}
     by_kv = {}
     for c in crossed:
         assert c["doublings_off"] is not None and abs(c["doublings_off"]) <= 1, c

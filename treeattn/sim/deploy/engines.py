@@ -44,6 +44,28 @@ SGLang    fi_a2a        mnnvl_ll128  FlashInfer's MNNVL LL128 all-to-all; needs 
                                      fabric (GB200 NVL72), so it is priced only there
 ========  ============  ===========  ====================================================
 
+The TP all-reduce (two per layer) runs on the engine's own all-reduce paths, not on its DCP
+backends' (``Engine.tp_all_reduce``), each where the cluster offers it:
+
+========  ===========  ===========================================================
+engine    transport    switch (source)
+========  ===========  ===========================================================
+vLLM      symm_mem     torch ``symm_mem`` multimem/two-shot, on by default on Hopper
+                       and Blackwell (``VLLM_ALLREDUCE_USE_SYMM_MEM``, PR #24111)
+vLLM      nccl-symm    ``VLLM_USE_NCCL_SYMM_MEM=1`` (PR #24532)
+SGLang    nccl-symm    ``--enable-symm-mem`` (``server_args.py``)
+SGLang    symm_mem     ``--enable-torch-symm-mem`` (torch symm_mem multimem/two-shot,
+                       SM90+; PR #10571)
+both      nccl         NCCL's regular path
+========  ===========  ===========================================================
+
+Both engines also run their own IPC custom all-reduce (vLLM ``csrc/custom_all_reduce.cuh``,
+SGLang's ``sgl-kernel`` port, on by default), which no transport here prices; a deployment
+priced as an engine runs it (:meth:`Engine.runs`) takes the fastest of the paths above.
+Each engine's DCP exchange runs only on its backends' transports: SGLang has no
+direct-store all-to-all, so a plan of SGLang's is never priced on vLLM's
+``VLLM_USE_DIRECT_DCP_A2A``.
+
 The a2a backends are priced on NCCL's regular path: NCCL has no symmetric all-to-all kernel
 (SGLang's a2a on registered windows, PR #32560, runs ``ncclAllToAll``, whose grouped
 sends NCCL's model prices as on any buffer). Each engine routes a collective to NCCL's
@@ -60,7 +82,7 @@ grouped-query attention is refused for SGLang by name. The interleave size emitt
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from treeattn.schedule.payloads import SimError
 from treeattn.sim.network import TRANSPORTS
@@ -86,9 +108,19 @@ class Engine:
     backends: tuple[Backend, ...]
     mla_only: bool
     extra: tuple[str, ...] = ()
+    tp_all_reduce: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(
+        default_factory=lambda: {"nccl": _PLAIN})  # transport -> (env, flags)
 
     def algorithms(self) -> set[str]:
         return {b.algorithm for b in self.backends}
+
+    def runs(self) -> dict[str, tuple[str, ...]]:
+        """What this engine runs a TP × DCP step on, as :func:`treeattn.sim.deploy.token.
+        predict_token` takes it: the DCP merge's ``algorithms`` and ``transports`` (its
+        backends'), and the ``tp_transports`` of its TP all-reduce."""
+        merge = dict.fromkeys(t for b in self.backends for t in b.transports)
+        return {"algorithms": tuple(sorted(self.algorithms())), "transports": tuple(merge),
+                "tp_transports": tuple(self.tp_all_reduce)}
 
 
 _VLLM_SYMM = (("VLLM_USE_NCCL_SYMM_MEM=1", "NCCL_NVLS_ENABLE=1", "NCCL_CUMEM_ENABLE=1"), ())
@@ -103,14 +135,17 @@ ENGINES = {
         (Backend("ag_rs", "dcp", {"nccl": _PLAIN, "nccl-symm": _VLLM_SYMM}),
          Backend("a2a", "helix", {"nccl": _PLAIN,
                                   "symm_mem": (("VLLM_USE_DIRECT_DCP_A2A=1",), ())})),
-        mla_only=False, extra=("--cp-kv-cache-interleave-size", "1")),
+        mla_only=False, extra=("--cp-kv-cache-interleave-size", "1"),
+        tp_all_reduce={"nccl": _PLAIN, "symm_mem": _PLAIN, "nccl-symm": _VLLM_SYMM}),
     "sglang": Engine(
         "SGLang", "SGLang main (DCP page, issue #19436, PRs #21637 and #32560)",
         "https://docs.sglang.io/docs/advanced_features/dcp.md", "--dcp-size",
         (Backend("ag_rs", "dcp", {"nccl": _PLAIN, "nccl-symm": _SGLANG_SYMM}),
          Backend("a2a", "helix", {"nccl": _PLAIN}),
          Backend("fi_a2a", "helix", {"mnnvl_ll128": _PLAIN})),
-        mla_only=True, extra=("--dcp-replicate-q-proj",)),
+        mla_only=True, extra=("--dcp-replicate-q-proj",),
+        tp_all_reduce={"nccl": _PLAIN, "nccl-symm": _SGLANG_SYMM,
+                       "symm_mem": ((), ("--enable-torch-symm-mem",))}),
 }
 EMIT_TARGETS = tuple(ENGINES)
 

@@ -205,10 +205,13 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
                   kv_dtype: str | None = None, hardware=None, backend=None,
                   algorithms: tuple[str, ...] | None = None,
                   max_simulated: int | None = None,
-                  transports: tuple[str, ...] = TRANSPORTS) -> TokenPrediction:
+                  transports: tuple[str, ...] = TRANSPORTS,
+                  tp_transports: tuple[str, ...] | None = None) -> TokenPrediction:
     """Price one decode step of ``model`` deployed as ``split`` on ``topology``'s first GPUs,
     its collectives and merge on the fastest of ``transports`` (``("nccl",)``: what a
-    deployment on NCCL alone runs).
+    deployment on NCCL alone runs). ``tp_transports`` (default: ``transports``) are those the
+    TP all-reduce and the LM head's gather may run on, where an engine runs them on other
+    kernels than its attention merge (:data:`treeattn.sim.deploy.engines.ENGINES`).
 
     >>> from treeattn.topo import Topology
     >>> p = predict_token(Topology.from_spec("dgx-h100"), "llama-3.1-8b", 32768, Split(tp=8))
@@ -247,11 +250,12 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     # the activations are summed in the model's compute dtype (bf16 for an fp8 checkpoint)
     act_dtype = model.dtype if model.dtype in DTYPE_BYTES else "bfloat16"
     library = resolve_backend(topo, backend)
-    all_reduce_s, tp_transport = _collective("all_reduce", hidden, topo, tp_ranks, transports,
+    tp_transports = transports if tp_transports is None else tp_transports
+    all_reduce_s, tp_transport = _collective("all_reduce", hidden, topo, tp_ranks, tp_transports,
                                              library, act_dtype)
     parts["tp_all_reduce"] = (2 * model.n_layers + 1) * all_reduce_s
     parts["lm_head_gather"] = _collective("all_gather", batch * model.vocab_size * act, topo,
-                                          tp_ranks, transports, library)[0]
+                                          tp_ranks, tp_transports, library)[0]
 
     view = attention_view(model, split, seq_len, batch, kdt)
     if split.seq_ranks == 1:

@@ -16,8 +16,9 @@ the same fabric, messages written into a peer's FIFO. Every other collective of 
 priced on this transport takes NCCL's regular path, as the engines do (they use the kernel
 for the DCP exchange).
 
-**Price** (:mod:`treeattn.sim.onesided.fixed_costs`, our analogy with NCCL's symmetric
-kernels): an exchange with flags in the data and no barrier; a rank's ``(n−1)·S/n`` bytes at
+**Price** (:mod:`treeattn.sim.onesided.fixed_costs`: our analogy with NCCL's symmetric
+kernels, at the generation's published graph-replay fraction): an exchange with flags in
+the data and no barrier; a rank's ``(n−1)·S/n`` bytes at
 120/128 of the load/store ceiling NCCL gives its symmetric kernels on that NVLink
 generation.
 """
@@ -62,7 +63,7 @@ def ll128_cost(op: str, nbytes: int, shape: GroupShape,
     >>> from treeattn.topo import Topology
     >>> shape = GroupShape.of(Topology.from_spec("gb200-nvl72"), range(8))
     >>> round(ll128_cost("all_to_all", 8192, shape).time_s * 1e6, 2)
-    8.51
+    2.33
     """
     reason = unavailable(op, shape, reduction)
     if reason is not None:

@@ -48,8 +48,26 @@ kernels on the same GPUs, which publish a cost model): an exchange, plus each ba
 the traffic at torch's block count times NCCL's per-block rate, capped at NCCL's load/store
 ceiling (``multimem`` all-reduce: NCCL's ``multimem`` ceiling).
 
-A one-shot all-reduce on Hopper is so ``4.5 + 2·1.65 = 7.8`` µs plus its traffic, and the
-cheapest of the three kernels for the size is taken (vLLM picks by size among them).
+**Loads wait on the link.** A block's loads go no faster than its threads' outstanding
+16-byte loads per NVLink round trip (Little's law): ``threads × loads in flight × 16 B``
+per ``2 × 0.6`` µs, the round trip taken as twice NCCL's NVLink hop latency for its LL
+protocol (``tuning.cc`` ``hwLat``: a flagged store seen by the peer). The kernels unroll
+their loads over the peers (``load_and_reduce`` over the world size), so a thread of the
+one-shot, the two-shot's reduce and the reduce-scatter has ``n − 1`` remote loads in
+flight, a ``multimem`` thread one ``ld_reduce``; stores are posted and keep NCCL's
+per-block rate. With few peers this binds well below the ceiling: on two H100s the
+one-shot's 24 blocks of 512 threads load at ``24 × 512 × 16 B / 1.2 µs = 164`` GB/s.
+
+A one-shot all-reduce on Hopper is so ``3.7`` µs plus its traffic (the fixed costs a graph
+replay pays, :mod:`treeattn.sim.onesided.fixed_costs`).
+
+**Which all-reduce kernel runs** is vLLM's choice, not the cheapest: its
+``SymmMemCommunicator`` (vLLM ``vllm/distributed/device_communicators/symm_mem.py``, read at
+commit 00859a52) runs ``multimem_all_reduce_`` for the world sizes of
+``_WORLD_SIZES_MULTIMEM`` (SM 9.0: 4, 6, 8; SM 10.x: 6, 8) and ``two_shot_all_reduce_``
+otherwise, whatever the size, and never the one-shot kernel. One kernel for every size also
+keeps a price from falling as the message grows. The other ops take the cheapest kernel that
+runs them.
 """
 
 from __future__ import annotations
@@ -61,12 +79,18 @@ from treeattn.schedule.payloads import SimError
 from treeattn.sim.nccl.collectives import CollectiveCost
 from treeattn.sim.nccl.group_shape import GroupShape
 from treeattn.sim.nccl.symmetric import ARCH
+from treeattn.sim.nccl.tables import NCCL_HW_LAT
 from treeattn.sim.onesided.fixed_costs import arch_costs, barrier_us, bytes_per_s, exchange_us
 
 NAME = "symm_mem"
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 SUM_ONLY = ("all_reduce", "reduce_scatter")
 VECTOR_BYTES = 16  # bytes per thread and step (the 16-byte-aligned kernels)
+# A load from a peer's memory is a request and a response over NVLink: twice NCCL's NVLink
+# hop latency for its LL protocol (tuning.cc hwLat, 0.6 µs: a flagged store seen by the peer)
+NVLINK_LOAD_ROUND_TRIP_S = 2 * NCCL_HW_LAT["nvlink"]["ring"][0] * 1e-6
+# vLLM's SymmMemCommunicator._WORLD_SIZES_MULTIMEM by generation (SM 9.0; SM 10.x)
+VLLM_MULTIMEM_WORLD_SIZES = {"hopper": (4, 6, 8), "blackwell": (6, 8)}
 
 
 def domain_unavailable(shape: GroupShape) -> str | None:
@@ -93,59 +117,78 @@ def unavailable(op: str, shape: GroupShape, reduction: str = "sum") -> str | Non
 
 @dataclass(frozen=True)
 class Kernel:
-    """One of the kernels above, for one op's size."""
+    """One of the kernels above, for one op's size: the bytes one rank loads from and stores
+    into its peers over NVLink, and the launch that moves them."""
 
     name: str
-    moved: float  # NVLink bytes of one rank
+    loaded: float  # NVLink bytes one rank loads from its peers (or the switch)
+    stored: float  # NVLink bytes one rank stores into its peers (or multicasts)
     barriers: int
     shard: float  # bytes one rank's blocks work through (sets the block count)
     max_blocks: int
     threads: int
+    loads_in_flight: int = 1  # 16-byte loads each thread has outstanding per step
     multimem_ceiling: bool = False  # NCCL's multimem all-reduce ceiling applies
     rate_multiplier: float = 1.0  # NCCL's busMultiplier: the switch reduces n streams
+
+    @property
+    def moved(self) -> float:
+        return self.loaded + self.stored
 
     def blocks(self) -> int:
         per_block = self.threads * VECTOR_BYTES
         return max(1, min(self.max_blocks, math.ceil(self.shard / per_block)))
 
+    def load_block_Bps(self, per_block_Bps: float) -> float:
+        """One block's load rate: NCCL's per-block rate, or, if lower, what its threads'
+        outstanding loads deliver per NVLink round trip (Little's law)."""
+        in_flight = self.threads * self.loads_in_flight * VECTOR_BYTES
+        return min(per_block_Bps, in_flight / NVLINK_LOAD_ROUND_TRIP_S)
+
+    def _seconds(self, nbytes: float, block_Bps: float, ceiling_Bps: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        blocks = self.blocks()
+        one = min(block_Bps * self.rate_multiplier, ceiling_Bps)
+        time_s = nbytes / min(blocks * block_Bps * self.rate_multiplier, ceiling_Bps)
+        if blocks > 1 and self.shard > 0:
+            full_pass = nbytes * self.threads * VECTOR_BYTES / self.shard  # one block's pass
+            time_s = max(time_s, full_pass / one)
+        return time_s
+
     def traffic_s(self, per_block_Bps: float, ceiling_Bps: float) -> float:
-        """Seconds the kernel's blocks take to move :attr:`moved`.
+        """Seconds the kernel's blocks take to load :attr:`loaded` and store :attr:`stored`.
 
         The blocks together move at their count times one block's rate (times NCCL's bus
-        multiplier), at most the ceiling. Past one block's width (its threads × 16 bytes)
-        every block holds a full pass of vectors: a kernel that launched a second block
-        runs no shorter than one block's full pass, so a larger op is never cheaper (the
-        per-block share halves at the threshold, the pass it waits on does not).
+        multiplier), at most the ceiling; a block's loads go no faster than
+        :meth:`load_block_Bps`. Past one block's width (its threads × 16 bytes) every block
+        holds a full pass of vectors: a kernel that launched a second block runs no shorter
+        than one block's full pass, so a larger op is never cheaper (the per-block share
+        halves at the threshold, the pass it waits on does not).
         """
-        blocks = self.blocks()
-        time_s = self.moved / min(blocks * per_block_Bps * self.rate_multiplier, ceiling_Bps)
-        if blocks > 1 and self.shard > 0:
-            width = self.threads * VECTOR_BYTES
-            full_pass = self.moved * width / self.shard  # the bytes one block's pass moves
-            time_s = max(time_s, full_pass / min(per_block_Bps * self.rate_multiplier,
-                                                 ceiling_Bps))
-        return time_s
+        return (self._seconds(self.loaded, self.load_block_Bps(per_block_Bps), ceiling_Bps)
+                + self._seconds(self.stored, per_block_Bps, ceiling_Bps))
 
 
 def _kernels(op: str, nbytes: float, n: int, multimem: bool) -> list[Kernel]:
     share = nbytes / n
+    peers = (n - 1) * share  # (n-1)/n of the op
     if op == "all_reduce":
-        out = [Kernel("one_shot", (n - 1) * nbytes, 2, nbytes, 24, 512),
-               Kernel("two_shot", 2 * (n - 1) * share, 2, share, 24, 1024)]
+        out = [Kernel("one_shot", (n - 1) * nbytes, 0.0, 2, nbytes, 24, 512, n - 1),
+               Kernel("two_shot", peers, peers, 2, share, 24, 1024, n - 1)]
         if multimem:
-            out.append(Kernel("multimem", nbytes + share, 2, share, 8, 1024, True, n))
+            out.append(Kernel("multimem", nbytes, share, 2, share, 8, 1024, 1, True, n))
         return out
     if op == "all_gather":
-        out = [Kernel("peer_store", (n - 1) * share, 2, share, 24, 1024)]
+        out = [Kernel("peer_store", 0.0, peers, 2, share, 24, 1024)]
         if multimem:
             # NCCL's bus bytes and multiplier for its multimem all-gather: (n-1) shares
             # arrive at each GPU, the switch's multicast raising each block's rate 0.55·n
-            out.append(Kernel("multimem", (n - 1) * share, 2, share, 8, 1024, False,
-                              0.55 * n))
+            out.append(Kernel("multimem", 0.0, peers, 2, share, 8, 1024, 1, False, 0.55 * n))
         return out
     if op == "reduce_scatter":
-        return [Kernel("peer_load", (n - 1) * share, 2, share, 24, 1024)]
-    return [Kernel("direct_a2a", (n - 1) * share, 1, share, 24, 1024)]
+        return [Kernel("peer_load", peers, 0.0, 2, share, 24, 1024, n - 1)]
+    return [Kernel("direct_a2a", 0.0, peers, 1, share, 24, 1024)]
 
 
 def symm_mem_kernels(op: str, nbytes: int, shape: GroupShape,
@@ -168,20 +211,31 @@ def symm_mem_kernels(op: str, nbytes: int, shape: GroupShape,
     return out
 
 
+def vllm_all_reduce_kernel(shape: GroupShape) -> str:
+    """The symm_mem all-reduce kernel vLLM runs for this group: multimem or two-shot."""
+    multimem = shape.nranks in VLLM_MULTIMEM_WORLD_SIZES[shape.arch] and shape.nranks > 2
+    return "multimem" if multimem else "two_shot"
+
+
 def symm_mem_cost(op: str, nbytes: int, shape: GroupShape,
                   reduction: str = "sum") -> CollectiveCost:
-    """The cheapest of torch's symm_mem kernels for ``op`` (raises SimError where none runs).
+    """The symm_mem kernel that runs ``op``: vLLM's for an all-reduce, else the cheapest
+    (raises SimError where none runs).
 
     >>> from treeattn.topo import Topology
     >>> shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
     >>> best = symm_mem_cost("all_reduce", 16384, shape)
     >>> best.algorithm, round(best.latency_s * 1e6, 2)
-    ('symm_mem_multimem', 7.8)
+    ('symm_mem_multimem', 3.7)
     """
     reason = unavailable(op, shape, reduction)
     if reason is not None:
         raise SimError(reason)
-    return min(symm_mem_kernels(op, nbytes, shape, reduction), key=lambda c: c.time_s)
+    kernels = symm_mem_kernels(op, nbytes, shape, reduction)
+    if op == "all_reduce":
+        name = f"symm_mem_{vllm_all_reduce_kernel(shape)}"
+        return next(c for c in kernels if c.algorithm == name)
+    return min(kernels, key=lambda c: c.time_s)
 
 
 def put_base_us(shape: GroupShape, ll: bool) -> float:

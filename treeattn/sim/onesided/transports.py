@@ -13,11 +13,16 @@ transport      library and kernels                          engines' paths on it
 nccl-symm      NCCL >= 2.27 symmetric kernels on registered  vLLM ``VLLM_USE_NCCL_SYMM_MEM=1``;
                windows (:mod:`treeattn.sim.nccl.symmetric`)  SGLang ``--enable-symm-mem``
 symm_mem       torch ``symm_mem`` one-shot, two-shot and     vLLM's symm_mem all-reduce,
-               ``multimem`` kernels, direct peer stores      ``VLLM_USE_DIRECT_DCP_A2A=1``
-               (:mod:`treeattn.sim.onesided.torch_symm`)
+               ``multimem`` kernels, direct peer stores      ``VLLM_USE_DIRECT_DCP_A2A=1``;
+               (:mod:`treeattn.sim.onesided.torch_symm`)     SGLang ``--enable-torch-symm-mem``
 mnnvl_ll128    FlashInfer's MNNVL LL128 all-to-all           SGLang ``--dcp-comm-backend
                (:mod:`treeattn.sim.onesided.ll128`)          fi_a2a``; TensorRT-LLM Helix
 =============  ===========================================  ==================================
+
+Every one-sided transport is priced as the engines run it, replayed in a CUDA graph: its
+fixed costs are NCCL's eager figures at the generation's published graph-replay fraction
+(:mod:`treeattn.sim.onesided.fixed_costs`); ``nccl-symm`` ranks NCCL's kernels as NCCL does,
+on their replayed times.
 
 A point-to-point message on a one-sided transport is a store into the peer's buffer: the
 transport's own fixed cost (``put_base_us``) replaces NCCL's enqueue and proxy cost, while the
@@ -27,13 +32,14 @@ per-hop latency and bandwidth stay those of the route (:mod:`treeattn.sim.nccl.p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from treeattn.schedule.payloads import SimError
 from treeattn.sim.nccl import symmetric as nccl_symm
 from treeattn.sim.nccl.collectives import CollectiveCost
 from treeattn.sim.nccl.group_shape import GroupShape
 from treeattn.sim.onesided import ll128, torch_symm
+from treeattn.sim.onesided.fixed_costs import graph_scale
 
 
 @dataclass(frozen=True)
@@ -53,11 +59,38 @@ def _nccl_domain(shape: GroupShape) -> str | None:
     return nccl_symm.unavailable("all_gather", shape)
 
 
+def _nccl_symm_replayed(op: str, nbytes: int, shape: GroupShape,
+                        reduction: str = "sum") -> CollectiveCost:
+    """NCCL's symmetric kernels replayed in a CUDA graph, as the engines run them: each
+    candidate's base latency at the generation's graph-replay fraction
+    (:func:`treeattn.sim.onesided.fixed_costs.graph_scale`; on Blackwell, the very kernel
+    nccl-tests issue #333 timed), and NCCL's ranking (time, plus 2.5% per block) applied
+    to those replayed times. Ranked by its eager estimate instead, NCCL would keep an LL
+    kernel past the size where a plain one is faster replayed, and the price would drop by
+    up to a fifth at the switch."""
+    if nccl_symm.unavailable(op, shape, reduction) is None:
+        scale = graph_scale(shape)
+        options = []
+        for eager in nccl_symm.symmetric_candidates(op, nbytes, shape, reduction):
+            latency = scale * eager.latency_s
+            time_s = eager.time_s - eager.latency_s + latency
+            penalty = eager.choice_s / eager.time_s  # 1 + 2.5% per block
+            options.append(replace(eager, latency_s=latency, time_s=time_s,
+                                   tuner_s=time_s * penalty))
+        if options:
+            return min(options, key=lambda c: c.choice_s)
+    return nccl_symm.symmetric_cost(op, nbytes, shape, reduction)  # raises SimError
+
+
+def _nccl_symm_put_us(shape: GroupShape, ll: bool) -> float:
+    return graph_scale(shape) * nccl_symm.put_base_us(shape, ll)
+
+
 ONE_SIDED: dict[str, OneSided] = {
     "nccl-symm": OneSided(
         "nccl-symm", "NCCL >= 2.27 symmetric kernels",
         "vLLM (VLLM_USE_NCCL_SYMM_MEM=1), SGLang (--enable-symm-mem)",
-        nccl_symm.unavailable, _nccl_domain, nccl_symm.symmetric_cost, nccl_symm.put_base_us),
+        nccl_symm.unavailable, _nccl_domain, _nccl_symm_replayed, _nccl_symm_put_us),
     "symm_mem": OneSided(
         "symm_mem", "torch symm_mem kernels",
         "vLLM (symm_mem all-reduce, VLLM_USE_DIRECT_DCP_A2A=1)",
