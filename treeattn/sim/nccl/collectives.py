@@ -97,8 +97,8 @@ def net_overhead_us(s: GroupShape, p: int) -> float:
 
 
 def _nvidia_latency_us(op: str, algo: str, p: int, s: GroupShape) -> float:
-    base = T.NCCL_BASE_LAT[algo][p] * s.lat_scale
-    intra = T.NCCL_HW_LAT[s.intra][algo][p] * s.lat_scale
+    base = T.NCCL_BASE_LAT[algo][p] * s.local_lat_scale
+    intra = T.NCCL_HW_LAT[s.intra][algo][p] * s.local_lat_scale
     inter_algo = "tree" if s.ppn == 1 and algo in ("tree", "ring") else algo
     inter = T.NCCL_HW_LAT["net"][inter_algo][p] * s.net_lat_scale
     log_nodes = int(math.log2(s.nnodes))
@@ -373,11 +373,11 @@ def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, fl
     hw = "net" if across_nodes else s.intra
     bw = s.p2p_inter_GBps if across_nodes else s.p2p_intra_GBps
     p = p2p_protocol(nbytes, s, across_nodes)
-    hop_scale = s.net_lat_scale if hw == "net" else s.lat_scale
+    hop_scale = s.net_lat_scale if hw == "net" else s.local_lat_scale
     base_t, hw_t = ((T.RCCL_BASE_LAT, T.RCCL_HW_LAT) if s.family == "amd"
                     else (T.NCCL_BASE_LAT, T.NCCL_HW_LAT))
     hop = hw_t[hw]["tree"][p] if across_nodes else min(hw_t[hw]["ring"][p], hw_t[hw]["tree"][p])
-    return (p, base_t["ring"][p] * s.lat_scale, hop * hop_scale,
+    return (p, base_t["ring"][p] * s.local_lat_scale, hop * hop_scale,
             bw * (0.5 if p == 0 else 1.0))
 
 
