@@ -140,12 +140,13 @@ NCCL_TREE_CORRECTION = {
 #   B200: Keeping the CUDA Juggernaut Rolling"); measured. Azure ND GB200 v6 results
 #   (github.com/Azure/AI-benchmarking-guide @ 2a370be6, Azure_Results/ND_GB200_v6_results.md,
 #   "NCCL Bandwidth": all_reduce_perf, NCCL 2.25.1, NCCL_ALGO=Ring, 4 GPUs, in-place): 0.19,
-#   0.38, 0.76 GB/s bus bandwidth at 2, 4, 8 KiB, i.e. 16.2 µs each, where NCCL's tables give
-#   ring LL 6.6 + 6 x 0.6 = 10.2 µs: 16.2 / 10.2 = 1.58. One group size, so one factor for
-#   the base and the hop; the run is a source here, not a check (benchmarks/fidelity.py).
+#   0.38, 0.76 GB/s bus bandwidth at 2, 4, 8 KiB, i.e. 16.17 µs each (bytes x 1.5 / busbw),
+#   where NCCL's tables give ring LL 6.6 + 6 x 0.6 = 10.2 µs: 16.17 / 10.2 = 1.585. One group
+#   size, so one factor for the base and the hop; the run is a source here, not a check
+#   (benchmarks/fidelity.py).
 # Generations without a row (PCIe-class sm86/sm89 boards) keep NCCL's figures.
 NCCL_GEN_LATENCY_SCALE = {"volta": 1980 / 1530, "ampere": 1980 / 1410, "hopper": 1.0,
-                          "blackwell": 1.58}
+                          "blackwell": 1.585}
 NCCL_NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 NCCL_NET_OVERHEAD_SIMPLE_FACTOR = 3
 NCCL_TREE_PATTERN_FACTOR = 0.85  # tree bus bandwidth when the tree graph is PATTERN_TREE
