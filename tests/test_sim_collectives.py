@@ -484,9 +484,11 @@ def test_comm_prices_a_2_gpu_group_of_a_dgx_b200(capsys):
                  "--min-bytes", "8", "--max-bytes", "8", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["rows"][0]
     # a 2-rank ring all-reduce: 2 (n − 1) = 2 NVLink LL hops after the 6.6 µs base, on
-    # Blackwell × 1.585 (the Azure GB200 floor of 16.17 µs over NCCL's 10.2)
+    # Blackwell × 1.505 (the Azure GB200 floor, 15.35 µs, over NCCL's 10.2); 8 B on one of
+    # 32 channels of llMaxBws' 282 GB/s
     assert (row["ranks"], row["algorithm"], row["protocol"]) == (2, "ring", "LL")
-    assert row["time_us"] == pytest.approx((6.6 + 2 * 0.6) * 1.585, abs=1e-3)
+    assert row["time_us"] == pytest.approx((6.6 + 2 * 0.6) * 1.505 + 8 / (1e3 * 282 / 32),
+                                           abs=1e-3)
     assert main(["comm", "--topology", "dgx-b200", "--ranks", "1,5", "--op", "all_to_all",
                  "--max-bytes", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"][0]["ranks"] == 2

@@ -49,7 +49,7 @@ from treeattn.sim.nccl.group_shape import GroupShape
 
 __all__ = ["OPS", "CollectiveCost", "GroupShape", "a2a_peer_channels", "candidates",
            "check_dtype", "check_op", "collective_cost", "net_overhead_us", "normalize_dtype",
-           "nvls_refusal", "p2p_cost", "p2p_parts", "p2p_protocol"]
+           "nvls_refusal", "p2p_cost", "p2p_parts", "p2p_protocol", "run_channels"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 
@@ -217,8 +217,43 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
         if (algo == "ring" and p == 2 and op == "all_reduce" and s.nnodes > 1
                 and nbytes / (2 * s.channels * s.nranks) >= 64):
             latency *= T.NCCL_RING_SIMPLE_PLATEAU
-        costs.append(_priced(op, nbytes, algo, p, latency, bus * _bus_to_alg(op, algo, s)))
+        alg_bw = bus * _bus_to_alg(op, algo, s)
+        used, total = run_channels(algo, p, nbytes, s)
+        cost = _priced(op, nbytes, algo, p, latency, alg_bw * used / total)
+        if used < total:  # NCCL ranks by its estimate, which assumes every channel
+            cost = replace(cost, tuner_s=_priced(op, nbytes, algo, p, latency, alg_bw).time_s)
+        costs.append(cost)
     return costs
+
+
+def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, int]:
+    """(channels the kernel runs on, the communicator's channels) for ``nbytes`` on a ring
+    or tree (enqueue.cc ``topoGetAlgoInfo``): from ``comm->nChannels`` (twice the search
+    channels), a channel is dropped while the bytes are below channels × threads × the
+    protocol's per-thread threshold (``NCCL_LL_THREAD_THRESHOLD`` 8, LL128 8, Simple 64 bytes;
+    a ring's LL threshold × ranks, tuning.cc) at the protocol's threads (LL 512, LL128 640,
+    Simple 512). Each channel carries its share of the bus bandwidth, so a small message
+    moves at ``used / total`` of it; NCCL's own estimate, by which it picks, does not.
+
+    NCCL's count is an integer, ``floor(bytes / (threads × threshold))``; we take it as a
+    real number (at least 1), the envelope of that saw-tooth: the wire time is then flat
+    while channels are added and never falls as the message grows, and it is within
+    ``(k + 1) / k`` of NCCL's at ``k`` channels.
+
+    >>> from treeattn.topo import Topology
+    >>> shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+    >>> run_channels("ring", 0, 65536, shape), run_channels("ring", 0, 1 << 30, shape)
+    ((2.0, 24), (24, 24))
+    """
+    total = min(T.NCCL_MAX_CHANNELS, T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * s.channels)
+    if algo not in ("ring", "tree"):
+        return total, total
+    threads = T.NCCL_MAX_THREADS[T.PROTOCOLS[p]]
+    threshold = T.NCCL_THREAD_THRESHOLD[T.PROTOCOLS[p]]
+    if algo == "ring" and p == 0:
+        threshold *= s.nranks
+    return (total if nbytes >= total * threads * threshold
+            else max(1.0, nbytes / (threads * threshold))), total
 
 
 def _bus_to_alg(op: str, algo: str, s: GroupShape) -> float:

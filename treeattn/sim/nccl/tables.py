@@ -140,13 +140,15 @@ NCCL_TREE_CORRECTION = {
 #   B200: Keeping the CUDA Juggernaut Rolling"); measured. Azure ND GB200 v6 results
 #   (github.com/Azure/AI-benchmarking-guide @ 2a370be6, Azure_Results/ND_GB200_v6_results.md,
 #   "NCCL Bandwidth": all_reduce_perf, NCCL 2.25.1, NCCL_ALGO=Ring, 4 GPUs, in-place): 0.19,
-#   0.38, 0.76 GB/s bus bandwidth at 2, 4, 8 KiB, i.e. 16.17 µs each (bytes x 1.5 / busbw),
-#   where NCCL's tables give ring LL 6.6 + 6 x 0.6 = 10.2 µs: 16.17 / 10.2 = 1.585. One group
+#   0.38, 0.76 GB/s bus bandwidth at 2, 4, 8 KiB, i.e. 16.17 µs each (bytes x 1.5 / busbw);
+#   less the wire time on the one channel NCCL runs them on (NCCL_THREAD_THRESHOLD below:
+#   llMaxBws 282 / 32 channels x 4/6 = 5.875 GB/s; 0.35, 0.70, 1.39 µs), 15.35 µs on average,
+#   where NCCL's tables give ring LL 6.6 + 6 x 0.6 = 10.2 µs: 15.35 / 10.2 = 1.505. One group
 #   size, so one factor for the base and the hop; the run is a source here, not a check
 #   (benchmarks/fidelity.py).
 # Generations without a row (PCIe-class sm86/sm89 boards) keep NCCL's figures.
 NCCL_GEN_LATENCY_SCALE = {"volta": 1980 / 1530, "ampere": 1980 / 1410, "hopper": 1.0,
-                          "blackwell": 1.585}
+                          "blackwell": 1.505}
 NCCL_NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 NCCL_NET_OVERHEAD_SIMPLE_FACTOR = 3
 NCCL_TREE_PATTERN_FACTOR = 0.85  # tree bus bandwidth when the tree graph is PATTERN_TREE
@@ -174,6 +176,13 @@ NCCL_DUP_CHANNELS_SM90_SPEED = (50.0, 4)
 # connect.cc ``ncclTopoPostset``: the rings run on twice the search channels (``nChannels *
 # 2``, at most MAXCHANNELS = 64); every p2p operation runs on these compute channels.
 NCCL_MAX_CHANNELS = 64
+# enqueue.cc ``topoGetAlgoInfo``: the channels a ring or tree kernel runs on shrink with the
+# message: one is dropped while bytes < channels × threads × threshold. Per-thread thresholds
+# (comm.h ``NCCL_{LL,LL128,SIMPLE}_THREAD_THRESHOLD``; tuning.cc multiplies the ring's LL one
+# by the ranks) and the protocols' default threads (device.h ``NCCL_LL_MAX_NTHREADS``,
+# ``NCCL_LL128_MAX_NTHREADS``, ``NCCL_SIMPLE_MAX_NTHREADS``; tuning.cc maxThreads).
+NCCL_THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
+NCCL_MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 NCCL_COMPUTE_CHANNELS_PER_SEARCH = 2
 # NVLS (search.cc): one channel per GPU of the node (``maxChannels = min(NCCL_MAX_NVLS_ARITY
 # = 32, ngpus)``, ``minChannels = maxChannels`` on one node); a channel's head GPU carries
