@@ -14,9 +14,12 @@ libraries' own tuning model (constants in :mod:`treeattn.sim.nccl.tables`, with 
    with LL, LL128 and Simple where allowed.
 3. **Price each**: ``time = latency + bytes / bandwidth``. Latency is a base per
    (algorithm, protocol) plus a per-hop latency per link class times the hops the algorithm
-   makes; bandwidth is channels × per-channel speed, scaled per protocol and converted from
-   bus to algorithm bandwidth.
-4. **Pick the fastest**, as NCCL does (RCCL then forces LL or Simple by size on MI300X).
+   makes, the node-local part scaled to the GPU generation (NCCL's figures describe Hopper);
+   bandwidth is channels × per-channel speed, scaled per protocol and converted from bus to
+   algorithm bandwidth, on the channels NCCL runs a message of that size on
+   (:func:`run_channels`).
+4. **Pick the fastest** by the library's own estimate, as NCCL does (RCCL then forces LL or
+   Simple by size on MI300X).
 
 ``nbytes`` means what nccl-tests' ``size`` column means: the whole buffer of an all-reduce or
 broadcast, the whole gathered (scattered) buffer of an all-gather (reduce-scatter), the whole

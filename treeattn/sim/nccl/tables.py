@@ -62,6 +62,10 @@ NCCL-grp  The group's channels and NVLS, same commit: ``src/graph/search.cc``
           per-peer channels, fp8 reductions: refused below sm90, deep rings ×1024);
           ``src/include/device.h`` ``ncclNvlsSupported`` (the dtypes and ops NVLS reduces);
           ``src/transport/nvls.cc`` (NVLS needs 2 GPUs).
+NCCL-chan ``src/enqueue.cc`` ``topoGetAlgoInfo``: a ring or tree kernel runs a message on
+          fewer channels the smaller it is (``NCCL_THREAD_THRESHOLD``, ``NCCL_MAX_THREADS``
+          below; ``src/include/comm.h``, ``device.h``; ``tuning.cc`` maxThreads and the
+          ring's LL threshold × ranks).
 NCCL-gen  The generation of the GPUs under NCCL's latency tables. ``baseLat`` and ``hwLat``
           have no architecture index (unlike ``llMaxBws`` and the ``perChMax*`` rows,
           indexed by ``compCapIndex``) and were last retuned in NCCL 2.18.1 (commit
