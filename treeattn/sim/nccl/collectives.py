@@ -235,8 +235,9 @@ def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, 
     channels), a channel is dropped while the bytes are below channels × threads × the
     protocol's per-thread threshold (``NCCL_LL_THREAD_THRESHOLD`` 8, LL128 8, Simple 64 bytes;
     a ring's LL threshold × ranks, tuning.cc) at the protocol's threads (LL 512, LL128 640,
-    Simple 512). Each channel carries its share of the bus bandwidth, so a small message
-    moves at ``used / total`` of it; NCCL's own estimate, by which it picks, does not.
+    Simple 512, or 256 on a ring of at most 12 GB/s). Each channel carries its share of the
+    bus bandwidth, so a small message moves at ``used / total`` of it; NCCL's own estimate,
+    by which it picks, does not.
 
     NCCL's count is an integer, ``floor(bytes / (threads × threshold))``; we take it as a
     real number (at least 1), the envelope of that saw-tooth: the wire time is then flat
@@ -252,6 +253,9 @@ def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, 
     if algo not in ("ring", "tree"):
         return total, total
     threads = T.NCCL_MAX_THREADS[T.PROTOCOLS[p]]
+    slow_bw, slow_threads = T.NCCL_SLOW_RING_SIMPLE
+    if algo == "ring" and p == 2 and s.channels * s.intra_speed <= slow_bw:
+        threads = slow_threads
     threshold = T.NCCL_THREAD_THRESHOLD[T.PROTOCOLS[p]]
     if algo == "ring" and p == 0:
         threshold *= s.nranks

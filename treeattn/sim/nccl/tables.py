@@ -128,9 +128,6 @@ NCCL_TREE_CORRECTION = {
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
                .8, .9, .9),
 }
-# Network post overhead folded into the intra-node hop of a multi-node ring, by host CPU
-# vendor (getNetOverhead; anything but x86 Intel/AMD: 1 µs), ×3 for Simple; and the
-# multi-node ring Simple all-reduce latency factor beyond 64 B per channel-rank.
 # NCCL-gen: the factor on NCCL's node-local latencies (base and NVLink/PCIe hop) for each
 # GPU generation; Hopper is what the tables describe. Each row's source:
 # - volta, ampere: NCCL's LL/LL128/Simple steps are device loops (store data and flag to the
@@ -139,7 +136,8 @@ NCCL_TREE_CORRECTION = {
 #   MHz and the V100 SXM2's 1530 MHz (GPU boost clocks in the comparison tables of NVIDIA's
 #   "A100 Tensor Core GPU Architecture" and "Tesla V100 GPU Architecture" whitepapers; the
 #   H100 SXM5's maximum SM clock as nvidia-smi reports it). An A100 8-GPU ring LL all-reduce
-#   at 8 B: (6.6 + 14 x 0.6) x 1980 / 1410 = 21.1 us.
+#   at 8 B: (6.6 + 14 x 0.6) x 1980 / 1410 = 21.1 µs. Checked, not set, by ABCI's A100 runs
+#   (NCCL 2.8.4) in benchmarks/fidelity.py.
 # - blackwell: not a clock effect (B200 clocks match the H100 SXM5's; chipsandcheese, "Nvidia's
 #   B200: Keeping the CUDA Juggernaut Rolling"); measured. Azure ND GB200 v6 results
 #   (github.com/Azure/AI-benchmarking-guide @ 2a370be6, Azure_Results/ND_GB200_v6_results.md,
@@ -153,6 +151,9 @@ NCCL_TREE_CORRECTION = {
 # Generations without a row (PCIe-class sm86/sm89 boards) keep NCCL's figures.
 NCCL_GEN_LATENCY_SCALE = {"volta": 1980 / 1530, "ampere": 1980 / 1410, "hopper": 1.0,
                           "blackwell": 1.505}
+# Network post overhead folded into the intra-node hop of a multi-node ring, by host CPU
+# vendor (getNetOverhead; anything but x86 Intel/AMD: 1 µs), ×3 for Simple; and the
+# multi-node ring Simple all-reduce latency factor beyond 64 B per channel-rank.
 NCCL_NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 NCCL_NET_OVERHEAD_SIMPLE_FACTOR = 3
 NCCL_TREE_PATTERN_FACTOR = 0.85  # tree bus bandwidth when the tree graph is PATTERN_TREE
@@ -180,14 +181,16 @@ NCCL_DUP_CHANNELS_SM90_SPEED = (50.0, 4)
 # connect.cc ``ncclTopoPostset``: the rings run on twice the search channels (``nChannels *
 # 2``, at most MAXCHANNELS = 64); every p2p operation runs on these compute channels.
 NCCL_MAX_CHANNELS = 64
+NCCL_COMPUTE_CHANNELS_PER_SEARCH = 2
 # enqueue.cc ``topoGetAlgoInfo``: the channels a ring or tree kernel runs on shrink with the
 # message: one is dropped while bytes < channels × threads × threshold. Per-thread thresholds
 # (comm.h ``NCCL_{LL,LL128,SIMPLE}_THREAD_THRESHOLD``; tuning.cc multiplies the ring's LL one
 # by the ranks) and the protocols' default threads (device.h ``NCCL_LL_MAX_NTHREADS``,
-# ``NCCL_LL128_MAX_NTHREADS``, ``NCCL_SIMPLE_MAX_NTHREADS``; tuning.cc maxThreads).
+# ``NCCL_LL128_MAX_NTHREADS``, ``NCCL_SIMPLE_MAX_NTHREADS``; tuning.cc maxThreads: a ring's
+# Simple runs 256 threads where its graph carries at most ``PCI_BW`` = 12 GB/s, topo.h).
 NCCL_THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
 NCCL_MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
-NCCL_COMPUTE_CHANNELS_PER_SEARCH = 2
+NCCL_SLOW_RING_SIMPLE = (12.0, 256)  # (PCI_BW GB/s, Simple threads at or below it)
 # NVLS (search.cc): one channel per GPU of the node (``maxChannels = min(NCCL_MAX_NVLS_ARITY
 # = 32, ngpus)``, ``minChannels = maxChannels`` on one node); a channel's head GPU carries
 # twice the channel's speed on its NVLinks (``ncclTopoSearchTryNvls``: ``d == g ? 2 : 1``),
