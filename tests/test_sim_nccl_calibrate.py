@@ -95,10 +95,27 @@ HEADER = "#  Rank  0 Group  0 Pid 1 on a device  0 [0x18] NVIDIA H100\n" \
     ("# only comments here\n", "no data rows"),
     ("           8     2  float  sum  -1   12.5  0.00\n", "columns"),
     ("           8     2  float  sum  -1   nan  0.00  0.00   0\n", "not a number"),
+    # before the root column: the 4th column of a group is the largest difference, and a
+    # float sum on 2 ranks may differ by DeltaMaxValue(float) × (2 − 1) = 1e-5 at most
+    ("           8     2  float  sum   12.5  0.00  0.00  2e-05   12.4  0.00  0.00  0e+00\n",
+     "above nccl-tests' tolerance for float on 2 ranks"),
 ])
 def test_damaged_tables_are_refused(body, needle):
     with pytest.raises(SimError, match=needle):
         parse_nccl_tests(HEADER + body, op="all_reduce")
+
+
+def test_releases_before_the_root_column_parse():
+    """nccl-tests before 2021 printed no root column, and the largest difference from the
+    expected result where #wrong is now (fixture: ABCI's 8x A100, NCCL 2.8.4)."""
+    table = read_nccl_tests(FIXTURES / "a100-8gpu-1node-all-reduce-perf-mpi-abci.txt")
+    assert (table.op, table.world, len(table.rows)) == ("all_reduce", 8, 24)
+    row = table.rows[1]
+    assert (row.size, row.time_us, row.in_place_time_us, row.max_error) == (8, 17.03, 17.03,
+                                                                              1e-07)
+    one = parse_nccl_tests(HEADER + "   8   2  float  sum   12.5  0.00  0.00  1e-05\n",
+                           op="all_reduce")
+    assert one.rows[0].time_us == 12.5 and one.rows[0].in_place_time_us is None
 
 
 def test_cli_refuses_world_mismatch_and_unknown_op(tmp_path, capsys):

@@ -14,9 +14,12 @@ libraries' own tuning model (constants in :mod:`treeattn.sim.nccl.tables`, with 
    with LL, LL128 and Simple where allowed.
 3. **Price each**: ``time = latency + bytes / bandwidth``. Latency is a base per
    (algorithm, protocol) plus a per-hop latency per link class times the hops the algorithm
-   makes; bandwidth is channels × per-channel speed, scaled per protocol and converted from
-   bus to algorithm bandwidth.
-4. **Pick the fastest**, as NCCL does (RCCL then forces LL or Simple by size on MI300X).
+   makes, the node-local part scaled to the GPU generation (NCCL's figures describe Hopper);
+   bandwidth is channels × per-channel speed, scaled per protocol and converted from bus to
+   algorithm bandwidth, on the channels NCCL runs a message of that size on
+   (:func:`run_channels`).
+4. **Pick the fastest** by the library's own estimate, as NCCL does (RCCL then forces LL or
+   Simple by size on MI300X).
 
 ``nbytes`` means what nccl-tests' ``size`` column means: the whole buffer of an all-reduce or
 broadcast, the whole gathered (scattered) buffer of an all-gather (reduce-scatter), the whole
@@ -49,7 +52,7 @@ from treeattn.sim.nccl.group_shape import GroupShape
 
 __all__ = ["OPS", "CollectiveCost", "GroupShape", "a2a_peer_channels", "candidates",
            "check_dtype", "check_op", "collective_cost", "net_overhead_us", "normalize_dtype",
-           "nvls_refusal", "p2p_cost", "p2p_parts", "p2p_protocol"]
+           "nvls_refusal", "p2p_cost", "p2p_parts", "p2p_protocol", "run_channels"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 
@@ -97,8 +100,8 @@ def net_overhead_us(s: GroupShape, p: int) -> float:
 
 
 def _nvidia_latency_us(op: str, algo: str, p: int, s: GroupShape) -> float:
-    base = T.NCCL_BASE_LAT[algo][p] * s.lat_scale
-    intra = T.NCCL_HW_LAT[s.intra][algo][p] * s.lat_scale
+    base = T.NCCL_BASE_LAT[algo][p] * s.local_lat_scale
+    intra = T.NCCL_HW_LAT[s.intra][algo][p] * s.local_lat_scale
     inter_algo = "tree" if s.ppn == 1 and algo in ("tree", "ring") else algo
     inter = T.NCCL_HW_LAT["net"][inter_algo][p] * s.net_lat_scale
     log_nodes = int(math.log2(s.nnodes))
@@ -217,8 +220,47 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
         if (algo == "ring" and p == 2 and op == "all_reduce" and s.nnodes > 1
                 and nbytes / (2 * s.channels * s.nranks) >= 64):
             latency *= T.NCCL_RING_SIMPLE_PLATEAU
-        costs.append(_priced(op, nbytes, algo, p, latency, bus * _bus_to_alg(op, algo, s)))
+        alg_bw = bus * _bus_to_alg(op, algo, s)
+        used, total = run_channels(algo, p, nbytes, s)
+        cost = _priced(op, nbytes, algo, p, latency, alg_bw * used / total)
+        if used < total:  # NCCL ranks by its estimate, which assumes every channel
+            cost = replace(cost, tuner_s=_priced(op, nbytes, algo, p, latency, alg_bw).time_s)
+        costs.append(cost)
     return costs
+
+
+def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, int]:
+    """(channels the kernel runs on, the communicator's channels) for ``nbytes`` on a ring
+    or tree (enqueue.cc ``topoGetAlgoInfo``): from ``comm->nChannels`` (twice the search
+    channels), a channel is dropped while the bytes are below channels × threads × the
+    protocol's per-thread threshold (``NCCL_LL_THREAD_THRESHOLD`` 8, LL128 8, Simple 64 bytes;
+    a ring's LL threshold × ranks, tuning.cc) at the protocol's threads (LL 512, LL128 640,
+    Simple 512, or 256 on a ring of at most 12 GB/s). Each channel carries its share of the
+    bus bandwidth, so a small message moves at ``used / total`` of it; NCCL's own estimate,
+    by which it picks, does not.
+
+    NCCL's count is an integer, ``floor(bytes / (threads × threshold))``; we take it as a
+    real number (at least 1), the envelope of that saw-tooth: the wire time is then flat
+    while channels are added and never falls as the message grows, and it is within
+    ``(k + 1) / k`` of NCCL's at ``k`` channels.
+
+    >>> from treeattn.topo import Topology
+    >>> shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+    >>> run_channels("ring", 0, 65536, shape), run_channels("ring", 0, 1 << 30, shape)
+    ((2.0, 24), (24, 24))
+    """
+    total = min(T.NCCL_MAX_CHANNELS, T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * s.channels)
+    if algo not in ("ring", "tree"):
+        return total, total
+    threads = T.NCCL_MAX_THREADS[T.PROTOCOLS[p]]
+    slow_bw, slow_threads = T.NCCL_SLOW_RING_SIMPLE
+    if algo == "ring" and p == 2 and s.channels * s.intra_speed <= slow_bw:
+        threads = slow_threads
+    threshold = T.NCCL_THREAD_THRESHOLD[T.PROTOCOLS[p]]
+    if algo == "ring" and p == 0:
+        threshold *= s.nranks
+    return (total if nbytes >= total * threads * threshold
+            else max(1.0, nbytes / (threads * threshold))), total
 
 
 def _bus_to_alg(op: str, algo: str, s: GroupShape) -> float:
@@ -373,11 +415,11 @@ def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, fl
     hw = "net" if across_nodes else s.intra
     bw = s.p2p_inter_GBps if across_nodes else s.p2p_intra_GBps
     p = p2p_protocol(nbytes, s, across_nodes)
-    hop_scale = s.net_lat_scale if hw == "net" else s.lat_scale
+    hop_scale = s.net_lat_scale if hw == "net" else s.local_lat_scale
     base_t, hw_t = ((T.RCCL_BASE_LAT, T.RCCL_HW_LAT) if s.family == "amd"
                     else (T.NCCL_BASE_LAT, T.NCCL_HW_LAT))
     hop = hw_t[hw]["tree"][p] if across_nodes else min(hw_t[hw]["ring"][p], hw_t[hw]["tree"][p])
-    return (p, base_t["ring"][p] * s.lat_scale, hop * hop_scale,
+    return (p, base_t["ring"][p] * s.local_lat_scale, hop * hop_scale,
             bw * (0.5 if p == 0 else 1.0))
 
 

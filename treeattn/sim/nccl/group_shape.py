@@ -37,6 +37,9 @@ class GroupShape:
     # inside a node (base and hop latencies) and on its network hop latency. 1 = as sourced.
     lat_scale: float = 1.0
     net_lat_scale: float = 1.0
+    # NCCL's node-local latencies (base and NVLink/PCIe hop) describe Hopper; this is the
+    # GPU generation's factor on them (nccl_tables: NCCL-gen). 1 on AMD: RCCL's are per arch
+    gen_lat_scale: float = 1.0
     # RCCL 2.21.5 – 2.2x (ROCm 6.3 up to MSCCL's removal): small all-reduces on one 8-GPU
     # MI300X node run MSCCL's all-pairs schedule, not the tuner's choice. Off: the current
     # library. :func:`_rccl_msccl_allreduce` has the rule.
@@ -61,6 +64,12 @@ class GroupShape:
     # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (treeattn.sim.nccl.env): send/recv across hosts may
     # use LL. Off, NCCL's default: network p2p connections have no LL buffer, so Simple.
     p2p_net_ll: bool = False
+
+    @property
+    def local_lat_scale(self) -> float:
+        """The factor on the library's base and node-local hop latencies: the generation's
+        (``gen_lat_scale``) times the calibrated one (``lat_scale``)."""
+        return self.lat_scale * self.gen_lat_scale
 
     def scaled(self, lat: float = 1.0, net_lat: float = 1.0, bw: float = 1.0,
                net_bw: float = 1.0) -> GroupShape:
@@ -118,6 +127,8 @@ class GroupShape:
             channels, ppn, nnodes, peer_links, intra, nic_bandwidth=p2p_inter)
         return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
                    speed, inter_speed, p2p_intra, p2p_inter,
+                   gen_lat_scale=(T.NCCL_GEN_LATENCY_SCALE.get(arch, 1.0)
+                                  if family == "nvidia" else 1.0),
                    cpu_vendor=cpu_vendor(topology, per_host),
                    mnnvl=model in T.MNNVL_MODELS, nvls_channels=nvls[0],
                    nvls_intra_speed=nvls[1], nvls_inter_speed=nvls[2],

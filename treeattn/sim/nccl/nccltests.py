@@ -5,12 +5,16 @@ rank, and for RCCL a version block), a two-line column header, then one row per 
 
     size  count  type  redop  root  time algbw busbw #wrong  [time algbw busbw #wrong]
 
-with out-of-place and (usually) in-place columns. Launchers may prefix every line with the
+with out-of-place and (usually) in-place columns; releases before the ``root`` column (2020
+and earlier) print ``size count type redop`` and, in place of ``#wrong``, the largest
+difference from the expected result. Launchers may prefix every line with the
 rank (``0: ...`` from ``srun -l``); ``#wrong`` is ``N/A`` when validation is off. The op is
 named by newer versions (``# Collective test starting: all_gather_perf``), or by the file
 name, or given by the caller: the columns alone cannot tell an all-gather from a sendrecv.
 
-A row with ``#wrong`` > 0 is a broken run, so it is refused rather than calibrated against.
+A row with ``#wrong`` > 0 is a broken run, so it is refused rather than calibrated against; so
+is an older row whose difference is above that release's own tolerance
+(``DeltaMaxValue(type) × (ranks − 1)`` in nccl-tests' ``src/common.cu``).
 
 >>> table = parse_nccl_tests('''# nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor)
 ... #  Rank  0 Group  0 Pid 1 on a device  0 [0x18] NVIDIA H100 80GB HBM3
@@ -45,6 +49,10 @@ _THREADS = re.compile(r"nThread\s+([0-9]{1,7})\s+nGpus\s+([0-9]{1,7})", re.ASCII
 _STARTING = re.compile(r"Collective test starting:\s*(\w+)", re.ASCII)
 _SIZE = re.compile(r"[0-9]{1,16}")
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+# nccl-tests' DeltaMaxValue (src/common.cu, before the #wrong column): per element type, the
+# largest difference per peer a correct reduction may show; integers must be exact
+_DELTA_MAX = {"half": 1e-2, "float16": 1e-2, "float": 1e-5, "float32": 1e-5, "double": 1e-12,
+              "float64": 1e-12}
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,9 @@ class NcclTestsRow:
     algbw_gbps: float
     busbw_gbps: float
     in_place_time_us: float | None = None
+    # older releases: the largest difference from the expected result, and the element type
+    max_error: float | None = None
+    dtype: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,13 @@ def parse_nccl_sections(text: str, op: str | None = None, source: str = "<text>"
     world = len(ranks) if ranks else (threads or 1) * (gpus or 1)
     if ranks and sorted(ranks) != list(range(len(ranks))):
         raise SimError(f"{source}: rank lines are not 0..{len(ranks) - 1}")
+    for _, section_rows in sections:
+        for row in section_rows:
+            limit = _DELTA_MAX.get(row.dtype, 0.0) * max(1, world - 1)
+            if row.max_error is not None and row.max_error > limit:
+                raise SimError(f"{source}: size {row.size}: error {row.max_error:g} is above "
+                               f"nccl-tests' tolerance for {row.dtype or 'its type'} on "
+                               f"{world} ranks: that run computed wrong results")
     hosts = len(set(ranks.values())) if ranks else 1
     tables = []
     for named, section_rows in sections:
@@ -192,14 +210,22 @@ def parse_nccl_sections(text: str, op: str | None = None, source: str = "<text>"
 
 
 def _row(fields: list[str], number: int, source: str) -> NcclTestsRow:
-    """One data row: size count type redop root, then groups of (time algbw busbw #wrong)."""
+    """One data row: size count type redop root, then groups of (time algbw busbw #wrong);
+    before the root column, size count type redop, then groups of (time algbw busbw error)."""
     where = f"{source} line {number}"
-    if len(fields) not in (9, 13):
-        raise SimError(f"{where}: expected 9 or 13 columns, got {len(fields)}")
-    groups = [fields[5:9]] + ([fields[9:13]] if len(fields) == 13 else [])
-    parsed = []
+    if len(fields) not in (8, 9, 12, 13):
+        raise SimError(f"{where}: expected 9 or 13 columns (8 or 12 before nccl-tests "
+                       f"printed a root), got {len(fields)}")
+    first = 5 if len(fields) in (9, 13) else 4
+    groups = [fields[first:first + 4]] + ([fields[first + 4:first + 8]]
+                                          if len(fields) > first + 4 else [])
+    parsed, errors = [], []
     for time_s, algbw, busbw, wrong in groups:
-        if wrong not in ("N/A", "0"):
+        if first == 4:  # an older release's largest difference, checked against its tolerance
+            if len(wrong) > 40 or not re.fullmatch(_NUMBER, wrong, re.ASCII):
+                raise SimError(f"{where}: bad error column {wrong!r}")
+            errors.append(float(wrong))
+        elif wrong not in ("N/A", "0"):
             if re.fullmatch(r"\d+", wrong):
                 raise SimError(f"{where}: #wrong is {wrong}: that run computed wrong results")
             raise SimError(f"{where}: bad #wrong column {wrong!r}")
@@ -221,4 +247,5 @@ def _row(fields: list[str], number: int, source: str) -> NcclTestsRow:
     if parsed[0][0] <= 0:
         raise SimError(f"{where}: time must be positive")
     in_place = parsed[1][0] if len(parsed) > 1 else None
-    return NcclTestsRow(size, parsed[0][0], parsed[0][1], parsed[0][2], in_place)
+    return NcclTestsRow(size, parsed[0][0], parsed[0][1], parsed[0][2], in_place,
+                        max(errors) if errors else None, fields[2].lower())

@@ -62,6 +62,19 @@ NCCL-grp  The group's channels and NVLS, same commit: ``src/graph/search.cc``
           per-peer channels, fp8 reductions: refused below sm90, deep rings ×1024);
           ``src/include/device.h`` ``ncclNvlsSupported`` (the dtypes and ops NVLS reduces);
           ``src/transport/nvls.cc`` (NVLS needs 2 GPUs).
+NCCL-chan ``src/enqueue.cc`` ``topoGetAlgoInfo``: a ring or tree kernel runs a message on
+          fewer channels the smaller it is (``NCCL_THREAD_THRESHOLD``, ``NCCL_MAX_THREADS``
+          below; ``src/include/comm.h``, ``device.h``; ``tuning.cc`` maxThreads and the
+          ring's LL threshold × ranks).
+NCCL-gen  The generation of the GPUs under NCCL's latency tables. ``baseLat`` and ``hwLat``
+          have no architecture index (unlike ``llMaxBws`` and the ``perChMax*`` rows,
+          indexed by ``compCapIndex``) and were last retuned in NCCL 2.18.1 (commit
+          d97a32fa, 2023: ring LL base 3.6 to 6.6 µs, NVLink LL hop 0.47 to 0.6 µs), the
+          Hopper launch release; the H100 families of ``benchmarks/fidelity.py`` match them.
+          NCCL ranks algorithms by these figures, where a factor common to all of them
+          changes nothing, so the library never needed them per generation. We scale the
+          node-local part (base and NVLink/PCIe hops; not the network hop) by
+          :data:`NCCL_GEN_LATENCY_SCALE`, each row with its own source there.
 ========  =============================================================================
 
 Units: latencies in µs and bandwidths in GB/s (1e9 B/s), as in the sources; the model in
@@ -115,6 +128,29 @@ NCCL_TREE_CORRECTION = {
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
                .8, .9, .9),
 }
+# NCCL-gen: the factor on NCCL's node-local latencies (base and NVLink/PCIe hop) for each
+# GPU generation; Hopper is what the tables describe. Each row's source:
+# - volta, ampere: NCCL's LL/LL128/Simple steps are device loops (store data and flag to the
+#   peer, spin on the local flag, reduce, forward) whose cost is counted in SM cycles, so it
+#   scales with the SM clock: the H100/H200 SXM's 1980 MHz boost over the A100 SXM4's 1410
+#   MHz and the V100 SXM2's 1530 MHz (GPU boost clocks in the comparison tables of NVIDIA's
+#   "A100 Tensor Core GPU Architecture" and "Tesla V100 GPU Architecture" whitepapers; the
+#   H100 SXM5's maximum SM clock as nvidia-smi reports it). An A100 8-GPU ring LL all-reduce
+#   at 8 B: (6.6 + 14 x 0.6) x 1980 / 1410 = 21.1 µs. Checked, not set, by ABCI's A100 runs
+#   (NCCL 2.8.4) in benchmarks/fidelity.py.
+# - blackwell: not a clock effect (B200 clocks match the H100 SXM5's; chipsandcheese, "Nvidia's
+#   B200: Keeping the CUDA Juggernaut Rolling"); measured. Azure ND GB200 v6 results
+#   (github.com/Azure/AI-benchmarking-guide @ 2a370be6, Azure_Results/ND_GB200_v6_results.md,
+#   "NCCL Bandwidth": all_reduce_perf, NCCL 2.25.1, NCCL_ALGO=Ring, 4 GPUs, in-place): 0.19,
+#   0.38, 0.76 GB/s bus bandwidth at 2, 4, 8 KiB, i.e. 16.17 µs each (bytes x 1.5 / busbw);
+#   less the wire time on the one channel NCCL runs them on (NCCL_THREAD_THRESHOLD below:
+#   llMaxBws 282 / 32 channels x 4/6 = 5.875 GB/s; 0.35, 0.70, 1.39 µs), 15.35 µs on average,
+#   where NCCL's tables give ring LL 6.6 + 6 x 0.6 = 10.2 µs: 15.35 / 10.2 = 1.505. One group
+#   size, so one factor for the base and the hop; the run is a source here, not a check
+#   (benchmarks/fidelity.py).
+# Generations without a row (PCIe-class sm86/sm89 boards) keep NCCL's figures.
+NCCL_GEN_LATENCY_SCALE = {"volta": 1980 / 1530, "ampere": 1980 / 1410, "hopper": 1.0,
+                          "blackwell": 1.505}
 # Network post overhead folded into the intra-node hop of a multi-node ring, by host CPU
 # vendor (getNetOverhead; anything but x86 Intel/AMD: 1 µs), ×3 for Simple; and the
 # multi-node ring Simple all-reduce latency factor beyond 64 B per channel-rank.
@@ -146,6 +182,15 @@ NCCL_DUP_CHANNELS_SM90_SPEED = (50.0, 4)
 # 2``, at most MAXCHANNELS = 64); every p2p operation runs on these compute channels.
 NCCL_MAX_CHANNELS = 64
 NCCL_COMPUTE_CHANNELS_PER_SEARCH = 2
+# enqueue.cc ``topoGetAlgoInfo``: the channels a ring or tree kernel runs on shrink with the
+# message: one is dropped while bytes < channels × threads × threshold. Per-thread thresholds
+# (comm.h ``NCCL_{LL,LL128,SIMPLE}_THREAD_THRESHOLD``; tuning.cc multiplies the ring's LL one
+# by the ranks) and the protocols' default threads (device.h ``NCCL_LL_MAX_NTHREADS``,
+# ``NCCL_LL128_MAX_NTHREADS``, ``NCCL_SIMPLE_MAX_NTHREADS``; tuning.cc maxThreads: a ring's
+# Simple runs 256 threads where its graph carries at most ``PCI_BW`` = 12 GB/s, topo.h).
+NCCL_THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
+NCCL_MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
+NCCL_SLOW_RING_SIMPLE = (12.0, 256)  # (PCI_BW GB/s, Simple threads at or below it)
 # NVLS (search.cc): one channel per GPU of the node (``maxChannels = min(NCCL_MAX_NVLS_ARITY
 # = 32, ngpus)``, ``minChannels = maxChannels`` on one node); a channel's head GPU carries
 # twice the channel's speed on its NVLinks (``ncclTopoSearchTryNvls``: ``d == g ? 2 : 1``),

@@ -1,0 +1,127 @@
+"""Small messages as NCCL runs them: latencies by GPU generation (nccl_tables: NCCL-gen)
+and the channels a small message runs on (enqueue.cc).
+
+NCCL's ``baseLat``/``hwLat`` describe Hopper; the node-local part is scaled per generation:
+by the SM clock ratio on Volta and Ampere (1980 MHz H100 SXM5 over 1410 MHz A100 SXM4,
+1530 MHz V100 SXM2), by a measured floor on Blackwell (15.35 µs / 10.2 µs = 1.505). Every
+expected value below is worked by hand from those figures and NCCL 2.30.7's tables.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treeattn.sim.nccl.collectives import OPS, GroupShape, candidates, collective_cost, p2p_cost
+from treeattn.topo import Topology
+
+AMPERE = 1980 / 1410
+# the Azure GB200 floor, the 2, 4 and 8 KiB rows (bytes × 1.5 / busbw) less their time on
+# one channel at 282 / 32 × 4/6 GB/s, over NCCL's 4-GPU ring LL 10.2 µs
+BLACKWELL = sum(b * 1.5 / bus / 1e3 - b / (1e3 * 282 / 32 * 4 / 6)
+                for b, bus in ((2048, 0.19), (4096, 0.38), (8192, 0.76))) / 3 / 10.2
+RING_LL_BASE, NVLINK_LL_HOP = 6.6, 0.6  # tuning.cc baseLat[ring][LL], hwLat[NVLink][ring][LL]
+
+
+@cache
+def shape(spec: str, n: int) -> GroupShape:
+    return GroupShape.of(Topology.from_spec(spec), range(n))
+
+
+def test_a100_8_gpu_ring_ll_all_reduce_at_8_bytes_by_hand():
+    # 2 (n - 1) = 14 NVLink LL hops after the base, × the clock ratio; the wire: 8 B on one
+    # of the 24 channels (2 × 12 search channels) of the ring LL bus bandwidth,
+    # min(llMaxBws[ampere] = 87.7, 0.5 × 12 × 20) = 87.7 GB/s, times n / (2 (n - 1)) = 8 / 14
+    cost = collective_cost("all_reduce", 8, shape("dgx-a100", 8))
+    latency = (RING_LL_BASE + 14 * NVLINK_LL_HOP) * AMPERE
+    assert (cost.algorithm, cost.protocol) == ("ring", "LL")
+    assert cost.latency_s * 1e6 == pytest.approx(latency, rel=1e-9)
+    wire = 8 / (1000 * 87.7 / 24 * 8 / 14)
+    assert cost.time_s * 1e6 == pytest.approx(latency + wire, rel=1e-9)
+    assert cost.time_s * 1e6 == pytest.approx(21.068, abs=1e-3)
+
+
+def test_a100_per_ring_step_grows_by_the_clock_ratio():
+    # 2 GPUs: 2 hops; 8 GPUs: 14 hops. The 12 extra hops cost 12 × 0.6 × 1980/1410 µs
+    two = collective_cost("all_reduce", 8, shape("dgx-a100", 2), algorithm="ring")
+    eight = collective_cost("all_reduce", 8, shape("dgx-a100", 8), algorithm="ring")
+    assert (eight.latency_s - two.latency_s) * 1e6 == pytest.approx(12 * 0.6 * AMPERE)
+    assert two.latency_s * 1e6 == pytest.approx((6.6 + 2 * 0.6) * AMPERE)
+
+
+def test_hopper_keeps_nccls_figures():
+    for spec in ("dgx-h100", "hgx-h200"):
+        cost = collective_cost("all_reduce", 8, shape(spec, 8))
+        assert cost.latency_s * 1e6 == pytest.approx(6.6 + 14 * 0.6)
+
+
+def test_gb200_4_gpu_ring_ll_floor_is_the_measured_one():
+    # the source rows: 16.17 µs at 2-8 KiB on 4 GB200s, less one channel's wire time
+    cost = collective_cost("all_reduce", 8, shape("gb200-nvl72", 4))
+    assert (cost.algorithm, cost.protocol) == ("ring", "LL")
+    assert cost.latency_s * 1e6 == pytest.approx(10.2 * BLACKWELL, rel=2e-3)
+    assert cost.latency_s * 1e6 == pytest.approx(15.35, abs=0.02)
+
+
+def test_network_hop_keeps_nccls_figure_off_hopper():
+    # across hosts a p2p message is Simple (no LL buffers on net connections): the ring
+    # Simple base 8.4 µs scales with the generation, the tree's network Simple hop 14 µs
+    # (a NIC's cost) does not
+    cost = p2p_cost(1024, shape("dgx-a100:nodes=2", 16), across_nodes=True)
+    assert cost.protocol == "Simple"
+    assert cost.latency_s * 1e6 == pytest.approx(8.4 * AMPERE + 14.0)
+
+
+def test_rccl_is_not_scaled():
+    # RCCL keeps its own per-arch tables (tuning_model_5 on gfx942)
+    assert shape("mi300x", 8).gen_lat_scale == 1.0
+
+
+SPECS = {"dgx-a100": 8, "dgx-h100": 8, "hgx-h200": 8, "dgx-b200": 8, "gb200-nvl72": 16,
+         "mi300x": 8, "dgx-h100:nodes=2": 16}
+
+
+@settings(max_examples=80, deadline=None)
+@given(spec=st.sampled_from(sorted(SPECS)), op=st.sampled_from(OPS),
+       nbytes=st.integers(8, 8192), data=st.data())
+def test_latency_never_falls_when_the_group_grows(spec, op, nbytes, data):
+    """In the LL regime (a few KiB), a bigger group of the same machine never has a lower
+    latency floor: every algorithm adds hops (or keeps them) as ranks are added."""
+    top = SPECS[spec]
+    small = data.draw(st.integers(2, top - 1))
+    big = data.draw(st.integers(small + 1, top))
+
+    def floor(n):
+        return min(c.latency_s for c in candidates(op, nbytes, shape(spec, n)))
+
+    assert floor(big) >= floor(small) - 1e-12
+
+
+def test_small_messages_run_on_fewer_channels_as_nccl_sizes_them():
+    """enqueue.cc: a channel is dropped while bytes < channels × threads × threshold; the
+    ring's LL threshold is 8 B × ranks per thread (512 threads), the tree's 8 B, LL128's 8 B
+    (640 threads), Simple's 64 B (512 threads). A DGX H100 runs 2 × 12 = 24 channels."""
+    from treeattn.sim.nccl.collectives import run_channels
+
+    h100 = shape("dgx-h100", 8)
+    assert run_channels("ring", 0, 65536, h100) == (65536 / (512 * 8 * 8), 24)  # 2 channels
+    assert run_channels("tree", 0, 65536, h100) == (65536 / (512 * 8), 24)  # 16
+    assert run_channels("ring", 1, 65536, h100) == (65536 / (640 * 8), 24)  # 12.8
+    assert run_channels("ring", 2, 65536, h100) == (2.0, 24)
+    assert run_channels("ring", 0, 8, h100) == (1.0, 24)  # never below one channel
+    assert run_channels("ring", 0, 1 << 30, h100) == (24, 24)
+    assert run_channels("nvls", 2, 8, h100) == (24, 24)  # NVLS sizes its channels otherwise
+
+
+def test_a100_ring_ll_at_64_kib_moves_on_two_channels():
+    # 8 GPUs, 64 KiB: 2 of 24 channels of the 87.7 GB/s LL bus, × 8/14 for the algorithm
+    # bandwidth, after the clock-scaled 15.0 µs latency (ABCI's 8 A100s measured 39.3 µs)
+    cost = collective_cost("all_reduce", 65536, shape("dgx-a100", 8), algorithm="ring",
+                           protocol="LL")
+    wire = 65536 / (1000 * 87.7 * 2 / 24 * 8 / 14)
+    assert cost.time_s * 1e6 == pytest.approx(15.0 * AMPERE + wire, rel=1e-9)
+    # NCCL picks by its own estimate, which assumes every channel
+    assert cost.tuner_s * 1e6 == pytest.approx(15.0 * AMPERE + 65536 / (1000 * 87.7 * 8 / 14))
