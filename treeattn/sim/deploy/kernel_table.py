@@ -4,8 +4,9 @@
 format is in ``docs/token.md``), fits each kind's fixed cost and achieved HBM rate, and
 writes a profile whose hardware model replaces the sourced defaults of
 :mod:`treeattn.sim.devices` for that GPU: ``predict --token`` reads the weights at the
-fitted GEMM rate of their dtype, the KV cache at the fitted attention rate, and charges
-every kernel the fitted fixed cost.
+fitted GEMM rate of their dtype, the KV cache by the attention fit (in place of the sourced
+grid model of :mod:`treeattn.sim.decode_kernels`), and charges every small kernel the GEMMs'
+fitted fixed cost.
 
 Each row is one kernel the token model runs:
 
@@ -205,9 +206,12 @@ def hardware_from_kernels(profile: dict):
                       int(f["points"])) for f in profile["kernels"]["fits"]]
     attention = next((f for f in fits if f.kind == "attention"), None)
     gemms = [f for f in fits if f.kind == "gemm"]
-    launch = (attention.fixed_s if attention is not None
-              else sum(f.fixed_s for f in gemms) / len(gemms))
+    gemm_fixed = sum(f.fixed_s for f in gemms) / len(gemms) if gemms else None
+    launch = attention.fixed_s if attention is not None else gemm_fixed
+    # one GEMM is one kernel: the GEMMs' fixed cost prices every small kernel; without GEMM
+    # rows, half the attention's (a decode attention is a split kernel and its combine)
+    kernel = gemm_fixed if gemm_fixed is not None else attention.fixed_s / 2
     return replace(base, memory_bandwidth_Bps=(attention.bytes_per_s if attention is not None
                                                else base.memory_bandwidth_Bps),
-                   launch_s=launch,
+                   launch_s=launch, kernel_s=kernel, attention_measured=attention is not None,
                    gemm_bandwidth=tuple((f.dtype, f.bytes_per_s) for f in gemms))

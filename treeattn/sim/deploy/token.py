@@ -8,11 +8,13 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
   step_weight_reads`) at the GPU's hardware model (:class:`treeattn.sim.devices.
   HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak)``), in the weight dtype (``bf16`` or
   ``fp8``);
-* **kernels**: every kernel of a layer outside attention pays the hardware model's fixed
-  cost per step (``launch_s``, 4 µs on GPUs, the fixed part treeattn's own decode kernel
-  showed as a CUDA-graph replay on an H200, see :mod:`treeattn.sim.devices`). The kernels
-  per layer (:data:`KERNELS_PER_LAYER`) are counted by hand from vLLM's model code
-  (below); fusion by ``torch.compile`` can merge a few elementwise ones, so this errs high;
+* **kernels**: every kernel of a layer outside attention pays the fixed cost of a small
+  kernel replayed in a CUDA graph (the engines replay the whole step as one graph:
+  ``HardwareModel.graph_kernel_s``, 2.4 µs, sourced per GPU generation in
+  :mod:`treeattn.sim.decode_kernels`). The kernels per layer (:data:`KERNELS_PER_LAYER`)
+  are counted by hand from vLLM's model code (below), plus, with FP8 weights, the
+  activation quantisation before each FP8 linear; fusion by ``torch.compile`` can merge a
+  few elementwise ones, so this errs high;
 * **TP all-reduces**: two per layer (after the attention output projection and after the
   MLP or experts) of ``B × hidden`` activations, plus the vocabulary-parallel embedding's
   all-reduce and the LM head's all-gather of the logits, each priced by the collective
@@ -20,8 +22,11 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
   the fastest of the allowed transports that runs it there (inside one NVLink domain the
   engines run their TP all-reduce on symmetric memory: :mod:`treeattn.sim.onesided`), the
   same transports the attention merge is planned on;
-* **attention and its merge**, per layer: with the sequence on one rank, the attention of
-  the rank's heads over the whole cache (one compute step); otherwise the planner's pick
+* **attention and its merge**, per layer: with the sequence on one rank, the engine's
+  decode kernel over the rank's heads and the whole cache: its split-KV grid on the GPU's
+  SMs, each CTA streaming at its own rate, so one or two KV heads at batch 1 read well
+  under the HBM rate (:func:`treeattn.sim.decode_kernels.engine_decode_attention_s`);
+  otherwise the planner's pick
   (:func:`treeattn.sim.planning.planner.plan_workload`) for the attention view of the split:
   the heads over ``tp / dcp`` ranks, the sequence over ``dcp × cp``, the KV in its own dtype.
   With ``dcp > 1`` the TP ranks hold different heads, so the queries of the DCP group are first
@@ -72,6 +77,7 @@ from treeattn.schedule.workload import (
     DecodeWorkload,
     ModelConfig,
 )
+from treeattn.sim.decode_kernels import FP8_QUANT_KERNELS, engine_decode_attention_s
 from treeattn.sim.deploy.capacity import (
     MemoryCheck,
     Split,
@@ -93,14 +99,21 @@ KERNELS_PER_LAYER = {"gqa_attention": 5, "mla_attention": 11, "dense_mlp": 3,
 KERNELS_PER_STEP = 3
 
 
-def kernels_per_step(model: ModelConfig) -> int:
-    """Kernels one decode step launches outside attention (see the module docstring)."""
-    k = KERNELS_PER_LAYER
-    attention = k["mla_attention"] if model.is_mla else k["gqa_attention"] + k["gqa_post_norm"]
+def kernels_per_step(model: ModelConfig, weights_dtype: str = "bfloat16") -> int:
+    """Kernels one decode step launches outside attention (see the module docstring); with
+    FP8 weights, plus the activation quantisation before each FP8 linear
+    (:data:`treeattn.sim.decode_kernels.FP8_QUANT_KERNELS`)."""
+    counts = [KERNELS_PER_LAYER]
+    if str(weights_dtype).startswith("float8"):
+        counts.append(FP8_QUANT_KERNELS)
     moe_layers = model.n_layers - model.first_dense_layers if model.is_moe else 0
     dense_layers = model.n_layers - moe_layers
-    return (model.n_layers * attention + dense_layers * k["dense_mlp"] + moe_layers * k["moe"]
-            + KERNELS_PER_STEP)
+    total = KERNELS_PER_STEP
+    for k in counts:
+        attention = (k["mla_attention"] if model.is_mla
+                     else k["gqa_attention"] + k.get("gqa_post_norm", 0))
+        total += model.n_layers * attention + dense_layers * k["dense_mlp"] + moe_layers * k["moe"]
+    return total
 
 
 @dataclass
@@ -231,7 +244,7 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
         slower = weight_read_factor(normalize_model(topo.gpu_model(0)), wdt, hw.name)
         parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
                                for _, count, nbytes, flops in reads)
-    parts["kernels"] = kernels_per_step(model) * hw.launch_s
+    parts["kernels"] = kernels_per_step(model, wdt) * hw.graph_kernel_s
 
     tp_ranks = list(range(split.tp))
     hidden = batch * model.dim * act
@@ -246,7 +259,15 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     view = attention_view(model, split, seq_len, batch, kdt)
     if split.seq_ranks == 1:
         local = group_workload(view) if split.attention_tp > 1 else view
-        layer_s = hw.compute_time(local.attention_bytes(seq_len), local.attention_flops(seq_len))
+        nbytes, flops = local.attention_bytes(seq_len), local.attention_flops(seq_len)
+        if hw.attention_measured:  # the user's kernel table's attention fit
+            layer_s = hw.compute_time(nbytes, flops)
+        else:  # the engine's split-KV kernel on this GPU's SMs (decode_kernels)
+            layer_s = engine_decode_attention_s(
+                hw, normalize_model(topo.gpu_model(0)), nbytes, local.kv_bytes(seq_len),
+                flops, batch=batch,
+                kv_heads=local.model.n_kv_heads, q_heads=local.model.n_heads,
+                context=seq_len, mla=model.is_mla)
         merge, system = "none", "no merge (the sequence on one rank)"
     else:
         chosen = plan_workload(topo, view, hardware, backend, algorithms=algorithms,
