@@ -46,7 +46,7 @@ MISSES = {
     "meta-cp-405b-tp32-128k": (
         "Predicted 1.67× fast. Published, TP32 is slower than TP16 (47.3 against 39.5 ms): "
         "all-reduces across four nodes cost more than the halved weight reads save. The model "
-        "has TP32 faster than TP16 (28.3 against 32.5 ms): its 252 all-reduces of 32 "
+        "has TP32 faster than TP16 (28.4 against 32.6 ms): its 252 all-reduces of 32 "
         "KiB across four nodes cost 40 µs each (10.1 ms), where the published step implies "
         "well over twice that beyond the TP8 point's gap. The ranking against CP4 × TP8 on "
         "the same 32 GPUs is reproduced."),

@@ -70,17 +70,27 @@ def test_fa_split_heuristic_by_hand():
     assert fa_num_splits(4, 132, 4) == 1  # four N-blocks or fewer: never split
     assert fa_num_splits(106, 132, 1000) == 1  # 106 >= 0.8 × 132: the grid is full
     # batch 1, 1 KV head of 8 query heads at 128k under vLLM's cap: 28 CTAs and a combine
-    assert engine_decode_grid(1, 1, 8, 131072, 132) == (28, 2)
+    grid = engine_decode_grid(1, 1, 8, 131072, "H100")
+    assert (grid.ctas, grid.blocks, grid.kernels) == (28, 37, 2)  # ceil(1024 / 28) blocks
+    # FA2 on an A100 (2 × 108 SMs counted), 32 N-blocks: efficiency s/216 is best at 32
+    # splits; 85% of it needs 28 or more, and 28-31 leave 2 blocks a split as 27 does (not
+    # eligible), so 32
+    assert fa_num_splits(1, 216, 32, fa2=True) == 32
+    assert engine_decode_grid(1, 1, 8, 4096, "A100").ctas == 32
+    # FlashInfer on Blackwell and MI300X's kernels fill the GPU: no grid limit
+    assert engine_decode_grid(1, 1, 8, 131072, "B200") is None
+    assert engine_decode_grid(1, 1, 8, 131072, "MI300X") is None
 
 
 def test_one_kv_head_at_batch_1_reads_at_its_ctas_rate():
-    """Llama-3.1-70B on 8 H100s, batch 1, 128k: one KV head per GPU, 64 MiB of K+V read by
-    28 CTAs at 50.3 GB/s each (1.41 TB/s of the model's 3.0), plus two kernels."""
+    """Llama-3.1-70B on 8 H100s, batch 1, 128k: one KV head per GPU, 1024 N-blocks of 64 KiB
+    of K+V over 28 CTAs, the longest walking 37 at 50.3 GB/s (1.3 TB/s of the model's 3.0),
+    plus two kernels."""
     hw = HARDWARE["H100"]
     nbytes = 2 * 131072 * 128 * 2
     t = engine_decode_attention_s(hw, "H100", nbytes, nbytes, 0, batch=1, kv_heads=1,
                                   q_heads=8, context=131072)
-    assert t == pytest.approx(nbytes / (28 * CTA_STREAM_BPS) + 2 * GRAPH_KERNEL_S["hopper"])
+    assert t == pytest.approx(37 * 65536 / CTA_STREAM_BPS + 2 * GRAPH_KERNEL_S["hopper"])
     assert t > 1.5 * hw.compute_time(nbytes)  # the slowdown the plain HBM model misses
 
 
@@ -113,3 +123,21 @@ def test_fewer_kv_heads_are_never_faster_at_the_same_bytes(gpu, batch, log_heads
     if heads > 1:
         assert price(heads // 2, context * 2) >= wide * (1 - 1e-12)
     assert wide >= nbytes / hw.memory_bandwidth_Bps  # never faster than HBM
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(SM_COUNT)), st.integers(1, 8), st.integers(0, 4),
+       st.integers(1024, 200_000), st.integers(1, 4096), st.sampled_from([1, 8, 16, 128]),
+       st.booleans())
+def test_a_longer_context_is_never_faster(gpu, batch, log_heads, context, more, group, mla):
+    """From 1k tokens up, more cached tokens never take less time: the grid's critical path
+    is whole N-blocks of its longest split, and the splits only grow with the blocks."""
+    hw, heads = HARDWARE[gpu], 2 ** log_heads
+
+    def price(t):
+        nbytes = 2 * batch * heads * t * 256
+        return engine_decode_attention_s(hw, gpu, nbytes, nbytes, 0, batch=batch,
+                                         kv_heads=heads, q_heads=heads * group, context=t,
+                                         mla=mla)
+
+    assert price(context + more) >= price(context) * (1 - 1e-12)

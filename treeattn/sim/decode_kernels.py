@@ -39,24 +39,26 @@ blackwell   148   2.4 µs (-)   SMs: Chips and Cheese, "Nvidia's B200: Keeping t
 cdna3       304   2.4 µs (-)   CUs: AMD CDNA 3 whitepaper (MI300X: 304 compute units)
 ==========  ====  ===========  ==================================================================
 
-The split heuristics the engines' decode kernels use (read at the commits named):
+Which decode kernel runs, and its grid: vLLM's by generation (:data:`DECODE_KERNEL`), read at
+the commits named:
 
-* FlashAttention 3, ``hopper/heuristics.h`` ``num_splits_heuristic``
+* FlashAttention 3 (Hopper, GQA and MLA), ``hopper/heuristics.h`` ``num_splits_heuristic``
   (Dao-AILab/flash-attention@13d0fd9): with ``total_mblocks`` = batch × KV heads × M-blocks
-  (decode packs a KV head's query heads into one M-block) at or above 0.8 × SMs, no split;
-  with 4 or fewer N-blocks, no split; otherwise the fewest splits whose wave efficiency
-  ``n/ceil(n)`` (``n`` = total_mblocks × splits / SMs) reaches 85% of the best over
-  ``1 .. min(max_splits, SMs, N-blocks)``. ``hopper/tile_size.h`` (@07602ad) gives the N-block
-  at head dim 128 as 128 tokens on a paged cache without TMA (vLLM's 16-token pages) and at
-  most 176 otherwise; :data:`BLOCK_N` takes 128. FlashAttention 2's
-  ``csrc/flash_attn/flash_api.cpp`` (@765fbd9) runs the same efficiency rule with the same
-  N-block at head dim 128.
-* vLLM caps the splits under full CUDA graphs at
-  ``VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH``, default 32 (``vllm/envs.py``; used as
-  ``max_num_splits`` in ``vllm/v1/attention/backends/flash_attn.py``, vllm-project/vllm@5704f34),
+  (decode packs a KV head's query heads into 64-row M-blocks) at or above 0.8 × SMs, no
+  split; with 4 or fewer N-blocks, no split; otherwise the fewest splits whose wave
+  efficiency ``n/ceil(n)`` (``n`` = total_mblocks × splits / SMs) reaches 85% of the best
+  over ``1 .. min(max_splits, SMs, N-blocks)``. ``hopper/tile_size.h`` (@07602ad): at head
+  dim 128 the N-block is 128 tokens on a paged cache without TMA (vLLM's 16-token pages),
+  at MLA's 576/512 it is 64. vLLM caps the splits under full CUDA graphs at
+  ``VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH``, default 32 (``vllm/envs.py``; set as
+  ``max_num_splits`` by the FA3 metadata builders of
+  ``vllm/v1/attention/backends/flash_attn.py`` and its MLA twin, vllm-project/vllm@5704f34),
   so that the partials' buffers can be allocated at capture: :data:`ENGINE_MAX_SPLITS`.
-* FlashMLA (MLA models) sizes its grid to the SMs whatever the batch (its tile scheduler,
-  ``get_mla_metadata``), so an MLA decode reads at the GPU's full rate.
+* FlashAttention 2 (Ampere), ``csrc/flash_attn/flash_api.cpp`` (@765fbd9): the same rule
+  called with twice the SMs and up to 128 splits, skipping split counts that leave the
+  blocks per split unchanged; 64 × 128 tiles at head dim 128; vLLM's cap does not apply.
+* FlashInfer (Blackwell, GQA and MLA): its decode planner splits the KV until the grid
+  reaches blocks per SM × SMs, so the grid fills the GPU and the KV reads at the HBM rate.
 
 Per-CTA streaming rate (:data:`CTA_STREAM_BPS`): a CTA keeps a bounded number of K/V tiles in
 flight, so by Little's law it streams at (bytes in flight) / (memory latency) whatever the
@@ -77,6 +79,7 @@ planner's Compute steps price that kernel and are not changed here.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from treeattn.schedule.payloads import SimError
 
@@ -100,10 +103,27 @@ GRAPH_KERNEL_SOURCES = {
 FORCED_GRID_GBPS = (3106.2, 3338.0)
 FORCED_GRID_CTAS = 64
 CTA_STREAM_BPS = sum(FORCED_GRID_GBPS) / len(FORCED_GRID_GBPS) / FORCED_GRID_CTAS * 1e9
-BLOCK_N = 128  # FlashAttention's N-block at head dim 128 on a paged KV cache
-M_BLOCK = 64  # FA3's decode M-block (one MMA warp group) that packs a KV head's query heads
 FA_MAX_SPLITS = 128  # the limit FlashAttention passes to its heuristic
-ENGINE_MAX_SPLITS = 32  # vLLM's cap under full CUDA graphs (see the module docstring)
+ENGINE_MAX_SPLITS = 32  # vLLM's cap on FA3's splits under full CUDA graphs
+#: The decode-attention kernel vLLM runs, by generation and attention kind: FLASH_ATTN (FA3 on
+#: Hopper, FA2 before it) and FLASH_ATTN_MLA head its priorities except on compute capability
+#: 10, where FLASHINFER and FLASHINFER_MLA do (``vllm/platforms/cuda.py``
+#: ``_get_backend_priorities``, vllm-project/vllm@5704f34). ``fills``: a kernel whose planner
+#: sizes the grid to the GPU (FlashInfer's decode plan splits the KV until batch × KV heads ×
+#: chunks reaches its ``max_grid_size``, blocks per SM × SMs: ``include/flashinfer/attention/
+#: scheduler.cuh``), or one whose split rule has no source here (MLA before Hopper, AMD).
+DECODE_KERNEL = {"ampere": {"gqa": "fa2", "mla": "fills"},
+                 "hopper": {"gqa": "fa3", "mla": "fa3"},
+                 "blackwell": {"gqa": "flashinfer", "mla": "flashinfer"}}
+#: Per FlashAttention kernel: (M-block, N-block at head dim 128, N-block of MLA's 576/512
+#: heads, CTAs per SM the heuristic counts, CTAs resident per SM, the cap vLLM passes).
+#: FA3 (``hopper/tile_size.h``): decode packs a KV head's query heads into one 64-row M-block
+#: (one MMA warp group), 128-token N-blocks on vLLM's paged cache, 64 for MLA; one CTA per SM.
+#: FA2 (``csrc/flash_attn/flash_api.cpp``, ``run_mha_fwd_splitkv_dispatch``): 64 × 128 tiles of
+#: 4 warps, the heuristic called with twice the SMs, no vLLM cap (its cap needs FA3's
+#: ahead-of-time scheduler).
+FA_TILES = {"fa3": (64, 128, 64, 1, 1, ENGINE_MAX_SPLITS),
+            "fa2": (64, 128, 64, 2, 2, FA_MAX_SPLITS)}
 
 #: FP8 activation-quantisation kernels per block of a layer, one before each FP8 linear:
 #: vLLM's W8A8 FP8 linear quantises its input per call (dynamic per-token scales; DeepSeek's
@@ -131,72 +151,108 @@ def graph_kernel_s(gpu_model: str) -> float | None:
 
 
 def fa_num_splits(total_mblocks: int, num_sms: int, num_n_blocks: int,
-                  max_splits: int = FA_MAX_SPLITS) -> int:
-    """FlashAttention 3's ``num_splits_heuristic`` for a decode (no causal mask, a KV head
-    shorter than the L2 split rule needs): the fewest splits within 85% of the best wave
-    efficiency.
+                  max_splits: int = FA_MAX_SPLITS, *, fa2: bool = False) -> int:
+    """FlashAttention's ``num_splits_heuristic`` for a decode (no causal mask, a KV head
+    shorter than FA3's L2 split rule needs): the fewest splits within 85% of the best wave
+    efficiency. FA3 never splits 4 N-blocks or fewer; FA2 skips a split count that leaves
+    the blocks per split unchanged.
 
     >>> fa_num_splits(1, 132, 32)  # batch 1, one KV head, 4k tokens: 28 of 132 SMs
     28
     >>> fa_num_splits(1, 132, 1024, max_splits=32)  # 128k tokens under vLLM's graph cap
     28
+    >>> fa_num_splits(1, 216, 32, fa2=True)  # FA2 on an A100: 28-31 leave 2 blocks a split
+    32
     >>> fa_num_splits(128, 132, 1024)  # enough CTAs already
     1
     """
     if total_mblocks < 1 or num_sms < 1:
         raise SimError("a decode grid needs at least one CTA and one SM")
-    if total_mblocks >= 0.8 * num_sms or num_n_blocks <= 4:
+    if total_mblocks >= 0.8 * num_sms or (not fa2 and num_n_blocks <= 4):
         return 1
     most = min(max_splits, num_sms, num_n_blocks)
+
+    def eligible(splits: int) -> bool:
+        return (not fa2 or splits == 1
+                or math.ceil(num_n_blocks / splits) != math.ceil(num_n_blocks / (splits - 1)))
+
     efficiency = []
     for splits in range(1, most + 1):
         waves = total_mblocks * splits / num_sms
-        efficiency.append(waves / math.ceil(waves))
+        efficiency.append(waves / math.ceil(waves) if eligible(splits) else 0.0)
     best = max(efficiency)
     return next(s for s, e in enumerate(efficiency, start=1) if e >= 0.85 * best)
 
 
-def engine_decode_grid(batch: int, kv_heads: int, q_heads: int, context: int, num_sms: int,
-                       *, mla: bool = False) -> tuple[int, int]:
-    """(CTAs, kernels) of the engine's decode attention over ``context`` cached tokens with
-    ``kv_heads`` KV heads (and ``q_heads`` query heads) per GPU: FlashAttention's split
-    heuristic under vLLM's graph cap, a combine kernel when it splits; FlashMLA fills the SMs.
+@dataclass(frozen=True)
+class DecodeGrid:
+    """The grid of a split-KV decode kernel: ``ctas`` launched, ``resident`` at once,
+    ``blocks`` N-blocks the longest split walks, ``tokens`` it holds, and ``kernels`` (2
+    with the combine)."""
 
-    >>> engine_decode_grid(1, 1, 8, 131072, 132)
-    (28, 2)
-    >>> engine_decode_grid(1, 1, 16, 131072, 132, mla=True)
-    (132, 2)
+    ctas: int
+    resident: int
+    blocks: int
+    tokens: int
+    kernels: int
+
+
+def engine_decode_grid(batch: int, kv_heads: int, q_heads: int, context: int,
+                       gpu_model: str, *, mla: bool = False) -> DecodeGrid | None:
+    """vLLM's decode-attention grid on ``gpu_model`` over ``context`` cached tokens with
+    ``kv_heads`` KV heads and ``q_heads`` query heads per GPU (:data:`DECODE_KERNEL`):
+    FlashAttention's splits, a combine kernel when it splits; None where the kernel fills
+    the GPU or the GPU has no SM count here.
+
+    >>> g = engine_decode_grid(1, 1, 8, 131072, "H200")  # FA3 under vLLM's cap of 32
+    >>> g.ctas, g.blocks, g.kernels  # 1024 N-blocks over 28 splits: 37 each
+    (28, 37, 2)
+    >>> engine_decode_grid(1, 1, 16, 8192, "H200", mla=True).ctas  # MLA's 64-token blocks
+    28
+    >>> engine_decode_grid(1, 1, 8, 131072, "A100").ctas  # FA2, up to 128 splits
+    114
+    >>> engine_decode_grid(1, 1, 8, 131072, "B200") is None  # FlashInfer fills the SMs
+    True
     """
-    if mla:
-        return num_sms, 2
-    m_blocks = math.ceil(max(1, q_heads // max(1, kv_heads)) / M_BLOCK)
-    total = batch * kv_heads * m_blocks
-    n_blocks = math.ceil(max(1, context) / BLOCK_N)
-    splits = fa_num_splits(total, num_sms, n_blocks, min(FA_MAX_SPLITS, ENGINE_MAX_SPLITS))
-    return total * splits, 2 if splits > 1 else 1
+    sms = SM_COUNT.get(str(gpu_model))
+    kernel = DECODE_KERNEL.get(generation(gpu_model), {}).get("mla" if mla else "gqa")
+    if not sms or kernel not in FA_TILES:
+        return None
+    m_block, n_block, mla_n_block, counted, resident, cap = FA_TILES[kernel]
+    rows = max(1, q_heads // max(1, kv_heads))  # the query heads packed on each KV head
+    total = batch * kv_heads * math.ceil(rows / m_block)
+    n_blocks = math.ceil(max(1, context) / (mla_n_block if mla else n_block))
+    splits = fa_num_splits(total, counted * sms, n_blocks, cap, fa2=kernel == "fa2")
+    blocks = math.ceil(n_blocks / splits)
+    return DecodeGrid(total * splits, resident * sms, blocks,
+                      min(context, blocks * (mla_n_block if mla else n_block)),
+                      2 if splits > 1 else 1)
 
 
 def engine_decode_attention_s(hw, gpu_model: str, nbytes: float, kv_bytes: float,
                               flops: float, *, batch: int, kv_heads: int, q_heads: int,
                               context: int, mla: bool = False) -> float:
     """Seconds of one layer's decode attention in the engine's kernel on ``hw`` (a
-    :class:`~treeattn.sim.devices.HardwareModel`): of the ``nbytes`` it touches, the
-    ``kv_bytes`` of cache read at the lesser of the GPU's rate and its busy SMs' streaming
-    rate (one CTA per SM, :data:`CTA_STREAM_BPS` each), the rest (query, partials) at the
-    GPU's rate; plus each kernel's graph-replay fixed cost. A GPU with no SM count here
-    reads at its full rate.
+    :class:`~treeattn.sim.devices.HardwareModel`): the ``kv_bytes`` of cache read in the
+    longest of three: at the GPU's rate, at the resident CTAs' streaming rate
+    (:data:`CTA_STREAM_BPS` each), and the longest split streamed by one CTA (the grid's
+    critical path, whole N-blocks); the rest of the ``nbytes``
+    (query, partials) at the GPU's rate; plus each kernel's graph-replay fixed cost. Where
+    the kernel fills the GPU it reads at the GPU's full rate.
 
     >>> from treeattn.sim.devices import HARDWARE
     >>> one = engine_decode_attention_s(HARDWARE["H200"], "H200", 2**25, 2**25, 0, batch=1,
     ...                                 kv_heads=1, q_heads=8, context=2**16)
-    >>> round(one * 1e6, 1)  # 33.6 MB over 28 CTAs at 50.3 GB/s, plus two kernels
-    28.6
+    >>> round(one * 1e6, 1)  # 19 of 512 blocks of 64 KiB a CTA at 50.3 GB/s, two kernels
+    29.5
     """
-    sms = SM_COUNT.get(str(gpu_model))
     rate = hw.bandwidth_at(nbytes)
-    kv_rate, kernels = rate, 2
-    if sms:
-        ctas, kernels = engine_decode_grid(batch, kv_heads, q_heads, context, sms, mla=mla)
-        kv_rate = min(rate, min(ctas, sms) * CTA_STREAM_BPS)
-    read = kv_bytes / kv_rate + max(0.0, nbytes - kv_bytes) / rate
+    kv_s, kernels = kv_bytes / rate, 2
+    grid = engine_decode_grid(batch, kv_heads, q_heads, context, gpu_model, mla=mla)
+    if grid is not None:
+        token_bytes = kv_bytes / (batch * kv_heads * max(1, context))  # one head's token
+        busy = min(grid.ctas, grid.resident) * CTA_STREAM_BPS  # the grid's streaming rate
+        kv_s = max(kv_s, kv_bytes / busy, grid.tokens * token_bytes / CTA_STREAM_BPS)
+        kernels = grid.kernels
+    read = kv_s + max(0.0, nbytes - kv_bytes) / rate
     return max(read, flops / hw.peak_flops) + kernels * hw.graph_kernel_s
