@@ -141,10 +141,10 @@ def generation(gpu_model: str) -> str:
     return ARCH_OF_MODEL.get(str(gpu_model), "")
 
 
-def graph_kernel_s(gpu_model: str) -> float | None:
+def generation_kernel_s(gpu_model: str) -> float | None:
     """Sourced fixed cost of one small kernel in a graph replay on ``gpu_model``, or None.
 
-    >>> graph_kernel_s("H200"), graph_kernel_s("cpu")
+    >>> generation_kernel_s("H200"), generation_kernel_s("cpu")
     (2.4e-06, None)
     """
     return GRAPH_KERNEL_S.get(generation(gpu_model))

@@ -62,7 +62,7 @@ import math
 from dataclasses import dataclass, field
 
 from treeattn.schedule.payloads import SimError
-from treeattn.sim.decode_kernels import graph_kernel_s
+from treeattn.sim.decode_kernels import generation_kernel_s
 from treeattn.sim.host_model import HostSpec
 from treeattn.topo.hardware import GPU_SPECS
 
@@ -99,8 +99,8 @@ class HardwareModel:
     # nothing, as on a GPU cluster
     host: HostSpec | None = None
     # Fixed cost of one small kernel replayed in a CUDA graph (the whole-token model's kernels
-    # outside attention; treeattn.sim.decode_kernels.GRAPH_KERNEL_S); 0: half of launch_s, a
-    # Compute step being two kernels
+    # outside attention; treeattn.sim.decode_kernels.GRAPH_KERNEL_S); 0: launch_s, where no
+    # generation figure is sourced (and on CPUs, which replay no graph)
     kernel_s: float = 0.0
     # True where a measured kernel table's attention rows set the bandwidth and launch_s
     # (treeattn.sim.deploy.kernel_table): the whole-token model then prices the engine's
@@ -119,9 +119,11 @@ class HardwareModel:
         """Fixed cost of one small kernel in a CUDA-graph replay (see ``kernel_s``).
 
         >>> HardwareModel("toy", 1e9, 1e12, 4e-6).graph_kernel_s
-        2e-06
+        4e-06
+        >>> HardwareModel("toy", 1e9, 1e12, 4e-6, kernel_s=2.4e-6).graph_kernel_s
+        2.4e-06
         """
-        return self.kernel_s or self.launch_s / 2
+        return self.kernel_s or self.launch_s
 
     def bandwidth_at(self, nbytes: float) -> float:
         """Bytes/s for a step touching ``nbytes`` (see ``bandwidth_shape``).
@@ -225,7 +227,7 @@ HARDWARE: dict[str, HardwareModel] = {
     name: HardwareModel(name, spec.memory_bandwidth * MEMORY_EFFICIENCY.get(name, 1.0),
                         spec.peak_flops, CPU_LAUNCH_S if name == "cpu" else GPU_LAUNCH_S,
                         memory_bytes=float(spec.memory_capacity),
-                        kernel_s=graph_kernel_s(name) or 0.0)
+                        kernel_s=generation_kernel_s(name) or 0.0)
     for name, spec in GPU_SPECS.items()
 }
 
