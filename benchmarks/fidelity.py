@@ -183,6 +183,10 @@ def score_kernels() -> list[dict]:
     out = []
     for table in json.loads(KERNELS.read_text())["tables"]:
         hw = hardware_for(table["gpu"])
+        if table["kind"] == "attention":
+            out += [_attention_point(table, p, hw, width[table["dtype"]])
+                    for p in table["points"]]
+            continue
         dtype = {"fp8": "float8", "bf16": "bfloat16"}.get(table["dtype"], table["dtype"])
         slower = weight_read_factor(table["gpu"], dtype, hw.name)
         for p in table["points"]:
@@ -201,6 +205,25 @@ def score_kernels() -> list[dict]:
                         "predicted_us": round(predicted * 1e6, 3),
                         "ratio": round(predicted / published, 4)})
     return out
+
+
+def _attention_point(table: dict, p: dict, hw, width: int) -> dict:
+    """A published decode attention against :func:`treeattn.sim.decode_kernels.
+    engine_decode_attention_s` for the kernel the source ran: its K and V bytes over the
+    kernel's split-KV grid, plus its kernels' fixed costs."""
+    from treeattn.sim.decode_kernels import engine_decode_attention_s
+
+    kv = 2 * p["batch"] * p["kv_heads"] * p["context"] * p["head_dim"] * width
+    predicted = engine_decode_attention_s(hw, table["gpu"], kv, kv, 0, batch=p["batch"],
+                                          kv_heads=p["kv_heads"], q_heads=p["q_heads"],
+                                          context=p["context"], kernel=table["kernel"])
+    published = p["time_us"] * 1e-6
+    return {"table": table["id"], "url": table["url"], "gpu": table["gpu"],
+            "dtype": table["dtype"], "kind": "attention", "kernel": table["kernel"],
+            "batch": p["batch"], "heads": f"{p['q_heads']}/{p['kv_heads']}",
+            "context": p["context"], "scored": p["scored"],
+            "published_us": p["time_us"], "predicted_us": round(predicted * 1e6, 3),
+            "ratio": round(predicted / published, 4)}
 
 
 def kernel_summary(points: list[dict]) -> list[dict]:
@@ -229,15 +252,29 @@ def kernel_markdown(points: list[dict]) -> str:
                      f"{_pct(g['geo_error'])} | {g['low']:.2f}-{g['high']:.2f} |")
     lines += ["", "| table | GPU | dtype | M | N | K | published µs | predicted µs | ratio | "
               "scored |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for p in points:
+    for p in (p for p in points if p.get("kind") != "attention"):
         lines.append(f"| [{p['table']}]({p['url']}) | {p['gpu']} | {p['dtype']} | {p['m']} | "
                      f"{p['n']} | {p['k']} | {p['published_us']:g} | {p['predicted_us']:g} | "
                      f"{p['ratio']:.2f} | "
                      f"{'yes' if p['scored'] else 'source, not scored'} |")
+    attention = [p for p in points if p.get("kind") == "attention"]
+    if attention:
+        lines += ["", "Decode attention at batch 1 with few KV heads per GPU, priced by the "
+                  "split-KV grid model for the kernel the source ran "
+                  "(`treeattn.sim.decode_kernels`):", "",
+                  "| table | GPU | kernel | dtype | batch | heads (q/kv) | context | "
+                  "published µs | predicted µs | ratio | scored |",
+                  "|---|---|---|---|---:|---|---:|---:|---:|---:|---|"]
+        for p in attention:
+            lines.append(f"| [{p['table']}]({p['url']}) | {p['gpu']} | {p['kernel']} | "
+                         f"{p['dtype']} | {p['batch']} | {p['heads']} | {p['context']} | "
+                         f"{p['published_us']:g} | {p['predicted_us']:g} | {p['ratio']:.2f} | "
+                         f"{'yes' if p['scored'] else 'no'} |")
     for table in json.loads(KERNELS.read_text())["tables"]:
         lines.append("")
         unscored = any(not p["scored"] for p in table["points"])
-        note = f" Source, not scored: {table['why_not_scored']}." if unscored else ""
+        label = "Source, not scored" if table["kind"] == "gemm" else "Not scored"
+        note = f" {label}: {table['why_not_scored']}." if unscored else ""
         lines.append(f"- `{table['id']}`: {table['hardware']}; {table['library']}; "
                      f"{table['source']}.{note}")
     return "\n".join(lines) + "\n"

@@ -141,3 +141,23 @@ def test_a_longer_context_is_never_faster(gpu, batch, log_heads, context, more, 
                                          mla=mla)
 
     assert price(context + more) >= price(context) * (1 - 1e-12)
+
+
+def test_fa3_on_a_contiguous_cache_by_hand():
+    """FlashAttention 3 on a contiguous cache (176-token N-blocks, its own cap of 128), batch
+    1, 32 query / 4 KV heads, 1k tokens: 6 N-blocks, 4 CTAs before splitting; efficiency
+    4s/132 is best at 6 splits and 85% of it needs 6, so 24 CTAs each walk one block of
+    176 tokens × 512 B at 50.3 GB/s, plus a split kernel and its combine."""
+    grid = engine_decode_grid(1, 4, 32, 1024, "H200", kernel="fa3")
+    assert (grid.ctas, grid.blocks, grid.tokens, grid.kernels) == (24, 1, 176, 2)
+    kv = 2 * 4 * 1024 * 128 * 2
+    t = engine_decode_attention_s(HARDWARE["H200"], "H200", kv, kv, 0, batch=1, kv_heads=4,
+                                  q_heads=32, context=1024, kernel="fa3")
+    assert t == pytest.approx(176 * 512 / CTA_STREAM_BPS + 2 * GRAPH_KERNEL_S["hopper"])
+
+
+def test_an_unknown_kernel_is_refused():
+    from treeattn.schedule.payloads import SimError
+
+    with pytest.raises(SimError, match="unknown decode kernel"):
+        engine_decode_grid(1, 1, 8, 4096, "H200", kernel="xqa")

@@ -113,17 +113,20 @@ ENGINE_MAX_SPLITS = 32  # vLLM's cap on FA3's splits under full CUDA graphs
 #: chunks reaches its ``max_grid_size``, blocks per SM × SMs: ``include/flashinfer/attention/
 #: scheduler.cuh``), or one whose split rule has no source here (MLA before Hopper, AMD).
 DECODE_KERNEL = {"ampere": {"gqa": "fa2", "mla": "fills"},
-                 "hopper": {"gqa": "fa3", "mla": "fa3"},
+                 "hopper": {"gqa": "fa3-vllm", "mla": "fa3-vllm"},
                  "blackwell": {"gqa": "flashinfer", "mla": "flashinfer"}}
 #: Per FlashAttention kernel: (M-block, N-block at head dim 128, N-block of MLA's 576/512
 #: heads, CTAs per SM the heuristic counts, CTAs resident per SM, the cap vLLM passes).
 #: FA3 (``hopper/tile_size.h``): decode packs a KV head's query heads into one 64-row M-block
-#: (one MMA warp group), 128-token N-blocks on vLLM's paged cache, 64 for MLA; one CTA per SM.
-#: FA2 (``csrc/flash_attn/flash_api.cpp``, ``run_mha_fwd_splitkv_dispatch``): 64 × 128 tiles of
-#: 4 warps, the heuristic called with twice the SMs, no vLLM cap (its cap needs FA3's
-#: ahead-of-time scheduler).
-FA_TILES = {"fa3": (64, 128, 64, 1, 1, ENGINE_MAX_SPLITS),
+#: (one MMA warp group), 128-token N-blocks on vLLM's paged cache (``fa3-vllm``, with vLLM's
+#: cap) and 176 on a contiguous one (``fa3``, FlashAttention's own cap), 64 for MLA; one CTA
+#: per SM. FA2 (``csrc/flash_attn/flash_api.cpp``, ``run_mha_fwd_splitkv_dispatch``): 64 × 128
+#: tiles of 4 warps, the heuristic called with twice the SMs, no vLLM cap (its cap needs
+#: FA3's ahead-of-time scheduler).
+FA_TILES = {"fa3-vllm": (64, 128, 64, 1, 1, ENGINE_MAX_SPLITS),
+            "fa3": (64, 176, 64, 1, 1, FA_MAX_SPLITS),
             "fa2": (64, 128, 64, 2, 2, FA_MAX_SPLITS)}
+KERNELS = ("fa3-vllm", "fa3", "fa2", "flashinfer", "fills")
 
 #: FP8 activation-quantisation kernels per block of a layer, one before each FP8 linear:
 #: vLLM's W8A8 FP8 linear quantises its input per call (dynamic per-token scales; DeepSeek's
@@ -198,11 +201,13 @@ class DecodeGrid:
 
 
 def engine_decode_grid(batch: int, kv_heads: int, q_heads: int, context: int,
-                       gpu_model: str, *, mla: bool = False) -> DecodeGrid | None:
+                       gpu_model: str, *, mla: bool = False,
+                       kernel: str | None = None) -> DecodeGrid | None:
     """vLLM's decode-attention grid on ``gpu_model`` over ``context`` cached tokens with
     ``kv_heads`` KV heads and ``q_heads`` query heads per GPU (:data:`DECODE_KERNEL`):
     FlashAttention's splits, a combine kernel when it splits; None where the kernel fills
-    the GPU or the GPU has no SM count here.
+    the GPU or the GPU has no SM count here. ``kernel`` (one of :data:`KERNELS`) names
+    another kernel than vLLM's.
 
     >>> g = engine_decode_grid(1, 1, 8, 131072, "H200")  # FA3 under vLLM's cap of 32
     >>> g.ctas, g.blocks, g.kernels  # 1024 N-blocks over 28 splits: 37 each
@@ -215,7 +220,10 @@ def engine_decode_grid(batch: int, kv_heads: int, q_heads: int, context: int,
     True
     """
     sms = SM_COUNT.get(str(gpu_model))
-    kernel = DECODE_KERNEL.get(generation(gpu_model), {}).get("mla" if mla else "gqa")
+    if kernel is None:
+        kernel = DECODE_KERNEL.get(generation(gpu_model), {}).get("mla" if mla else "gqa")
+    elif kernel not in KERNELS:
+        raise SimError(f"unknown decode kernel {kernel!r} (known: {', '.join(KERNELS)})")
     if not sms or kernel not in FA_TILES:
         return None
     m_block, n_block, mla_n_block, counted, resident, cap = FA_TILES[kernel]
@@ -231,7 +239,8 @@ def engine_decode_grid(batch: int, kv_heads: int, q_heads: int, context: int,
 
 def engine_decode_attention_s(hw, gpu_model: str, nbytes: float, kv_bytes: float,
                               flops: float, *, batch: int, kv_heads: int, q_heads: int,
-                              context: int, mla: bool = False) -> float:
+                              context: int, mla: bool = False,
+                              kernel: str | None = None) -> float:
     """Seconds of one layer's decode attention in the engine's kernel on ``hw`` (a
     :class:`~treeattn.sim.devices.HardwareModel`): the ``kv_bytes`` of cache read in the
     longest of three: at the GPU's rate, at the resident CTAs' streaming rate
@@ -248,7 +257,8 @@ def engine_decode_attention_s(hw, gpu_model: str, nbytes: float, kv_bytes: float
     """
     rate = hw.bandwidth_at(nbytes)
     kv_s, kernels = kv_bytes / rate, 2
-    grid = engine_decode_grid(batch, kv_heads, q_heads, context, gpu_model, mla=mla)
+    grid = engine_decode_grid(batch, kv_heads, q_heads, context, gpu_model, mla=mla,
+                              kernel=kernel)
     if grid is not None:
         token_bytes = kv_bytes / (batch * kv_heads * max(1, context))  # one head's token
         busy = min(grid.ctas, grid.resident) * CTA_STREAM_BPS  # the grid's streaming rate
