@@ -179,7 +179,7 @@ def score_kernels() -> list[dict]:
     """
     from treeattn.sim.devices import hardware_for, weight_read_factor
 
-    width = {"fp8": 1, "bf16": 2, "fp16": 2}
+    width = {"fp4": 4.5 / 8, "fp8": 1, "bf16": 2, "fp16": 2}
     out = []
     for table in json.loads(KERNELS.read_text())["tables"]:
         hw = hardware_for(table["gpu"])
@@ -187,11 +187,13 @@ def score_kernels() -> list[dict]:
             out += [_attention_point(table, p, hw, width[table["dtype"]])
                     for p in table["points"]]
             continue
-        dtype = {"fp8": "float8", "bf16": "bfloat16"}.get(table["dtype"], table["dtype"])
+        dtype = {"fp4": "float4", "fp8": "float8", "bf16": "bfloat16"}.get(table["dtype"],
+                                                                         table["dtype"])
         slower = weight_read_factor(table["gpu"], dtype, hw.name)
         for p in table["points"]:
             flops = 2.0 * p["m"] * p["n"] * p["k"]
-            published = flops / (p["tflops"] * 1e12)
+            published = (p["time_us"] * 1e-6 if "time_us" in p
+                         else flops / (p["tflops"] * 1e12))
             if "gbps" in p:
                 nbytes = published * p["gbps"] * 1e9
             else:

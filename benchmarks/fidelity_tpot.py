@@ -97,7 +97,8 @@ def score_points() -> list[dict]:
         split = Split(tp=p["tp"], cp=p["cp"], dcp=p["dcp"])
         context = p["input_len"] + p["output_len"] // 2
         pred = predict_token(topo, p["model"], context, split, batch=p["batch"],
-                             weights_dtype=dtype_name(p["weights_dtype"], "bfloat16"),
+                             weights_dtype=dtype_name(p["weights_dtype"], "bfloat16",
+                                                                   weights=True),
                              kv_dtype=dtype_name(p["kv_dtype"], "bfloat16"),
                              hardware=_hardware(p, data["gpus"]),
                              algorithms=tuple(p["algorithms"]) if "algorithms" in p else None,
@@ -150,7 +151,7 @@ def crossovers() -> list[dict]:
     out = []
     for x in data.get("crossovers", []):
         topo = Topology.from_spec(x["topology"])
-        weights = dtype_name(x["weights_dtype"], "bfloat16")
+        weights = dtype_name(x["weights_dtype"], "bfloat16", weights=True)
         for kv in x["kv_dtypes"]:
             for context, (lo, hi) in x["published"].items():
                 context = int(context)

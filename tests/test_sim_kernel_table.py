@@ -89,6 +89,7 @@ def test_a_calibrated_profile_replaces_the_sourced_kernels(tmp_path, capsys):
     (HEADER + "gemm,1,8192,8192,int4,,,,,,3\n", "not one the model runs"),
     (HEADER + "gemm,0,8192,8192,bf16,,,,,,3\n", "not a positive integer"),
     (HEADER + "attention,,,,bf16,1,6,4,128,4096,3\n", "do not group"),
+    (HEADER + "attention,,,,fp4,1,8,8,128,4096,3\n", "weight dtype"),
     (HEADER + "gemm,1,8192,8192,bf16,,,,,,3\n", "two different sizes"),
     (HEADER, "no rows"),
 ])

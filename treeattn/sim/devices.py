@@ -194,32 +194,46 @@ MEMORY_EFFICIENCY = {"H200": 0.90, "H100": 0.90, "B200": 0.75, "GB200": 0.75,
 # FP8 GEMM alone (``fp8-channel-w-token-a-noquant``) of Llama-3.1-8B's N = 28672, K = 4096 at
 # batch 1 and 16, 10.42 and 167.03 TFLOP/s: 22.54 and 22.50 µs for 117.5 and 118.5 MB, 0.652
 # and 0.658 of the datasheet; their mean, 0.655.
-# Generations without a published FP8 decode GEMM table here keep the bf16 rate; no public
-# table of FP4 decode GEMMs was found, so FP4 weights are not offered.
+# Generations without a published FP8 decode GEMM table here keep the bf16 rate.
 FP8_GEMM_EFFICIENCY = {"hopper": 0.71, "blackwell": 0.655}
 FP8_GEMM_SOURCES = {"hopper": "DeepGEMM README @7a70b43, H800, M=64 rows, median 2388 GB/s",
                     "blackwell": "vLLM PR #20071, SM100, N=28672 K=4096 M=1/16, 0.652/0.658"}
+# The same for NVFP4 weights (4.5 bits a weight with their scales), on the only generation with
+# FP4 tensor cores. Blackwell: FlashInfer's ``mm_fp4`` (CUTLASS backend) on one B200 SXM at
+# M = 1, N = K = 8192, timed with CUDA-graph replays, "achieves 1.78 TB/s" counting the 4-bit
+# values alone (https://github.com/flashinfer-ai/flashinfer/issues/1732); with the scales
+# that is 1.78 × 4.5 / 4 = 2.00 TB/s, 0.25 of the datasheet's 8.0.
+FP4_GEMM_EFFICIENCY = {"blackwell": 0.25}
+FP4_GEMM_SOURCES = {"blackwell": "FlashInfer #1732, B200, mm_fp4 CUTLASS, M=1 N=K=8192"}
+LOW_PRECISION_GEMM_EFFICIENCY = {"float8": FP8_GEMM_EFFICIENCY, "float4": FP4_GEMM_EFFICIENCY}
 
 
 def weight_read_factor(gpu_model: str, weight_dtype: str, hardware_name: str = "") -> float:
     """How many times longer a decode GEMM takes to read ``weight_dtype`` weights on a
     ``gpu_model`` GPU (as the topology names it) than the hardware model's memory bandwidth
-    says: 1 for 16-bit weights and for generations without a sourced FP8 row; for FP8 the
-    hardware's memory efficiency (``hardware_name``'s, else the GPU model's) over
-    :data:`FP8_GEMM_EFFICIENCY`'s (Hopper: 0.90 / 0.71).
+    says: 1 for 16-bit weights and for generations without a sourced FP8 row; for FP8 and
+    FP4 the hardware's memory efficiency (``hardware_name``'s, else the GPU model's) over
+    :data:`LOW_PRECISION_GEMM_EFFICIENCY`'s (Hopper FP8: 0.90 / 0.71). SimError for FP4 on
+    a GPU without FP4 tensor cores.
 
     >>> round(weight_read_factor("H200", "float8"), 3), weight_read_factor("H200", "bfloat16")
     (1.268, 1.0)
+    >>> weight_read_factor("B200", "float4")  # 0.75 / 0.25
+    3.0
     """
     from treeattn.sim.nccl.tables import ARCH_OF_MODEL
 
-    if not str(weight_dtype).startswith("float8"):
+    table = LOW_PRECISION_GEMM_EFFICIENCY.get(str(weight_dtype))
+    if table is None:
         return 1.0
-    fp8 = FP8_GEMM_EFFICIENCY.get(ARCH_OF_MODEL.get(str(gpu_model), ""))
-    if fp8 is None:
+    rate = table.get(ARCH_OF_MODEL.get(str(gpu_model), ""))
+    if rate is None:
+        if weight_dtype == "float4":
+            raise SimError(f"FP4 weights need FP4 tensor cores (Blackwell); {gpu_model} has "
+                           "none")
         return 1.0
     efficiency = MEMORY_EFFICIENCY.get(hardware_name, MEMORY_EFFICIENCY.get(str(gpu_model)))
-    return (efficiency or 1.0) / fp8
+    return (efficiency or 1.0) / rate
 
 
 # One model per row of THE GPU table, so every GPU a topology can name has one.

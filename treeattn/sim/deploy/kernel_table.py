@@ -11,8 +11,9 @@ fitted fixed cost.
 Each row is one kernel the token model runs:
 
 - ``kind=gemm``: ``m`` (tokens of the batch), ``n``, ``k`` (the weight is ``n × k``),
-  ``dtype`` (the weights': ``bf16``, ``fp16``, ``fp8``, ``fp32``), ``time_us``. It reads
-  ``n·k`` weight elements plus ``m·k`` and ``m·n`` 16-bit activations.
+  ``dtype`` (the weights': ``bf16``, ``fp16``, ``fp8``, ``fp4`` (NVFP4, 4.5 bits a weight
+  with its scales), ``fp32``), ``time_us``. It reads ``n·k`` weight elements plus ``m·k``
+  and ``m·n`` 16-bit activations.
 - ``kind=attention``: ``batch``, ``q_heads``, ``kv_heads``, ``head_dim``, ``context``
   (cached tokens), ``dtype`` (the KV cache's), ``time_us``. It reads
   ``2·batch·kv_heads·context·head_dim`` KV elements.
@@ -34,9 +35,11 @@ from treeattn.sim.files.profile_schema import KERNEL_TABLE_KINDS, KERNELS_KIND
 
 KINDS = KERNEL_TABLE_KINDS
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "float8": 1,
-               "fp32": 4, "float32": 4}
-CANONICAL = {"bfloat16": "bf16", "float16": "fp16", "float8": "fp8", "float32": "fp32"}
-KNOWN_DTYPES = ("bf16", "fp16", "fp8", "fp32")
+               "fp32": 4, "float32": 4, "fp4": 4.5 / 8, "float4": 4.5 / 8}
+CANONICAL = {"bfloat16": "bf16", "float16": "fp16", "float8": "fp8", "float32": "fp32",
+             "float4": "fp4"}
+KNOWN_DTYPES = ("bf16", "fp16", "fp8", "fp4", "fp32")
+WEIGHT_ONLY_DTYPES = ("fp4",)  # NVFP4 weights; the model runs no FP4 KV cache
 COLUMNS = {"gemm": ("m", "n", "k", "dtype", "time_us"),
            "attention": ("batch", "q_heads", "kv_heads", "head_dim", "context", "dtype",
                          "time_us")}
@@ -109,6 +112,9 @@ def read_kernel_table(source: str | Path, text: str | None = None) -> list[dict]
                     raise SimError(f"kernel table {name} line {line}: dtype {value!r} is not "
                                    f"one the model runs ({', '.join(KNOWN_DTYPES)})")
                 row["dtype"] = CANONICAL.get(dtype, dtype)
+                if kind == "attention" and row["dtype"] in WEIGHT_ONLY_DTYPES:
+                    raise SimError(f"kernel table {name} line {line}: dtype {value!r} is a "
+                                   "weight dtype; the model runs no KV cache in it")
             elif col == "time_us":
                 try:
                     time_us = float(value)

@@ -6,8 +6,8 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
 
 * **weight reads**: each GEMM kind of every layer (:func:`treeattn.sim.deploy.capacity.
   step_weight_reads`) at the GPU's hardware model (:class:`treeattn.sim.devices.
-  HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak)``), in the weight dtype (``bf16`` or
-  ``fp8``);
+  HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak)``), in the weight dtype (``bf16``,
+  ``fp8``, or NVFP4 ``fp4`` on GPUs with FP4 tensor cores);
 * **kernels**: every kernel of a layer outside attention pays the fixed cost of a small
   kernel replayed in a CUDA graph (the engines replay the whole step as one graph:
   ``HardwareModel.graph_kernel_s``, 2.4 µs, sourced per GPU generation in
@@ -79,6 +79,7 @@ from treeattn.schedule.workload import (
 )
 from treeattn.sim.decode_kernels import FP8_QUANT_KERNELS, engine_decode_attention_s
 from treeattn.sim.deploy.capacity import (
+    WEIGHT_DTYPE_BYTES,
     MemoryCheck,
     Split,
     check_split,
@@ -101,10 +102,10 @@ KERNELS_PER_STEP = 3
 
 def kernels_per_step(model: ModelConfig, weights_dtype: str = "bfloat16") -> int:
     """Kernels one decode step launches outside attention (see the module docstring); with
-    FP8 weights, plus the activation quantisation before each FP8 linear
+    FP8 or FP4 weights, plus the activation quantisation before each such linear
     (:data:`treeattn.sim.decode_kernels.FP8_QUANT_KERNELS`)."""
     counts = [KERNELS_PER_LAYER]
-    if str(weights_dtype).startswith("float8"):
+    if str(weights_dtype).startswith(("float8", "float4")):
         counts.append(FP8_QUANT_KERNELS)
     moe_layers = model.n_layers - model.first_dense_layers if model.is_moe else 0
     dense_layers = model.n_layers - moe_layers
@@ -226,8 +227,8 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     check_token_model(model)
     check_split(model, split)
     wdt, kdt = weights_dtype or model.dtype, kv_dtype or model.dtype
-    for name in (wdt, kdt):
-        if name not in STORAGE_DTYPE_BYTES:
+    for name, known in ((wdt, WEIGHT_DTYPE_BYTES), (kdt, STORAGE_DTYPE_BYTES)):
+        if name not in known:
             raise SimError(f"unknown dtype {name!r}")
     topo = deployment_topology(topology, split)
     hw = resolve_hardware(topo, hardware)[0]
@@ -235,12 +236,12 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     act = STORAGE_DTYPE_BYTES[model.dtype]
     parts: dict[str, float] = {}
 
-    reads = step_weight_reads(model, split.tp, STORAGE_DTYPE_BYTES[wdt], batch)
+    reads = step_weight_reads(model, split.tp, WEIGHT_DTYPE_BYTES[wdt], batch)
     measured = dict(hw.gemm_bandwidth).get(CANONICAL.get(wdt, wdt))
     if measured:  # the user's kernel table (calibrate --kernels) has this dtype's GEMMs
         parts["weights"] = sum(count * max(nbytes / measured, flops / hw.peak_flops)
                                for _, count, nbytes, flops in reads)
-    else:  # FP8 GEMMs read their weights below the bf16 rate (devices.FP8_GEMM_EFFICIENCY)
+    else:  # FP8/FP4 GEMMs read below the bf16 rate (devices.LOW_PRECISION_GEMM_EFFICIENCY)
         slower = weight_read_factor(normalize_model(topo.gpu_model(0)), wdt, hw.name)
         parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
                                for _, count, nbytes, flops in reads)
