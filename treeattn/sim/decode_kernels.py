@@ -135,6 +135,12 @@ KERNELS = ("fa3-vllm", "fa3", "fa2", "flashinfer", "fills")
 #: MLA: fused q_a/kv_a, q_b and output (the absorbed W_UK/W_UV products stay 16-bit); MoE: the
 #: shared expert's two linears and the fused experts' two GEMMs.
 FP8_QUANT_KERNELS = {"gqa_attention": 2, "mla_attention": 3, "dense_mlp": 2, "moe": 4}
+#: GPUs without FP8 tensor cores: NVIDIA before compute capability 8.9 (Ada and Hopper
+#: brought FP8: CUDA C++ Programming Guide, compute capabilities table), AMD before CDNA 3
+#: (the CDNA 3 whitepaper introduces FP8). vLLM runs FP8 checkpoints there as a weight-only
+#: Marlin GEMM, with no activation quantisation.
+NO_FP8_TENSOR_CORES = {"P100", "V100", "A100", "A800", "RTX3090", "A6000", "MI250", "MI250X",
+                       "MI210"}
 
 
 def generation(gpu_model: str) -> str:

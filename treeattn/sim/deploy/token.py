@@ -77,7 +77,11 @@ from treeattn.schedule.workload import (
     DecodeWorkload,
     ModelConfig,
 )
-from treeattn.sim.decode_kernels import FP8_QUANT_KERNELS, engine_decode_attention_s
+from treeattn.sim.decode_kernels import (
+    FP8_QUANT_KERNELS,
+    NO_FP8_TENSOR_CORES,
+    engine_decode_attention_s,
+)
 from treeattn.sim.deploy.capacity import (
     WEIGHT_DTYPE_BYTES,
     MemoryCheck,
@@ -100,12 +104,23 @@ KERNELS_PER_LAYER = {"gqa_attention": 5, "mla_attention": 11, "dense_mlp": 3,
 KERNELS_PER_STEP = 3
 
 
-def kernels_per_step(model: ModelConfig, weights_dtype: str = "bfloat16") -> int:
+def kernels_per_step(model: ModelConfig, weights_dtype: str = "bfloat16",
+                     gpu_model: str = "") -> int:
     """Kernels one decode step launches outside attention (see the module docstring); with
     FP8 or FP4 weights, plus the activation quantisation before each such linear
-    (:data:`treeattn.sim.decode_kernels.FP8_QUANT_KERNELS`)."""
+    (:data:`treeattn.sim.decode_kernels.FP8_QUANT_KERNELS`), except FP8 on a GPU without
+    FP8 tensor cores (before compute capability 8.9), which vLLM runs as Marlin's
+    weight-only GEMM with no activation to quantise (``Fp8LinearMethod``'s ``use_marlin``,
+    ``vllm/model_executor/layers/quantization/fp8.py``).
+
+    >>> m = ModelConfig.from_name("llama-3.1-8b")
+    >>> kernels_per_step(m, "float8", "H100") - kernels_per_step(m), kernels_per_step(
+    ...     m, "float8", "A100") - kernels_per_step(m)
+    (128, 0)
+    """
     counts = [KERNELS_PER_LAYER]
-    if str(weights_dtype).startswith(("float8", "float4")):
+    weight_only = str(weights_dtype) == "float8" and gpu_model in NO_FP8_TENSOR_CORES
+    if str(weights_dtype) in ("float8", "float4") and not weight_only:
         counts.append(FP8_QUANT_KERNELS)
     moe_layers = model.n_layers - model.first_dense_layers if model.is_moe else 0
     dense_layers = model.n_layers - moe_layers
@@ -245,7 +260,8 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
         slower = weight_read_factor(normalize_model(topo.gpu_model(0)), wdt, hw.name)
         parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
                                for _, count, nbytes, flops in reads)
-    parts["kernels"] = kernels_per_step(model, wdt) * hw.graph_kernel_s
+    gpu = normalize_model(topo.gpu_model(0))
+    parts["kernels"] = kernels_per_step(model, wdt, gpu) * hw.graph_kernel_s
 
     tp_ranks = list(range(split.tp))
     hidden = batch * model.dim * act
