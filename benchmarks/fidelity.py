@@ -247,21 +247,36 @@ KERNELS = ROOT / "data" / "published_kernels.json"
 def score_kernels() -> list[dict]:
     """Every published kernel row against the token model's price of the same kernel: the
     GPU's hardware model reading the row's bytes at its dtype's sourced rate
-    (:func:`treeattn.sim.devices.weight_read_factor`), or its FLOPs at the dense peak. The
-    row's bytes are its published time × its published bandwidth, as the source counts them.
+    (:func:`treeattn.sim.devices.weight_read_factor`), or its FLOPs at the dense peak, plus
+    one graph-replayed kernel's fixed cost (``graph_kernel_s``), as the token model charges
+    each GEMM. A row's bytes are its published time × its published bandwidth where the
+    source gives one (as the source counts them), else the weight's ``N·K`` elements and the
+    ``M·(N + K)`` 16-bit activations.
     """
     from treeattn.sim.devices import hardware_for, weight_read_factor
 
+    width = {"fp4": 4.5 / 8, "fp8": 1, "bf16": 2, "fp16": 2}
     out = []
     for table in json.loads(KERNELS.read_text())["tables"]:
         hw = hardware_for(table["gpu"])
-        dtype = "float8" if table["dtype"] == "fp8" else table["dtype"]
+        if table["kind"] == "attention":
+            out += [_attention_point(table, p, hw, width[table["dtype"]])
+                    for p in table["points"]]
+            continue
+        dtype = {"fp4": "float4", "fp8": "float8", "bf16": "bfloat16"}.get(table["dtype"],
+                                                                         table["dtype"])
         slower = weight_read_factor(table["gpu"], dtype, hw.name)
         for p in table["points"]:
             flops = 2.0 * p["m"] * p["n"] * p["k"]
-            published = flops / (p["tflops"] * 1e12)
-            nbytes = published * p["gbps"] * 1e9
-            predicted = hw.compute_time(nbytes * slower, flops) - hw.launch_s
+            published = (p["time_us"] * 1e-6 if "time_us" in p
+                         else flops / (p["tflops"] * 1e12))
+            if "gbps" in p:
+                nbytes = published * p["gbps"] * 1e9
+            else:
+                nbytes = (p["n"] * p["k"] * width[table["dtype"]]
+                          + p["m"] * (p["n"] + p["k"]) * 2)
+            predicted = (hw.compute_time(nbytes * slower, flops) - hw.launch_s
+                         + hw.graph_kernel_s)
             out.append({"table": table["id"], "url": table["url"], "gpu": table["gpu"],
                         "dtype": table["dtype"], "m": p["m"], "n": p["n"], "k": p["k"],
                         "scored": p["scored"], "published_us": round(published * 1e6, 3),
@@ -270,24 +285,76 @@ def score_kernels() -> list[dict]:
     return out
 
 
+def _attention_point(table: dict, p: dict, hw, width: int) -> dict:
+    """A published decode attention against :func:`treeattn.sim.decode_kernels.
+    engine_decode_attention_s` for the kernel the source ran: its K and V bytes over the
+    kernel's split-KV grid, plus its kernels' fixed costs."""
+    from treeattn.sim.decode_kernels import engine_decode_attention_s
+
+    kv = 2 * p["batch"] * p["kv_heads"] * p["context"] * p["head_dim"] * width
+    predicted = engine_decode_attention_s(hw, table["gpu"], kv, kv, 0, batch=p["batch"],
+                                          kv_heads=p["kv_heads"], q_heads=p["q_heads"],
+                                          context=p["context"], kernel=table["kernel"])
+    published = p["time_us"] * 1e-6
+    return {"table": table["id"], "url": table["url"], "gpu": table["gpu"],
+            "dtype": table["dtype"], "kind": "attention", "kernel": table["kernel"],
+            "batch": p["batch"], "heads": f"{p['q_heads']}/{p['kv_heads']}",
+            "context": p["context"], "scored": p["scored"],
+            "published_us": p["time_us"], "predicted_us": round(predicted * 1e6, 3),
+            "ratio": round(predicted / published, 4)}
+
+
+def kernel_summary(points: list[dict]) -> list[dict]:
+    """Per GPU and dtype: the scored rows' count and geometric-mean error."""
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for p in points:
+        if p["scored"]:
+            groups[(p["gpu"], p["dtype"])].append(p["ratio"])
+    return [{"gpu": gpu, "dtype": dtype, "points": len(r), "geo_error": geo_error(r),
+             "low": min(r), "high": max(r)} for (gpu, dtype), r in sorted(groups.items())]
+
+
 def kernel_markdown(points: list[dict]) -> str:
     scored = [p["ratio"] for p in points if p["scored"]]
     lines = ["## Kernels against published measurements", "",
              "The token model's price of a decode-sized kernel (the GPU's hardware model at "
-             "its dtype's sourced rate) against published, measured kernels. Rows a constant "
-             "was read from are listed, not scored.", "",
+             "its dtype's sourced rate, plus one graph-replayed kernel's fixed cost) against "
+             "published, measured kernels. Rows a constant was read from are listed as "
+             "\"source, not scored\".", "",
              f"Scored rows: {len(scored)}; geometric-mean error {_pct(geo_error(scored))}; "
              f"predicted / published from {min(scored):.2f} to {max(scored):.2f}.", "",
-             "| table | GPU | dtype | M | N | K | published µs | predicted µs | ratio | "
-             "scored |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for p in points:
+             "| GPU | dtype | scored rows | error | predicted / published |",
+             "|---|---|---:|---:|---|"]
+    for g in kernel_summary(points):
+        lines.append(f"| {g['gpu']} | {g['dtype']} | {g['points']} | "
+                     f"{_pct(g['geo_error'])} | {g['low']:.2f}-{g['high']:.2f} |")
+    lines += ["", "| table | GPU | dtype | M | N | K | published µs | predicted µs | ratio | "
+              "scored |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for p in (p for p in points if p.get("kind") != "attention"):
         lines.append(f"| [{p['table']}]({p['url']}) | {p['gpu']} | {p['dtype']} | {p['m']} | "
                      f"{p['n']} | {p['k']} | {p['published_us']:g} | {p['predicted_us']:g} | "
-                     f"{p['ratio']:.2f} | {'yes' if p['scored'] else 'no'} |")
+                     f"{p['ratio']:.2f} | "
+                     f"{'yes' if p['scored'] else 'source, not scored'} |")
+    attention = [p for p in points if p.get("kind") == "attention"]
+    if attention:
+        lines += ["", "Decode attention at batch 1 with few KV heads per GPU, priced by the "
+                  "split-KV grid model for the kernel the source ran "
+                  "(`treeattn.sim.decode_kernels`):", "",
+                  "| table | GPU | kernel | dtype | batch | heads (q/kv) | context | "
+                  "published µs | predicted µs | ratio | scored |",
+                  "|---|---|---|---|---:|---|---:|---:|---:|---:|---|"]
+        for p in attention:
+            lines.append(f"| [{p['table']}]({p['url']}) | {p['gpu']} | {p['kernel']} | "
+                         f"{p['dtype']} | {p['batch']} | {p['heads']} | {p['context']} | "
+                         f"{p['published_us']:g} | {p['predicted_us']:g} | {p['ratio']:.2f} | "
+                         f"{'yes' if p['scored'] else 'no'} |")
     for table in json.loads(KERNELS.read_text())["tables"]:
         lines.append("")
+        unscored = any(not p["scored"] for p in table["points"])
+        label = "Source, not scored" if table["kind"] == "gemm" else "Not scored"
+        note = f" {label}: {table['why_not_scored']}." if unscored else ""
         lines.append(f"- `{table['id']}`: {table['hardware']}; {table['library']}; "
-                     f"{table['source']}. Not scored: {table['why_not_scored']}.")
+                     f"{table['source']}.{note}")
     return "\n".join(lines) + "\n"
 
 

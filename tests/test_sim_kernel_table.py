@@ -53,6 +53,18 @@ def test_a_calibrated_profile_replaces_the_sourced_kernels(tmp_path, capsys):
     p = predict_token(topo, "llama-3.1-70b", 32768, Split(8), weights_dtype="float8",
                       hardware=hardware)
     assert hardware[0].launch_s == pytest.approx(fits[("attention", "any")]["fixed_s"])
+    # every small kernel costs the GEMM fits' mean fixed cost (one GEMM is one kernel), and
+    # each layer's attention the attention fit, in place of the sourced grid model
+    gemm_fixed = (fits[("gemm", "bf16")]["fixed_s"] + fits[("gemm", "fp8")]["fixed_s"]) / 2
+    from treeattn.schedule.workload import ModelConfig
+    from treeattn.sim.deploy.token import kernels_per_step
+
+    m = ModelConfig.from_name("llama-3.1-70b")
+    assert p.parts_s["kernels"] == pytest.approx(kernels_per_step(m, "float8") * gemm_fixed)
+    kv = 2 * 1 * 32768 * 128 * 2  # one KV head per GPU, bf16 K and V
+    attention = fits[("attention", "any")]
+    assert p.attention_layer_s == pytest.approx(
+        attention["fixed_s"] + kv / attention["bytes_per_s"], rel=1e-3)
     # the weights read at the table's fp8 rate, not the sourced default
     default = predict_token(topo, "llama-3.1-70b", 32768, Split(8), weights_dtype="float8")
     ratio = p.parts_s["weights"] / default.parts_s["weights"]
@@ -77,6 +89,7 @@ def test_a_calibrated_profile_replaces_the_sourced_kernels(tmp_path, capsys):
     (HEADER + "gemm,1,8192,8192,int4,,,,,,3\n", "not one the model runs"),
     (HEADER + "gemm,0,8192,8192,bf16,,,,,,3\n", "not a positive integer"),
     (HEADER + "attention,,,,bf16,1,6,4,128,4096,3\n", "do not group"),
+    (HEADER + "attention,,,,fp4,1,8,8,128,4096,3\n", "weight dtype"),
     (HEADER + "gemm,1,8192,8192,bf16,,,,,,3\n", "two different sizes"),
     (HEADER, "no rows"),
 ])

@@ -60,8 +60,9 @@ NOT_GPUS = {
 
 def add_token_flags(parser: argparse.ArgumentParser) -> None:
     """The whole-model flags ``predict`` and ``plan`` share."""
-    parser.add_argument("--weights-dtype", choices=("bf16", "fp16", "fp8", "fp32"), default=None,
-                        help="weight dtype of the deployment (default: the model's)")
+    parser.add_argument("--weights-dtype", choices=("bf16", "fp16", "fp8", "fp4", "fp32"),
+                        default=None, help="weight dtype of the deployment (default: the "
+                        "model's; fp4: NVFP4, Blackwell only)")
     parser.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8", "fp32"), default=None,
                         help="KV-cache dtype (default: the model's)")
     parser.add_argument("--dcp", type=positive_int, default=1,
@@ -100,7 +101,8 @@ def transports_of(args, topology, groups: list[list[int]] | None = None) -> tupl
 
 
 def _dtypes(args, model: ModelConfig) -> tuple[str, str]:
-    return (dtype_name(args.weights_dtype, model.dtype), dtype_name(args.kv_dtype, model.dtype))
+    return (dtype_name(args.weights_dtype, model.dtype, weights=True),
+            dtype_name(args.kv_dtype, model.dtype))
 
 
 def _topology(spec: str):

@@ -14,11 +14,14 @@ memory-bound, so the first term wins in practice).
 launch costs a few µs from the host (CUDA C++ Best Practices Guide, "kernel launch overhead").
 We take 4 µs per Compute step on GPUs. The H200 run agrees: treeattn's kernel at T=4k (16.8 MB
 of K+V) takes 8.2 µs as a graph replay, 3.9 µs of reading at the copy bandwidth plus about
-4 µs (``benchmarks/results/kernels-h200.md``).
+4 µs (``benchmarks/results/kernels-h200.md``). One small kernel of a whole decode step
+replayed as a CUDA graph costs about half that (``kernel_s``, per generation in
+:data:`treeattn.sim.decode_kernels.GRAPH_KERNEL_S`).
 
 Memory efficiency: no kernel reads HBM at the datasheet peak. :data:`MEMORY_EFFICIENCY` holds
-the fraction treeattn's own decode kernel reached where it was measured, and a GPU's model
-reads at ``datasheet × efficiency``. GPUs not measured keep the datasheet figure (1.0).
+the fraction a decode kernel or a copy reached where it was measured or published, and a
+GPU's model reads at ``datasheet × efficiency``. GPUs without a row keep the datasheet
+figure (1.0).
 
 The ``cpu`` profile is a placeholder until a calibration replaces it. What a host adds beyond
 the device's own costs (CPU ranks sharing cores, for one) is not part of these models: a
@@ -59,6 +62,7 @@ import math
 from dataclasses import dataclass, field
 
 from treeattn.schedule.payloads import SimError
+from treeattn.sim.decode_kernels import generation_kernel_s
 from treeattn.sim.host_model import HostSpec
 from treeattn.topo.hardware import GPU_SPECS
 
@@ -94,12 +98,32 @@ class HardwareModel:
     # What the host adds to each step beyond these costs (treeattn.sim.host_model); None:
     # nothing, as on a GPU cluster
     host: HostSpec | None = None
+    # Fixed cost of one small kernel replayed in a CUDA graph (the whole-token model's kernels
+    # outside attention; treeattn.sim.decode_kernels.GRAPH_KERNEL_S); 0: launch_s, where no
+    # generation figure is sourced (and on CPUs, which replay no graph)
+    kernel_s: float = 0.0
+    # True where a measured kernel table's attention rows set the bandwidth and launch_s
+    # (treeattn.sim.deploy.kernel_table): the whole-token model then prices the engine's
+    # decode attention by that fit instead of the sourced grid model
+    attention_measured: bool = False
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth_Bps <= 0 or self.peak_flops <= 0 or self.launch_s < 0:
             raise SimError(f"hardware {self.name}: bandwidth and FLOPs must be positive")
-        if self.attention_flops < 0:
-            raise SimError(f"hardware {self.name}: attention FLOPs must not be negative")
+        if self.attention_flops < 0 or self.kernel_s < 0:
+            raise SimError(f"hardware {self.name}: attention FLOPs and the kernel fixed cost "
+                           "must not be negative")
+
+    @property
+    def graph_kernel_s(self) -> float:
+        """Fixed cost of one small kernel in a CUDA-graph replay (see ``kernel_s``).
+
+        >>> HardwareModel("toy", 1e9, 1e12, 4e-6).graph_kernel_s
+        4e-06
+        >>> HardwareModel("toy", 1e9, 1e12, 4e-6, kernel_s=2.4e-6).graph_kernel_s
+        2.4e-06
+        """
+        return self.kernel_s or self.launch_s
 
     def bandwidth_at(self, nbytes: float) -> float:
         """Bytes/s for a step touching ``nbytes`` (see ``bandwidth_shape``).
@@ -133,52 +157,91 @@ class HardwareModel:
 
 GPU_LAUNCH_S = 4e-6
 CPU_LAUNCH_S = 20e-6  # placeholder: `treeattn calibrate` measures it
-# Fraction of the datasheet memory bandwidth at which treeattn's Triton decode kernel reads
-# K+V, as measured. Source: benchmarks/results/kernels-h200.json (NVIDIA H200, 2026-11-30,
-# bf16, B=1, Hq=32, Hkv=8, D=128, CUDA-graph replays): 0.82 at T=64k, 0.88 at 128k, 0.90 at
-# 256k, 0.93 at 512k, 0.94 at 1M; we take the median, 0.90. The H100 has the same SM, memory
-# controller design and kernel, so it takes the H200's figure until it is measured itself.
-# Blackwell (B200, and the GB200's same GPU): CUDA's bandwidthTest sample on 8 B200s (HGX,
-# CUDA 12.8) measured device-to-device copies at "over 6,000 GB/s" (newmind.ai journal 18,
-# "Unlocking Next-Generation AI Performance: Inside NVIDIA's Blackwell B200 Architecture"),
-# the sample counting each byte read and written: 6.0 of the 8.0 TB/s datasheet, 0.75.
-MEMORY_EFFICIENCY = {"H200": 0.90, "H100": 0.90, "B200": 0.75, "GB200": 0.75}
+# Fraction of the datasheet memory bandwidth a decode kernel reads HBM at, by GPU model:
+#
+# ======== ========== ===================================================================
+# GPU      efficiency source
+# ======== ========== ===================================================================
+# H200     0.90       benchmarks/results/kernels-h200.json (NVIDIA H200, 2026-11-30, bf16,
+#                     B=1, Hq=32, Hkv=8, D=128, CUDA-graph replays): treeattn's Triton
+#                     decode kernel at 0.82 (T=64k), 0.88 (128k), 0.90 (256k), 0.93 (512k),
+#                     0.94 (1M); the median
+# H100     0.90       the H200's (same SM, memory controller design and kernel)
+# B200     0.75       CUDA's bandwidthTest sample on 8 B200s (HGX, CUDA 12.8): device-to-
+#                     device copies at "over 6,000 GB/s" of 8.0 TB/s (newmind.ai journal 18,
+#                     "Unlocking Next-Generation AI Performance: Inside NVIDIA's Blackwell
+#                     B200 Architecture"); the GB200's GPU takes the same figure
+# A100     0.89       1818.21 GB/s measured HBM roof on an A100 SXM4 80 GB, "89.17 percent
+#                     of nameplate" 2039 GB/s (https://github.com/openfabric-systems/simllm/
+#                     pull/109); the A800 is the same GPU
+# MI300X   0.74       3910.62 GB/s, the HBM bandwidth rocprofiler-compute's roofline
+#                     benchmark is validated against on MI300X (ROCm/rocm-systems PR #2934,
+#                     projects/rocprofiler-compute/tests/test_metric_validation.py), of the
+#                     datasheet's 5.3 TB/s
+# ======== ========== ===================================================================
+#
+# GPUs without a row keep the datasheet figure (1.0).
+MEMORY_EFFICIENCY = {"H200": 0.90, "H100": 0.90, "B200": 0.75, "GB200": 0.75,
+                     "A100": 0.89, "A800": 0.89, "MI300X": 0.74}
 # Fraction of the datasheet HBM rate at which a decode GEMM reads FP8 weights, by GPU
 # generation (the token model's weight reads; bf16 weights read at MEMORY_EFFICIENCY).
 # Hopper: DeepGEMM's README at commit 7a70b43 (deepseek-ai/DeepGEMM, "Normal GEMMs for dense
 # models", H800 SXM5, HBM3 at 3.35 TB/s, NVCC 12.8): its six M = 64 decode-sized rows read
 # at 1688, 2455, 2143, 2668, 2320 and 2470 GB/s; their median, 2388 GB/s, is 0.71 of the
-# datasheet. Generations without a published FP8 decode GEMM table here keep the bf16 rate.
-FP8_GEMM_EFFICIENCY = {"hopper": 0.71}
-FP8_GEMM_SOURCES = {"hopper": "DeepGEMM README @7a70b43, H800, M=64 rows, median 2388 GB/s"}
+# datasheet.
+# Blackwell: vLLM's bench_fp8_gemm on SM100 (https://github.com/vllm-project/vllm/pull/20071,
+# "SM100 FP8 GEMM Optimizations after cutlass_profiler", B200-class at 8.0 TB/s): the CUTLASS
+# FP8 GEMM alone (``fp8-channel-w-token-a-noquant``) of Llama-3.1-8B's N = 28672, K = 4096 at
+# batch 1 and 16, 10.42 and 167.03 TFLOP/s: 22.54 and 22.50 µs for 117.5 and 118.5 MB, 0.652
+# and 0.658 of the datasheet; their mean, 0.655.
+# Generations without a published FP8 decode GEMM table here keep the bf16 rate.
+FP8_GEMM_EFFICIENCY = {"hopper": 0.71, "blackwell": 0.655}
+FP8_GEMM_SOURCES = {"hopper": "DeepGEMM README @7a70b43, H800, M=64 rows, median 2388 GB/s",
+                    "blackwell": "vLLM PR #20071, SM100, N=28672 K=4096 M=1/16, 0.652/0.658"}
+# The same for NVFP4 weights (4.5 bits a weight with their scales), on the only generation with
+# FP4 tensor cores. Blackwell: FlashInfer's ``mm_fp4`` (CUTLASS backend) on one B200 SXM at
+# M = 1, N = K = 8192, timed with CUDA-graph replays, "achieves 1.78 TB/s" counting the 4-bit
+# values alone (https://github.com/flashinfer-ai/flashinfer/issues/1732); with the scales
+# that is 1.78 × 4.5 / 4 = 2.00 TB/s, 0.25 of the datasheet's 8.0.
+FP4_GEMM_EFFICIENCY = {"blackwell": 0.25}
+FP4_GEMM_SOURCES = {"blackwell": "FlashInfer #1732, B200, mm_fp4 CUTLASS, M=1 N=K=8192"}
+LOW_PRECISION_GEMM_EFFICIENCY = {"float8": FP8_GEMM_EFFICIENCY, "float4": FP4_GEMM_EFFICIENCY}
 
 
 def weight_read_factor(gpu_model: str, weight_dtype: str, hardware_name: str = "") -> float:
     """How many times longer a decode GEMM takes to read ``weight_dtype`` weights on a
     ``gpu_model`` GPU (as the topology names it) than the hardware model's memory bandwidth
-    says: 1 for 16-bit weights and for generations without a sourced FP8 row; for FP8 the
-    hardware's memory efficiency (``hardware_name``'s, else the GPU model's) over
-    :data:`FP8_GEMM_EFFICIENCY`'s (Hopper: 0.90 / 0.71).
+    says: 1 for 16-bit weights and for generations without a sourced FP8 row; for FP8 and
+    FP4 the hardware's memory efficiency (``hardware_name``'s, else the GPU model's) over
+    :data:`LOW_PRECISION_GEMM_EFFICIENCY`'s (Hopper FP8: 0.90 / 0.71). SimError for FP4 on
+    a GPU without FP4 tensor cores.
 
     >>> round(weight_read_factor("H200", "float8"), 3), weight_read_factor("H200", "bfloat16")
     (1.268, 1.0)
+    >>> weight_read_factor("B200", "float4")  # 0.75 / 0.25
+    3.0
     """
     from treeattn.sim.nccl.tables import ARCH_OF_MODEL
 
-    if not str(weight_dtype).startswith("float8"):
+    table = LOW_PRECISION_GEMM_EFFICIENCY.get(str(weight_dtype))
+    if table is None:
         return 1.0
-    fp8 = FP8_GEMM_EFFICIENCY.get(ARCH_OF_MODEL.get(str(gpu_model), ""))
-    if fp8 is None:
+    rate = table.get(ARCH_OF_MODEL.get(str(gpu_model), ""))
+    if rate is None:
+        if weight_dtype == "float4":
+            raise SimError(f"FP4 weights need FP4 tensor cores (Blackwell); {gpu_model} has "
+                           "none")
         return 1.0
     efficiency = MEMORY_EFFICIENCY.get(hardware_name, MEMORY_EFFICIENCY.get(str(gpu_model)))
-    return (efficiency or 1.0) / fp8
+    return (efficiency or 1.0) / rate
 
 
 # One model per row of THE GPU table, so every GPU a topology can name has one.
 HARDWARE: dict[str, HardwareModel] = {
     name: HardwareModel(name, spec.memory_bandwidth * MEMORY_EFFICIENCY.get(name, 1.0),
                         spec.peak_flops, CPU_LAUNCH_S if name == "cpu" else GPU_LAUNCH_S,
-                        memory_bytes=float(spec.memory_capacity))
+                        memory_bytes=float(spec.memory_capacity),
+                        kernel_s=generation_kernel_s(name) or 0.0)
     for name, spec in GPU_SPECS.items()
 }
 

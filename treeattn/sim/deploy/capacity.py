@@ -42,15 +42,22 @@ from treeattn.schedule.workload import STORAGE_DTYPE_BYTES, ModelConfig
 MEMORY_UTILIZATION = 0.9
 #: Weight and KV dtypes the CLI accepts, by their short names.
 SHORT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8", "fp32": "float32"}
+#: Weights may also be NVFP4: 4-bit E2M1 values with one FP8 (E4M3) scale per 16 of them,
+#: 4.5 bits a weight (NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision
+#: Inference", developer.nvidia.com blog, 2025: "a shared FP8 scale ... applied to each
+#: 16-value micro-block"; the one FP32 scale per tensor is negligible).
+SHORT_WEIGHT_DTYPES = {**SHORT_DTYPES, "fp4": "float4"}
+WEIGHT_DTYPE_BYTES = {**STORAGE_DTYPE_BYTES, "float4": 4.5 / 8}
 
 
-def dtype_name(short: str | None, default: str) -> str:
-    """``"fp8"`` -> ``"float8"``; ``None`` keeps ``default``."""
+def dtype_name(short: str | None, default: str, *, weights: bool = False) -> str:
+    """``"fp8"`` -> ``"float8"``; ``None`` keeps ``default``; ``weights``: also ``"fp4"``."""
     if short is None:
         return default
-    name = SHORT_DTYPES.get(short, short)
-    if name not in STORAGE_DTYPE_BYTES:
-        raise SimError(f"unknown dtype {short!r} (known: {', '.join(SHORT_DTYPES)})")
+    known = SHORT_WEIGHT_DTYPES if weights else SHORT_DTYPES
+    name = known.get(short, short)
+    if name not in (WEIGHT_DTYPE_BYTES if weights else STORAGE_DTYPE_BYTES):
+        raise SimError(f"unknown dtype {short!r} (known: {', '.join(known)})")
     return name
 
 
@@ -250,7 +257,7 @@ def kv_cache_bytes(m: ModelConfig, split: Split, seq_len: int, batch: int, kv_by
 def memory_check(m: ModelConfig, split: Split, seq_len: int, batch: int, capacity: float,
                  weights_dtype: str | None = None, kv_dtype: str | None = None) -> MemoryCheck:
     """The whole-model check of one GPU (``capacity`` 0: unknown, always fits)."""
-    wb = STORAGE_DTYPE_BYTES[weights_dtype or m.dtype]
+    wb = WEIGHT_DTYPE_BYTES[weights_dtype or m.dtype]
     kb = STORAGE_DTYPE_BYTES[kv_dtype or m.dtype]
     return MemoryCheck(weights_held(m, split.tp, wb), kv_cache_bytes(m, split, seq_len, batch, kb),
                        (1.0 - MEMORY_UTILIZATION) * capacity, capacity)

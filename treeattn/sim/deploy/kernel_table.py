@@ -4,14 +4,16 @@
 format is in ``docs/token.md``), fits each kind's fixed cost and achieved HBM rate, and
 writes a profile whose hardware model replaces the sourced defaults of
 :mod:`treeattn.sim.devices` for that GPU: ``predict --token`` reads the weights at the
-fitted GEMM rate of their dtype, the KV cache at the fitted attention rate, and charges
-every kernel the fitted fixed cost.
+fitted GEMM rate of their dtype, the KV cache by the attention fit (in place of the sourced
+grid model of :mod:`treeattn.sim.decode_kernels`), and charges every small kernel the GEMMs'
+fitted fixed cost.
 
 Each row is one kernel the token model runs:
 
 - ``kind=gemm``: ``m`` (tokens of the batch), ``n``, ``k`` (the weight is ``n × k``),
-  ``dtype`` (the weights': ``bf16``, ``fp16``, ``fp8``, ``fp32``), ``time_us``. It reads
-  ``n·k`` weight elements plus ``m·k`` and ``m·n`` 16-bit activations.
+  ``dtype`` (the weights': ``bf16``, ``fp16``, ``fp8``, ``fp4`` (NVFP4, 4.5 bits a weight
+  with its scales), ``fp32``), ``time_us``. It reads ``n·k`` weight elements plus ``m·k``
+  and ``m·n`` 16-bit activations.
 - ``kind=attention``: ``batch``, ``q_heads``, ``kv_heads``, ``head_dim``, ``context``
   (cached tokens), ``dtype`` (the KV cache's), ``time_us``. It reads
   ``2·batch·kv_heads·context·head_dim`` KV elements.
@@ -33,9 +35,11 @@ from treeattn.sim.files.profile_schema import KERNEL_TABLE_KINDS, KERNELS_KIND
 
 KINDS = KERNEL_TABLE_KINDS
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "float8": 1,
-               "fp32": 4, "float32": 4}
-CANONICAL = {"bfloat16": "bf16", "float16": "fp16", "float8": "fp8", "float32": "fp32"}
-KNOWN_DTYPES = ("bf16", "fp16", "fp8", "fp32")
+               "fp32": 4, "float32": 4, "fp4": 4.5 / 8, "float4": 4.5 / 8}
+CANONICAL = {"bfloat16": "bf16", "float16": "fp16", "float8": "fp8", "float32": "fp32",
+             "float4": "fp4"}
+KNOWN_DTYPES = ("bf16", "fp16", "fp8", "fp4", "fp32")
+WEIGHT_ONLY_DTYPES = ("fp4",)  # NVFP4 weights; the model runs no FP4 KV cache
 COLUMNS = {"gemm": ("m", "n", "k", "dtype", "time_us"),
            "attention": ("batch", "q_heads", "kv_heads", "head_dim", "context", "dtype",
                          "time_us")}
@@ -108,6 +112,9 @@ def read_kernel_table(source: str | Path, text: str | None = None) -> list[dict]
                     raise SimError(f"kernel table {name} line {line}: dtype {value!r} is not "
                                    f"one the model runs ({', '.join(KNOWN_DTYPES)})")
                 row["dtype"] = CANONICAL.get(dtype, dtype)
+                if kind == "attention" and row["dtype"] in WEIGHT_ONLY_DTYPES:
+                    raise SimError(f"kernel table {name} line {line}: dtype {value!r} is a "
+                                   "weight dtype; the model runs no KV cache in it")
             elif col == "time_us":
                 try:
                     time_us = float(value)
@@ -205,9 +212,12 @@ def hardware_from_kernels(profile: dict):
                       int(f["points"])) for f in profile["kernels"]["fits"]]
     attention = next((f for f in fits if f.kind == "attention"), None)
     gemms = [f for f in fits if f.kind == "gemm"]
-    launch = (attention.fixed_s if attention is not None
-              else sum(f.fixed_s for f in gemms) / len(gemms))
+    gemm_fixed = sum(f.fixed_s for f in gemms) / len(gemms) if gemms else None
+    launch = attention.fixed_s if attention is not None else gemm_fixed
+    # one GEMM is one kernel: the GEMMs' fixed cost prices every small kernel; without GEMM
+    # rows, half the attention's (a decode attention is a split kernel and its combine)
+    kernel = gemm_fixed if gemm_fixed is not None else attention.fixed_s / 2
     return replace(base, memory_bandwidth_Bps=(attention.bytes_per_s if attention is not None
                                                else base.memory_bandwidth_Bps),
-                   launch_s=launch,
+                   launch_s=launch, kernel_s=kernel, attention_measured=attention is not None,
                    gemm_bandwidth=tuple((f.dtype, f.bytes_per_s) for f in gemms))

@@ -6,13 +6,15 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
 
 * **weight reads**: each GEMM kind of every layer (:func:`treeattn.sim.deploy.capacity.
   step_weight_reads`) at the GPU's hardware model (:class:`treeattn.sim.devices.
-  HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak)``), in the weight dtype (``bf16`` or
-  ``fp8``);
-* **kernels**: every kernel of a layer outside attention pays the hardware model's fixed
-  cost per step (``launch_s``, 4 µs on GPUs, the fixed part treeattn's own decode kernel
-  showed as a CUDA-graph replay on an H200, see :mod:`treeattn.sim.devices`). The kernels
-  per layer (:data:`KERNELS_PER_LAYER`) are counted by hand from vLLM's model code
-  (below); fusion by ``torch.compile`` can merge a few elementwise ones, so this errs high;
+  HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak)``), in the weight dtype (``bf16``,
+  ``fp8``, or NVFP4 ``fp4`` on GPUs with FP4 tensor cores);
+* **kernels**: every kernel of a layer outside attention pays the fixed cost of a small
+  kernel replayed in a CUDA graph (the engines replay the whole step as one graph:
+  ``HardwareModel.graph_kernel_s``, 2.4 µs, sourced per GPU generation in
+  :mod:`treeattn.sim.decode_kernels`). The kernels per layer (:data:`KERNELS_PER_LAYER`)
+  are counted by hand from vLLM's model code (below), plus, with FP8 weights, the
+  activation quantisation before each FP8 linear; fusion by ``torch.compile`` can merge a
+  few elementwise ones, so this errs high;
 * **TP all-reduces**: two per layer (after the attention output projection and after the
   MLP or experts) of ``B × hidden`` activations, plus the vocabulary-parallel embedding's
   all-reduce and the LM head's all-gather of the logits, each priced by the collective
@@ -21,8 +23,11 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
   the fastest of the allowed transports that runs it there (inside one NVLink domain the
   engines run their TP all-reduce on symmetric memory: :mod:`treeattn.sim.onesided`), the
   same transports the attention merge is planned on;
-* **attention and its merge**, per layer: with the sequence on one rank, the attention of
-  the rank's heads over the whole cache (one compute step); otherwise the planner's pick
+* **attention and its merge**, per layer: with the sequence on one rank, the engine's
+  decode kernel over the rank's heads and the whole cache: its split-KV grid on the GPU's
+  SMs, each CTA streaming at its own rate, so one or two KV heads at batch 1 read well
+  under the HBM rate (:func:`treeattn.sim.decode_kernels.engine_decode_attention_s`);
+  otherwise the planner's pick
   (:func:`treeattn.sim.planning.planner.plan_workload`) for the attention view of the split:
   the heads over ``tp / dcp`` ranks, the sequence over ``dcp × cp``, the KV in its own dtype.
   With ``dcp > 1`` the TP ranks hold different heads, so the queries of the DCP group are first
@@ -73,7 +78,13 @@ from treeattn.schedule.workload import (
     DecodeWorkload,
     ModelConfig,
 )
+from treeattn.sim.decode_kernels import (
+    FP8_QUANT_KERNELS,
+    NO_FP8_TENSOR_CORES,
+    engine_decode_attention_s,
+)
 from treeattn.sim.deploy.capacity import (
+    WEIGHT_DTYPE_BYTES,
     MemoryCheck,
     Split,
     check_split,
@@ -95,14 +106,32 @@ KERNELS_PER_LAYER = {"gqa_attention": 5, "mla_attention": 11, "dense_mlp": 3,
 KERNELS_PER_STEP = 3
 
 
-def kernels_per_step(model: ModelConfig) -> int:
-    """Kernels one decode step launches outside attention (see the module docstring)."""
-    k = KERNELS_PER_LAYER
-    attention = k["mla_attention"] if model.is_mla else k["gqa_attention"] + k["gqa_post_norm"]
+def kernels_per_step(model: ModelConfig, weights_dtype: str = "bfloat16",
+                     gpu_model: str = "") -> int:
+    """Kernels one decode step launches outside attention (see the module docstring); with
+    FP8 or FP4 weights, plus the activation quantisation before each such linear
+    (:data:`treeattn.sim.decode_kernels.FP8_QUANT_KERNELS`), except FP8 on a GPU without
+    FP8 tensor cores (before compute capability 8.9), which vLLM runs as Marlin's
+    weight-only GEMM with no activation to quantise (``Fp8LinearMethod``'s ``use_marlin``,
+    ``vllm/model_executor/layers/quantization/fp8.py``).
+
+    >>> m = ModelConfig.from_name("llama-3.1-8b")
+    >>> kernels_per_step(m, "float8", "H100") - kernels_per_step(m), kernels_per_step(
+    ...     m, "float8", "A100") - kernels_per_step(m)
+    (128, 0)
+    """
+    counts = [KERNELS_PER_LAYER]
+    weight_only = str(weights_dtype) == "float8" and gpu_model in NO_FP8_TENSOR_CORES
+    if str(weights_dtype) in ("float8", "float4") and not weight_only:
+        counts.append(FP8_QUANT_KERNELS)
     moe_layers = model.n_layers - model.first_dense_layers if model.is_moe else 0
     dense_layers = model.n_layers - moe_layers
-    return (model.n_layers * attention + dense_layers * k["dense_mlp"] + moe_layers * k["moe"]
-            + KERNELS_PER_STEP)
+    total = KERNELS_PER_STEP
+    for k in counts:
+        attention = (k["mla_attention"] if model.is_mla
+                     else k["gqa_attention"] + k.get("gqa_post_norm", 0))
+        total += model.n_layers * attention + dense_layers * k["dense_mlp"] + moe_layers * k["moe"]
+    return total
 
 
 @dataclass
@@ -225,8 +254,8 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     check_token_model(model)
     check_split(model, split)
     wdt, kdt = weights_dtype or model.dtype, kv_dtype or model.dtype
-    for name in (wdt, kdt):
-        if name not in STORAGE_DTYPE_BYTES:
+    for name, known in ((wdt, WEIGHT_DTYPE_BYTES), (kdt, STORAGE_DTYPE_BYTES)):
+        if name not in known:
             raise SimError(f"unknown dtype {name!r}")
     topo = deployment_topology(topology, split)
     hw = resolve_hardware(topo, hardware)[0]
@@ -234,16 +263,17 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     act = STORAGE_DTYPE_BYTES[model.dtype]
     parts: dict[str, float] = {}
 
-    reads = step_weight_reads(model, split.tp, STORAGE_DTYPE_BYTES[wdt], batch)
+    reads = step_weight_reads(model, split.tp, WEIGHT_DTYPE_BYTES[wdt], batch)
     measured = dict(hw.gemm_bandwidth).get(CANONICAL.get(wdt, wdt))
     if measured:  # the user's kernel table (calibrate --kernels) has this dtype's GEMMs
         parts["weights"] = sum(count * max(nbytes / measured, flops / hw.peak_flops)
                                for _, count, nbytes, flops in reads)
-    else:  # FP8 GEMMs read their weights below the bf16 rate (devices.FP8_GEMM_EFFICIENCY)
+    else:  # FP8/FP4 GEMMs read below the bf16 rate (devices.LOW_PRECISION_GEMM_EFFICIENCY)
         slower = weight_read_factor(normalize_model(topo.gpu_model(0)), wdt, hw.name)
         parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
                                for _, count, nbytes, flops in reads)
-    parts["kernels"] = kernels_per_step(model) * hw.launch_s
+    gpu = normalize_model(topo.gpu_model(0))
+    parts["kernels"] = kernels_per_step(model, wdt, gpu) * hw.graph_kernel_s
 
     tp_ranks = list(range(split.tp))
     hidden = batch * model.dim * act
@@ -260,7 +290,15 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     view = attention_view(model, split, seq_len, batch, kdt)
     if split.seq_ranks == 1:
         local = group_workload(view) if split.attention_tp > 1 else view
-        layer_s = hw.compute_time(local.attention_bytes(seq_len), local.attention_flops(seq_len))
+        nbytes, flops = local.attention_bytes(seq_len), local.attention_flops(seq_len)
+        if hw.attention_measured:  # the user's kernel table's attention fit
+            layer_s = hw.compute_time(nbytes, flops)
+        else:  # the engine's split-KV kernel on this GPU's SMs (decode_kernels)
+            layer_s = engine_decode_attention_s(
+                hw, normalize_model(topo.gpu_model(0)), nbytes, local.kv_bytes(seq_len),
+                flops, batch=batch,
+                kv_heads=local.model.n_kv_heads, q_heads=local.model.n_heads,
+                context=seq_len, mla=model.is_mla)
         merge, system = "none", "no merge (the sequence on one rank)"
     else:
         chosen = plan_workload(topo, view, hardware, backend, algorithms=algorithms,
