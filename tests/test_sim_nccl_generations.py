@@ -125,3 +125,19 @@ def test_a100_ring_ll_at_64_kib_moves_on_two_channels():
     assert cost.time_s * 1e6 == pytest.approx(15.0 * AMPERE + wire, rel=1e-9)
     # NCCL picks by its own estimate, which assumes every channel
     assert cost.tuner_s * 1e6 == pytest.approx(15.0 * AMPERE + 65536 / (1000 * 87.7 * 8 / 14))
+
+
+def test_a100_mid_size_all_reduce_is_ring_ll128_on_nccls_ampere_figures():
+    # 8 GPUs, 4-32 MiB: NCCL's tuner takes ring LL128 (from 4 MiB, Simple from 64 MiB) at
+    # min(0.92 × 12 × 20, 12 × perChMaxRingLL128Bws[ampere] = 20) = 220.8 GB/s of bus
+    # bandwidth on every channel, × 8/14 for the algorithm bandwidth; the latency is ring
+    # LL128's base 14 µs + 14 NVLink hops × 1.9 µs, clock-scaled. Ring bandwidth has no size
+    # correction in NCCL (treeCorrectionFactor is the tree's), so none here either.
+    latency = (14.0 + 14 * 1.9) * AMPERE
+    for nbytes in (4 << 20, 8 << 20, 16 << 20, 32 << 20):
+        cost = collective_cost("all_reduce", nbytes, shape("dgx-a100", 8))
+        assert (cost.algorithm, cost.protocol) == ("ring", "LL128")
+        wire = nbytes / (1000 * 220.8 * 8 / 14)
+        assert cost.time_s * 1e6 == pytest.approx(latency + wire, rel=1e-9)
+    assert collective_cost("all_reduce", 2 << 20, shape("dgx-a100", 8)).protocol == "LL"
+    assert collective_cost("all_reduce", 64 << 20, shape("dgx-a100", 8)).protocol == "Simple"
