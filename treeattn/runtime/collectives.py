@@ -30,7 +30,7 @@ import torch.distributed as dist
 from treeattn.kernels import merge
 from treeattn.runtime.collective_ops import CollectiveOps
 from treeattn.runtime.errors import RuntimeFailure
-from treeattn.runtime.group import RankContext
+from treeattn.runtime.group import RankContext, held_weakly
 from treeattn.runtime.transport import Channel, collective_ops
 from treeattn.runtime.wire import AttnDims
 from treeattn.schedule.ir import Collective, Schedule
@@ -46,37 +46,28 @@ _REDUCE_OPS = {CollectiveOp.ALL_REDUCE_SUM: "sum", CollectiveOp.ALL_REDUCE_MAX: 
 # destroys the group only at interpreter exit, where gloo's threads can abort the process
 # ("terminate called without an active exception") after a run that succeeded.
 class _HeldWeakly:
-    """Members' global ranks -> what ``dist.new_group`` returned: a group, held by a weak
-    reference (a dead one reads as absent), or the plain marker torch gives a non-member."""
+    """Members' global ranks -> what ``dist.new_group`` returned (a group, or the marker
+    torch gives a non-member), each held by :func:`held_weakly`; a dead one reads as absent."""
 
     def __init__(self) -> None:
         self._held: dict[tuple[int, ...], object] = {}
 
     def __contains__(self, ranks: tuple[int, ...]) -> bool:
-        if ranks not in self._held:
-            return False
-        held = self._held[ranks]
-        return not isinstance(held, weakref.ref) or held() is not None
-
-    def get(self, ranks: tuple[int, ...]):
         held = self._held.get(ranks)
-        return held() if isinstance(held, weakref.ref) else held
+        return held is not None and (not isinstance(held, weakref.ref) or held() is not None)
 
     def __getitem__(self, ranks: tuple[int, ...]):
-        return self.get(ranks)
+        return self._held[ranks]()
 
     def __setitem__(self, ranks: tuple[int, ...], group) -> None:
-        try:
-            self._held[ranks] = weakref.ref(group)
-        except TypeError:  # a non-member's marker (an int): nothing to free
-            self._held[ranks] = group
+        self._held[ranks] = held_weakly(group)
 
     def clear(self) -> None:
         self._held.clear()
 
 
 _SUBGROUPS = _HeldWeakly()
-_SUBGROUPS_OF: list = [None]  # a weak reference to the default group, or None
+_SUBGROUPS_OF: list = [None]  # held_weakly(the default group), or None
 
 
 def _made() -> _HeldWeakly:
@@ -84,7 +75,7 @@ def _made() -> _HeldWeakly:
     owner = _SUBGROUPS_OF[0]
     if owner is None or owner() is not world:
         _SUBGROUPS.clear()
-        _SUBGROUPS_OF[0] = weakref.ref(world)
+        _SUBGROUPS_OF[0] = held_weakly(world)
     return _SUBGROUPS
 
 

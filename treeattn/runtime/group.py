@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -127,6 +128,17 @@ def destroy_group() -> None:
     _Heartbeat.stop()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def held_weakly(obj):
+    """A callable that returns ``obj`` while it lives: a weak reference to a process group
+    (so that holding it never keeps a group torch has destroyed alive until interpreter exit,
+    where gloo's threads can abort the process), or ``obj`` itself where it cannot be weakly
+    referenced (``None`` before a default group exists, a non-member's int marker)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def heartbeat_key(rank: int) -> str:

@@ -22,7 +22,7 @@ The transport of a process group is made once, collectively, at its first use.
 from __future__ import annotations
 
 import time
-import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from treeattn.runtime.collective_ops import CollectiveOps
-from treeattn.runtime.group import RankContext
+from treeattn.runtime.group import RankContext, held_weakly
 
 
 class Channel(Protocol):
@@ -184,7 +184,7 @@ class _Pushing:
 # keyed by the group's id, with a weak reference to the group: a dead reference means the
 # id belongs to a newer group. Weak, because a group torch has destroyed but a module still
 # holds is destroyed only at interpreter exit, where gloo's threads can abort the process.
-_TRANSPORTS: dict[tuple[int, int, int], tuple[weakref.ref, Transport]] = {}
+_TRANSPORTS: dict[tuple[int, int, int], tuple[Callable, Transport]] = {}
 
 
 def transport_for(ctx: RankContext) -> Transport:
@@ -196,5 +196,5 @@ def transport_for(ctx: RankContext) -> Transport:
     if found is None or found[0]() is not group:
         plugin = plugged_in()
         channel = plugin.open_channel(ctx) if plugin is not None else None
-        found = _TRANSPORTS[key] = (weakref.ref(group), Transport(ctx, channel))
+        found = _TRANSPORTS[key] = (held_weakly(group), Transport(ctx, channel))
     return found[1]
