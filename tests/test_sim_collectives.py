@@ -207,6 +207,11 @@ def test_fidelity_against_published_measurements():
     # A100, one process per GPU (NCCL 2.8.4): the issue's ±20% small-message target, with the
     # clock-scaled latency and the channels NCCL sizes a small message to
     assert summary["A100 1 node, 4 and 8 GPUs (MPI)"]["small_geo_error"] <= 0.20
+    # 2 and 4 H100s of a node (-g runs, from 128 MiB): the issue's 20% target; the model
+    # prices these groups as NCCL's tuner does (test_small_groups_are_priced_as_nccls_...)
+    small_groups = summary["H100 1 node, 2 and 4 GPUs (-g)"]
+    assert small_groups["small_points"] == 0 and small_groups["large_points"] == 27
+    assert small_groups["large_busbw_geo_error"] <= 0.20
 
 
 def test_busbw_table_reads_times_back_from_bus_bandwidth():
@@ -397,6 +402,35 @@ def test_a_2_gpu_ring_has_the_channels_of_nccls_search(spec, links, channels, sp
     ring = collective_cost("all_reduce", big, two, algorithm="ring", protocol="Simple")
     # ring Simple bus bandwidth = channels × speed; a 2-rank all-reduce's busbw = algbw
     assert ring.bandwidth_Bps == pytest.approx(channels * speed * 1e9 * 2 / (2 * 1))
+
+
+# NCCL 2.29.2's own tuning table (NCCL_DEBUG=TUNING) on 2, 4 and 6 H100s of one HGX node,
+# ring columns: (latency µs, algorithm GB/s) for LL, LL128, Simple, as the library printed
+# them (github.com/waynehacking8/nccl-collectives-bench @ ec97f062,
+# results/scaling_attributed/g{2,4,6}_Ring.log; 24 coll channels in each).
+NCCL_LOGGED_RING = {
+    2: {"all_gather": ((7.2, 282.0), (15.9, 662.4), (11.8, 720.0)),
+        "all_reduce": ((7.8, 141.0), (17.8, 331.2), (15.2, 360.0))},
+    4: {"all_gather": ((8.4, 188.0), (19.7, 441.6), (18.6, 480.0)),
+        "all_reduce": ((10.2, 94.0), (25.4, 220.8), (28.8, 240.0))},
+    6: {"all_gather": ((9.6, 169.2), (23.5, 397.4), (25.4, 432.0)),
+        "all_reduce": ((12.6, 84.6), (33.0, 198.7), (42.4, 216.0))},
+}
+
+
+@pytest.mark.parametrize("n", sorted(NCCL_LOGGED_RING))
+def test_small_groups_are_priced_as_nccls_logged_tuning_table(n):
+    """The model's ring on n GPUs of a DGX H100 is what NCCL's tuner printed for that group:
+    the same channels and bus bandwidth whatever n (the tuner has no group-size term), the
+    latency growing by one hop per ring step, reduce-scatter priced as all-gather."""
+    shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(n))
+    assert T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * shape.channels == 24
+    rows = dict(NCCL_LOGGED_RING[n], reduce_scatter=NCCL_LOGGED_RING[n]["all_gather"])
+    for op, logged in rows.items():
+        for protocol, (latency_us, algbw) in zip(T.PROTOCOLS, logged, strict=True):
+            cost = collective_cost(op, 1 << 30, shape, algorithm="ring", protocol=protocol)
+            assert cost.latency_s * 1e6 == pytest.approx(latency_us, abs=0.05), (op, protocol)
+            assert cost.bandwidth_Bps / 1e9 == pytest.approx(algbw, abs=0.05), (op, protocol)
 
 
 def test_nvls_runs_one_channel_per_gpu_so_small_groups_take_the_ring():

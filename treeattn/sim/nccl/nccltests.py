@@ -8,7 +8,8 @@ rank, and for RCCL a version block), a two-line column header, then one row per 
 with out-of-place and (usually) in-place columns; releases before the ``root`` column (2020
 and earlier) print ``size count type redop`` and, in place of ``#wrong``, the largest
 difference from the expected result. Launchers may prefix every line with the
-rank (``0: ...`` from ``srun -l``); ``#wrong`` is ``N/A`` when validation is off. The op is
+rank (``0: ...`` from ``srun -l``); ``#wrong`` is ``N/A`` when validation is off; sizes
+below one element per rank print as 0-byte rows, which are skipped. The op is
 named by newer versions (``# Collective test starting: all_gather_perf``), or by the file
 name, or given by the caller: the columns alone cannot tell an all-gather from a sendrecv.
 
@@ -170,7 +171,9 @@ def parse_nccl_sections(text: str, op: str | None = None, source: str = "<text>"
         fields = line.split()
         if not fields[0][:1].isdigit():
             continue  # "NCCL version ...", "RCCL version : ...", launcher noise
-        rows.append(_row(fields, number, source))
+        row = _row(fields, number, source)
+        if row is not None:
+            rows.append(row)
         if len(rows) > 4 * MAX_SIZES:
             raise SimError(f"{source} line {number}: more than {4 * MAX_SIZES} rows in one "
                            f"section; a sweep has at most {MAX_SIZES} sizes")
@@ -209,9 +212,11 @@ def parse_nccl_sections(text: str, op: str | None = None, source: str = "<text>"
     return tables
 
 
-def _row(fields: list[str], number: int, source: str) -> NcclTestsRow:
+def _row(fields: list[str], number: int, source: str) -> NcclTestsRow | None:
     """One data row: size count type redop root, then groups of (time algbw busbw #wrong);
-    before the root column, size count type redop, then groups of (time algbw busbw error)."""
+    before the root column, size count type redop, then groups of (time algbw busbw error).
+    None for a 0-byte, 0-element row: an all-gather or reduce-scatter sweep from 8 B on 4 or
+    more GPUs prints one for each size below one element per rank, which moves nothing."""
     where = f"{source} line {number}"
     if len(fields) not in (8, 9, 12, 13):
         raise SimError(f"{where}: expected 9 or 13 columns (8 or 12 before nccl-tests "
@@ -242,6 +247,8 @@ def _row(fields: list[str], number: int, source: str) -> NcclTestsRow:
         raise SimError(f"{where}: size {fields[0][:24]!r} is not a byte count of at most 16 "
                        "ASCII digits")
     size = int(fields[0])
+    if size == 0 and fields[1] == "0":
+        return None  # nccl-tests' row for a size that leaves no element per rank
     if size <= 0 or size > 1 << 50:
         raise SimError(f"{where}: size {fields[0]} is out of range")
     if parsed[0][0] <= 0:
