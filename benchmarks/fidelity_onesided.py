@@ -15,8 +15,9 @@ vLLM's benchmark times its communicator, which stages the input into the registe
 and copies the result out (``SymmMemCommunicator.all_reduce``): those two copy kernels are
 added, each priced as the hardware model prices every kernel of a step
 (:meth:`treeattn.sim.devices.HardwareModel.compute_time`: a read and a write of the buffer
-at the GPU's modelled bandwidth, plus its fixed cost ``launch_s``, the same 4 µs the whole
-token charges each kernel). Rows whose method or hardware the model cannot match
+at the GPU's modelled bandwidth, plus its fixed cost ``launch_s``, 4 µs, as a Compute step
+is priced; the whole-token model charges a small graph-replayed kernel less,
+``graph_kernel_s``, 2.4 µs on Hopper). Rows whose method or hardware the model cannot match
 (eager calls timed one by one, a world size not stated) are shown, not scored, with the
 reason. The error of a row is ``max(p, m) / min(p, m) - 1``.
 

@@ -36,12 +36,14 @@ def test_hbm_efficiency_rows_are_their_published_figures():
 
 def test_blackwell_fp8_gemm_rate_is_vllms_sm100_rows():
     """N = 28672, K = 4096 FP8 GEMM alone at batch 1 and 16: 10.419067 and 167.030801
-    TFLOP/s; bytes = N·K + batch·(N + K)·2."""
+    TFLOP/s; bytes = N·K + batch·(N + K)·2, read in the published time less the one
+    graph-replayed kernel's fixed cost the token model charges the GEMM on top (2.4 µs)."""
     n, k = 28672, 4096
     ratios = []
     for m, tflops in ((1, 10.419067), (16, 167.030801)):
         seconds = 2 * m * n * k / (tflops * 1e12)
-        ratios.append((n * k + m * (n + k) * 2) / seconds / 8.0e12)
+        ratios.append((n * k + m * (n + k) * 2) / (seconds - 2.4e-6) / 8.0e12)
+    assert 0.72 < sum(ratios) / 2 < 0.74  # 5833 and 5895 GB/s of 8.0 TB/s
     assert FP8_GEMM_EFFICIENCY["blackwell"] == pytest.approx(sum(ratios) / 2, abs=0.001)
     assert weight_read_factor("B200", "float8") == pytest.approx(0.75 / FP8_GEMM_EFFICIENCY[
         "blackwell"])

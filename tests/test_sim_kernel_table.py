@@ -92,6 +92,8 @@ def test_a_calibrated_profile_replaces_the_sourced_kernels(tmp_path, capsys):
     (HEADER + "attention,,,,fp4,1,8,8,128,4096,3\n", "weight dtype"),
     (HEADER + "gemm,1,8192,8192,bf16,,,,,,3\n", "two different sizes"),
     (HEADER, "no rows"),
+    (HEADER + "gemm,1,8192,8192,fp4,,,,,,20\ngemm,1,28672,8192,fp4,,,,,,60\n",
+     "lines 2, 3: fp4 GEMMs on H100"),
 ])
 def test_a_bad_table_is_one_error_line(tmp_path, capsys, body, needle):
     path = tmp_path / "bad.csv"
@@ -105,3 +107,41 @@ def test_a_fit_whose_times_fall_with_the_bytes_is_refused():
     text = HEADER + "gemm,1,8192,8192,bf16,,,,,,30\ngemm,1,4096,4096,bf16,,,,,,40\n"
     with pytest.raises(SimError, match="do not grow"):
         fit_kernels(read_kernel_table("t.csv", text))
+
+
+def test_times_too_small_for_a_finite_rate_are_one_error_line_and_nothing_written(
+        tmp_path, capsys):
+    """1e-300 µs and 1e-299 µs: the line through them has a slope that underflows, so its
+    rate is infinite (no JSON number); refused naming the rows, no profile written."""
+    path, out = tmp_path / "tiny.csv", tmp_path / "tiny.json"
+    path.write_text(HEADER + "gemm,1,8192,8192,fp8,,,,,,1e-300\n"
+                             "gemm,1,28672,8192,fp8,,,,,,1e-299\n")
+    assert main(["calibrate", "--kernels", str(path), "--topology", "dgx-h100", "-o",
+                 str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and len(captured.err.strip().splitlines()) == 1
+    assert "lines 2, 3" in captured.err and "finite" in captured.err
+    assert not out.exists()
+    with pytest.raises(SimError, match="lines 2, 3"):
+        fit_kernels(read_kernel_table(str(path)))
+
+
+def test_fp4_weights_on_hopper_are_refused_with_a_measured_profile(tmp_path, capsys):
+    """A Blackwell profile with an FP4 GEMM fit, relabelled for an H100 (as calibrate on
+    dgx-h100 wrote it before it checked), does not price FP4 weights on Hopper."""
+    b200 = tmp_path / "b200.json"
+    table = tmp_path / "fp4.csv"
+    table.write_text(HEADER + "gemm,1,8192,8192,fp4,,,,,,20\ngemm,1,28672,8192,fp4,,,,,,60\n")
+    assert main(["calibrate", "--kernels", str(table), "--topology", "dgx-b200", "-o",
+                 str(b200)]) == 0
+    profile = json.loads(b200.read_text())
+    profile.update(gpu_model="H100", backend="nccl")
+    h100 = tmp_path / "h100.json"
+    h100.write_text(json.dumps(profile))
+    capsys.readouterr()
+    assert main(["predict", "--topology", "dgx-h100", "--model", "llama-3.1-8b", "--seq-len",
+                 "4k", "--token", "--tp", "8", "--weights-dtype", "fp4", "--profile",
+                 str(h100)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("error: ")
+    assert len(captured.err.strip().splitlines()) == 1 and "FP4 tensor cores" in captured.err

@@ -18,7 +18,12 @@ from treeattn.atomic import check_output_path
 from treeattn.commands.nccl_calibrate import write_profile
 from treeattn.commands.tables import Column, print_table
 from treeattn.errors import UserError
-from treeattn.sim.deploy.kernel_table import fit_kernels, kernel_profile, read_kernel_table
+from treeattn.sim.deploy.kernel_table import (
+    check_table_gpu,
+    fit_kernels,
+    kernel_profile,
+    read_kernel_table,
+)
 from treeattn.topo.hardware import normalize_model
 
 
@@ -35,6 +40,7 @@ def handle(args: argparse.Namespace) -> int:
         raise UserError(f"topology {args.topology!r} has CPU ranks; a kernel table "
                         "calibrates a GPU")
     rows = read_kernel_table(args.kernels)
+    check_table_gpu(rows, model, f"kernel table {args.kernels}")
     profile = kernel_profile(rows, fit_kernels(rows, f"kernel table {args.kernels}"), model,
                              args.kernels)
     return write_profile(profile, args.output, _report)

@@ -59,10 +59,11 @@ Sources:
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from treeattn.schedule.payloads import SimError
-from treeattn.sim.decode_kernels import generation_kernel_s
+from treeattn.sim.decode_kernels import GRAPH_KERNEL_S, generation_kernel_s
 from treeattn.sim.host_model import HostSpec
 from treeattn.topo.hardware import GPU_SPECS
 
@@ -184,28 +185,94 @@ CPU_LAUNCH_S = 20e-6  # placeholder: `treeattn calibrate` measures it
 MEMORY_EFFICIENCY = {"H200": 0.90, "H100": 0.90, "B200": 0.75, "GB200": 0.75,
                      "A100": 0.89, "A800": 0.89, "MI300X": 0.74}
 # Fraction of the datasheet HBM rate at which a decode GEMM reads FP8 weights, by GPU
-# generation (the token model's weight reads; bf16 weights read at MEMORY_EFFICIENCY).
+# generation (the token model's weight reads; bf16 weights read at MEMORY_EFFICIENCY). The
+# token model charges a GEMM its bytes at this rate plus one graph-replayed kernel's fixed
+# cost (decode_kernels.GRAPH_KERNEL_S: 2.4 µs on every generation), so each rate is read from
+# a published time less that fixed cost, bytes / (time - 2.4 µs) / datasheet; read from the
+# whole time it would charge the fixed cost twice.
 # Hopper: DeepGEMM's README at commit 7a70b43 (deepseek-ai/DeepGEMM, "Normal GEMMs for dense
-# models", H800 SXM5, HBM3 at 3.35 TB/s, NVCC 12.8): its six M = 64 decode-sized rows read
-# at 1688, 2455, 2143, 2668, 2320 and 2470 GB/s; their median, 2388 GB/s, is 0.71 of the
-# datasheet.
+# models", H800 SXM5, HBM3 at 3.35 TB/s, NVCC 12.8), its six M = 64 decode-sized rows
+# (TFLOPS, GB/s): time = 2·M·N·K / TFLOPS, bytes = time × GB/s:
+#   N × K         TFLOPS  GB/s   time µs  MB      GB/s in (time - 2.4 µs)  of 3.35 TB/s
+#   2112 × 7168   206     1688    9.407    15.88  2266                     0.676
+#   24576 × 1536  289     2455   16.719    41.05  2867                     0.856
+#   32768 × 512   219     2143    9.806    21.01  2837                     0.847
+#   7168 × 16384  336     2668   44.739   119.36  2819                     0.842
+#   4096 × 7168   287     2320   13.094    30.38  2841                     0.848
+#   7168 × 2048   295     2470    6.370    15.73  3963                     1.183
+# median (0.847 + 0.848) / 2 = 0.847. The last row, above the datasheet, is a kernel whose
+# fixed part is under 2.4 µs (DeepGEMM times kernels alone, without the gap to the next one);
+# the median keeps it out. Cross-check, no fixed cost assumed: the least-squares line through
+# the six rows (time against bytes) has a slope of 0.839 of the datasheet and 2.26 µs at zero.
 # Blackwell: vLLM's bench_fp8_gemm on SM100 (https://github.com/vllm-project/vllm/pull/20071,
 # "SM100 FP8 GEMM Optimizations after cutlass_profiler", B200-class at 8.0 TB/s): the CUTLASS
 # FP8 GEMM alone (``fp8-channel-w-token-a-noquant``) of Llama-3.1-8B's N = 28672, K = 4096 at
-# batch 1 and 16, 10.42 and 167.03 TFLOP/s: 22.54 and 22.50 µs for 117.5 and 118.5 MB, 0.652
-# and 0.658 of the datasheet; their mean, 0.655.
+# batch 1 and 16, 10.419067 and 167.030801 TFLOP/s: 22.543 and 22.499 µs for 117.51 and
+# 118.49 MB (N·K + M·(N + K)·2), 5833 and 5895 GB/s in (time - 2.4 µs), 0.729 and 0.737 of
+# the datasheet; their mean, 0.733.
 # Generations without a published FP8 decode GEMM table here keep the bf16 rate.
-FP8_GEMM_EFFICIENCY = {"hopper": 0.71, "blackwell": 0.655}
-FP8_GEMM_SOURCES = {"hopper": "DeepGEMM README @7a70b43, H800, M=64 rows, median 2388 GB/s",
-                    "blackwell": "vLLM PR #20071, SM100, N=28672 K=4096 M=1/16, 0.652/0.658"}
+GEMM_FIXED_S = GRAPH_KERNEL_S["hopper"]  # the fixed cost the token model charges each GEMM
+DEEPGEMM_H800_M64 = ((2112, 7168, 206, 1688), (24576, 1536, 289, 2455), (32768, 512, 219, 2143),
+                     (7168, 16384, 336, 2668), (4096, 7168, 287, 2320), (7168, 2048, 295, 2470))
+VLLM_SM100_FP8_N28672 = ((1, 10.419067), (16, 167.030801))  # (M, TFLOP/s), K = 4096
+
+
+def _deepgemm_rate(n: int, k: int, tflops: float, gbps: float, m: int = 64) -> float:
+    seconds = 2.0 * m * n * k / (tflops * 1e12)
+    return seconds * gbps * 1e9 / (seconds - GEMM_FIXED_S) / GPU_SPECS["H800"].memory_bandwidth
+
+
+def _sm100_fp8_rate(m: int, tflops: float, n: int = 28672, k: int = 4096) -> float:
+    seconds = 2.0 * m * n * k / (tflops * 1e12)
+    nbytes = n * k + m * (n + k) * 2
+    return nbytes / (seconds - GEMM_FIXED_S) / GPU_SPECS["B200"].memory_bandwidth
+
+
+FP8_GEMM_EFFICIENCY = {
+    "hopper": round(statistics.median(_deepgemm_rate(*row) for row in DEEPGEMM_H800_M64), 3),
+    "blackwell": round(statistics.mean(_sm100_fp8_rate(*row) for row in VLLM_SM100_FP8_N28672),
+                       3)}
+FP8_GEMM_SOURCES = {"hopper": "DeepGEMM README @7a70b43, H800, M=64 rows less 2.4 µs, median",
+                    "blackwell": "vLLM PR #20071, SM100, N=28672 K=4096 M=1/16 less 2.4 µs"}
 # The same for NVFP4 weights (4.5 bits a weight with their scales), on the only generation with
 # FP4 tensor cores. Blackwell: FlashInfer's ``mm_fp4`` (CUTLASS backend) on one B200 SXM at
 # M = 1, N = K = 8192, timed with CUDA-graph replays, "achieves 1.78 TB/s" counting the 4-bit
-# values alone (https://github.com/flashinfer-ai/flashinfer/issues/1732); with the scales
-# that is 1.78 × 4.5 / 4 = 2.00 TB/s, 0.25 of the datasheet's 8.0.
-FP4_GEMM_EFFICIENCY = {"blackwell": 0.25}
-FP4_GEMM_SOURCES = {"blackwell": "FlashInfer #1732, B200, mm_fp4 CUTLASS, M=1 N=K=8192"}
+# values alone (https://github.com/flashinfer-ai/flashinfer/issues/1732): 33.55 MB in
+# 18.851 µs. With the scales and the 16-bit activations that is 37.78 MB, in (18.851 - 2.4)
+# µs 2297 GB/s, 0.287 of the datasheet's 8.0. This is an untuned kernel in a performance bug
+# report (closed), and it makes an NVFP4 GEMM slower than an FP8 one of the same weights
+# (0.5625 / 0.287 against 1 / 0.733 of the datasheet time per weight, 1.44x). No faster
+# public table of the NVFP4 GEMM the engines run at decode sizes was found: vLLM's CUTLASS
+# NVFP4 GEMM at M = 1 on a B200 (the ``cutlass`` column of pytorch/helion PR #3046, six
+# shapes from 4096 × 4096 to 8192 × 28672) lies on a line of 0.314 of the datasheet and
+# 3.8 µs at zero, the same rate; benchmarks/fidelity.py scores it.
+FP4_SOURCE_ROW = (1, 8192, 8192, 1.78e12)  # (M, N, K, TB/s of the 4-bit values)
+
+
+def _nvfp4_rate(m: int, n: int, k: int, value_bps: float) -> float:
+    seconds = n * k * 0.5 / value_bps
+    nbytes = n * k * 4.5 / 8 + m * (n + k) * 2
+    return nbytes / (seconds - GEMM_FIXED_S) / GPU_SPECS["B200"].memory_bandwidth
+
+
+FP4_GEMM_EFFICIENCY = {"blackwell": round(_nvfp4_rate(*FP4_SOURCE_ROW), 3)}
+FP4_GEMM_SOURCES = {"blackwell": "FlashInfer #1732 (untuned, bug report), B200, mm_fp4 "
+                                 "CUTLASS, M=1 N=K=8192, less 2.4 µs"}
 LOW_PRECISION_GEMM_EFFICIENCY = {"float8": FP8_GEMM_EFFICIENCY, "float4": FP4_GEMM_EFFICIENCY}
+
+
+def check_weight_dtype(gpu_model: str, weight_dtype: str) -> None:
+    """SimError for FP4 weights on a GPU without FP4 tensor cores (a generation with no
+    :data:`FP4_GEMM_EFFICIENCY` row); every other pairing runs.
+
+    >>> check_weight_dtype("B200", "float4"), check_weight_dtype("H100", "float8")
+    (None, None)
+    """
+    from treeattn.sim.nccl.tables import ARCH_OF_MODEL
+
+    if str(weight_dtype) in ("float4", "fp4") and \
+            ARCH_OF_MODEL.get(str(gpu_model), "") not in FP4_GEMM_EFFICIENCY:
+        raise SimError(f"FP4 weights need FP4 tensor cores (Blackwell); {gpu_model} has none")
 
 
 def weight_read_factor(gpu_model: str, weight_dtype: str, hardware_name: str = "") -> float:
@@ -213,24 +280,22 @@ def weight_read_factor(gpu_model: str, weight_dtype: str, hardware_name: str = "
     ``gpu_model`` GPU (as the topology names it) than the hardware model's memory bandwidth
     says: 1 for 16-bit weights and for generations without a sourced FP8 row; for FP8 and
     FP4 the hardware's memory efficiency (``hardware_name``'s, else the GPU model's) over
-    :data:`LOW_PRECISION_GEMM_EFFICIENCY`'s (Hopper FP8: 0.90 / 0.71). SimError for FP4 on
-    a GPU without FP4 tensor cores.
+    :data:`LOW_PRECISION_GEMM_EFFICIENCY`'s (Hopper FP8: 0.90 / 0.847). SimError for FP4
+    on a GPU without FP4 tensor cores (:func:`check_weight_dtype`).
 
     >>> round(weight_read_factor("H200", "float8"), 3), weight_read_factor("H200", "bfloat16")
-    (1.268, 1.0)
-    >>> weight_read_factor("B200", "float4")  # 0.75 / 0.25
-    3.0
+    (1.063, 1.0)
+    >>> round(weight_read_factor("B200", "float4"), 3)  # 0.75 / 0.287
+    2.613
     """
     from treeattn.sim.nccl.tables import ARCH_OF_MODEL
 
+    check_weight_dtype(gpu_model, weight_dtype)
     table = LOW_PRECISION_GEMM_EFFICIENCY.get(str(weight_dtype))
     if table is None:
         return 1.0
     rate = table.get(ARCH_OF_MODEL.get(str(gpu_model), ""))
     if rate is None:
-        if weight_dtype == "float4":
-            raise SimError(f"FP4 weights need FP4 tensor cores (Blackwell); {gpu_model} has "
-                           "none")
         return 1.0
     efficiency = MEMORY_EFFICIENCY.get(hardware_name, MEMORY_EFFICIENCY.get(str(gpu_model)))
     return (efficiency or 1.0) / rate

@@ -103,7 +103,7 @@ def read_kernel_table(source: str | Path, text: str | None = None) -> list[dict]
         if missing:
             raise SimError(f"kernel table {name}: {kind} rows need column(s) "
                            f"{', '.join(missing)}")
-        row = {"kind": kind}
+        row = {"kind": kind, "line": line}
         for col in COLUMNS[kind]:
             value = raw.get(col, "")
             if col == "dtype":
@@ -143,20 +143,44 @@ def read_kernel_table(source: str | Path, text: str | None = None) -> list[dict]
     return rows
 
 
+def check_table_gpu(rows: list[dict], gpu_model: str, source: str = "kernel table") -> None:
+    """SimError naming the rows a ``gpu_model`` GPU cannot have run: FP4 GEMMs on a GPU
+    without FP4 tensor cores (:func:`treeattn.sim.devices.check_weight_dtype`)."""
+    from treeattn.sim.devices import check_weight_dtype
+
+    fp4 = [row for row in rows if row["kind"] == "gemm" and row["dtype"] == "fp4"]
+    if fp4:
+        try:
+            check_weight_dtype(gpu_model, "float4")
+        except SimError as err:
+            raise SimError(f"{source} {_lines(fp4)}: fp4 GEMMs on {gpu_model}: {err}") from None
+
+
+def _lines(rows: list[dict]) -> str:
+    lines = [str(row["line"]) for row in rows if "line" in row]
+    return ("line " if len(lines) == 1 else "lines ") + ", ".join(lines) if lines else "rows"
+
+
 def fit_kernels(rows: list[dict], source: str = "kernel table") -> list[KernelFit]:
     """One :class:`KernelFit` per kind (GEMMs per weight dtype), least squares in
-    ``time = fixed + bytes / rate``; SimError where a group has fewer than two sizes."""
-    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    ``time = fixed + bytes / rate``; SimError where a group has fewer than two sizes, or
+    where its fit is not a finite fixed cost and a finite positive rate (times so small
+    the rate overflows), naming the group's rows."""
+    groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
         key = (row["kind"], row["dtype"] if row["kind"] == "gemm" else "any")
-        groups.setdefault(key, []).append((row_bytes(row), row["time_s"]))
+        groups.setdefault(key, []).append(row)
     fits = []
-    for (kind, dtype), points in sorted(groups.items()):
-        sizes = {b for b, _ in points}
-        if len(sizes) < 2:
-            raise SimError(f"{source}: {kind} {'' if dtype == 'any' else dtype + ' '}rows "
-                           "need at least two different sizes to fit a fixed cost and a rate")
+    for (kind, dtype), group in sorted(groups.items()):
+        what = f"{kind} {'' if dtype == 'any' else dtype + ' '}rows"
+        points = [(row_bytes(row), row["time_s"]) for row in group]
+        if len({b for b, _ in points}) < 2:
+            raise SimError(f"{source}: {what} need at least two different sizes to fit a "
+                           "fixed cost and a rate")
         fixed, rate = _least_squares(points)
+        if not (math.isfinite(fixed) and fixed >= 0 and math.isfinite(rate) and rate > 0):
+            raise SimError(f"{source} {_lines(group)}: the fit of the {what} is no finite fixed "
+                           f"cost and positive rate (fixed {fixed:g} s, rate {rate:g} B/s)")
         fits.append(KernelFit(kind, dtype, fixed, rate, len(points)))
     return fits
 
@@ -184,6 +208,7 @@ def kernel_profile(rows: list[dict], fits: list[KernelFit], gpu_model: str,
     """The profile ``calibrate --kernels`` writes (kind ``kernels``)."""
     from treeattn.sim.devices import default_backend
 
+    check_table_gpu(rows, gpu_model, str(source))
     residuals = []
     by_key = {(f.kind, f.dtype): f for f in fits}
     for row in rows:

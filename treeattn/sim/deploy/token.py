@@ -92,7 +92,7 @@ from treeattn.sim.deploy.capacity import (
     step_weight_reads,
 )
 from treeattn.sim.deploy.kernel_table import CANONICAL
-from treeattn.sim.devices import BackendModel, weight_read_factor
+from treeattn.sim.devices import BackendModel, check_weight_dtype, weight_read_factor
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.nccl.env import with_env
 from treeattn.sim.network import TRANSPORTS, resolve_backend, resolve_hardware
@@ -263,16 +263,17 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     act = STORAGE_DTYPE_BYTES[model.dtype]
     parts: dict[str, float] = {}
 
+    gpu = normalize_model(topo.gpu_model(0))
+    check_weight_dtype(gpu, wdt)  # a measured kernel table does not give a GPU FP4 cores
     reads = step_weight_reads(model, split.tp, WEIGHT_DTYPE_BYTES[wdt], batch)
     measured = dict(hw.gemm_bandwidth).get(CANONICAL.get(wdt, wdt))
     if measured:  # the user's kernel table (calibrate --kernels) has this dtype's GEMMs
         parts["weights"] = sum(count * max(nbytes / measured, flops / hw.peak_flops)
                                for _, count, nbytes, flops in reads)
     else:  # FP8/FP4 GEMMs read below the bf16 rate (devices.LOW_PRECISION_GEMM_EFFICIENCY)
-        slower = weight_read_factor(normalize_model(topo.gpu_model(0)), wdt, hw.name)
+        slower = weight_read_factor(gpu, wdt, hw.name)
         parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
                                for _, count, nbytes, flops in reads)
-    gpu = normalize_model(topo.gpu_model(0))
     parts["kernels"] = kernels_per_step(model, wdt, gpu) * hw.graph_kernel_s
 
     tp_ranks = list(range(split.tp))
