@@ -123,9 +123,15 @@ def _nvidia_latency_us(op: str, algo: str, p: int, s: GroupShape) -> float:
     return base + log_nodes * inter / 3.5 + s.nranks * 2.8  # pat
 
 
-def _nvidia_bus_bw(op: str, algo: str, p: int, s: GroupShape) -> float:
+def _nvidia_bus_bw(op: str, algo: str, p: int, s: GroupShape, share: float = 1.0) -> float:
+    """Bus bandwidth of ``algo``/protocol ``p`` (tuning.cc) on ``share`` of the channels.
+
+    The bus bandwidth is the channels' (``share`` of the search channels: the ones a small
+    message runs on, :func:`run_channels`) times their speed; the ``perChMax*`` caps scale
+    with those channels, while ``llMaxBws`` is one cap for the whole GPU, applied after.
+    """
     col = _col(s)
-    nch = s.channels
+    nch = s.channels * share
     per_channel = s.intra_speed if s.nnodes <= 2 else s.inter_speed
     bus = nch * per_channel
     amd_hosts = s.cpu_vendor in ("amd", "mixed")  # llMaxBws' row on several nodes
@@ -211,20 +217,21 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
     costs = []
     for algo, p in _nvidia_options(op, s, dtype, reduction):
         latency = _nvidia_latency_us(op, algo, p, s)
-        bus = _nvidia_bus_bw(op, algo, p, s)
-        log_size = _log_size(nbytes)
-        if algo == "tree" and 0 <= log_size < len(T.NCCL_TREE_CORRECTION["LL"]):
-            bus *= T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]][log_size]
-        if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
-            bus *= T.NCCL_TREE_PATTERN_FACTOR  # one GPU per node: search.cc's PATTERN_TREE
         if (algo == "ring" and p == 2 and op == "all_reduce" and s.nnodes > 1
                 and nbytes / (2 * s.channels * s.nranks) >= 64):
             latency *= T.NCCL_RING_SIMPLE_PLATEAU
-        alg_bw = bus * _bus_to_alg(op, algo, s)
+        factor = _bus_to_alg(op, algo, s)
+        log_size = _log_size(nbytes)
+        if algo == "tree" and 0 <= log_size < len(T.NCCL_TREE_CORRECTION["LL"]):
+            factor *= T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]][log_size]
+        if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
+            factor *= T.NCCL_TREE_PATTERN_FACTOR  # one GPU per node: search.cc's PATTERN_TREE
         used, total = run_channels(algo, p, nbytes, s)
-        cost = _priced(op, nbytes, algo, p, latency, alg_bw * used / total)
+        alg_bw = _nvidia_bus_bw(op, algo, p, s, used / total) * factor
+        cost = _priced(op, nbytes, algo, p, latency, alg_bw)
         if used < total:  # NCCL ranks by its estimate, which assumes every channel
-            cost = replace(cost, tuner_s=_priced(op, nbytes, algo, p, latency, alg_bw).time_s)
+            tuner_bw = _nvidia_bus_bw(op, algo, p, s) * factor
+            cost = replace(cost, tuner_s=_priced(op, nbytes, algo, p, latency, tuner_bw).time_s)
         costs.append(cost)
     return costs
 
@@ -235,9 +242,10 @@ def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, 
     channels), a channel is dropped while the bytes are below channels × threads × the
     protocol's per-thread threshold (``NCCL_LL_THREAD_THRESHOLD`` 8, LL128 8, Simple 64 bytes;
     a ring's LL threshold × ranks, tuning.cc) at the protocol's threads (LL 512, LL128 640,
-    Simple 512, or 256 on a ring of at most 12 GB/s). Each channel carries its share of the
-    bus bandwidth, so a small message moves at ``used / total`` of it; NCCL's own estimate,
-    by which it picks, does not.
+    Simple 512, or 256 on a ring of at most 12 GB/s). A small message's bus bandwidth is
+    that of the channels it runs on (``used / total`` of them), with the per-channel caps
+    scaled to them and the whole-GPU ``llMaxBws`` cap as is; NCCL's own estimate, by which
+    it picks, assumes every channel.
 
     NCCL's count is an integer, ``floor(bytes / (threads × threshold))``; we take it as a
     real number (at least 1), the envelope of that saw-tooth: the wire time is then flat
