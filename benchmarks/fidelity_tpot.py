@@ -45,16 +45,16 @@ TARGET = 0.30  # the issue's bound on the scored points (checked by tests/test_s
 # Where the model misses, and why, written from the per-point table.
 MISSES = {
     "meta-cp-405b-tp32-128k": (
-        "Predicted 1.53× fast. Published, TP32 is slower than TP16 (47.3 against 39.5 ms): "
+        "Predicted 1.67× fast. Published, TP32 is slower than TP16 (47.3 against 39.5 ms): "
         "all-reduces across four nodes cost more than the halved weight reads save. The model "
-        "has TP32 faster than TP16 (30.8 against 33.8 ms): its 252 all-reduces of 32 "
-        "KiB across four nodes cost 49 µs each (12.4 ms), where the published step implies "
+        "has TP32 faster than TP16 (28.4 against 32.8 ms): its 252 all-reduces of 32 "
+        "KiB across four nodes cost 40 µs each (10.0 ms), where the published step implies "
         "well over twice that beyond the TP8 point's gap. The ranking against CP4 × TP8 on "
         "the same 32 GPUs is reproduced."),
     "tt-16xh100-r1-128-1024": (
         "Predicted 3× fast. The prediction is 1.4 ms of weight reads, 4.2 ms of kernel "
-        "fixed costs and 4.0 ms for 123 TP16 all-reduces of 14 KiB over two nodes (NCCL's "
-        "tree LL, 32 µs each); the published 31.3 ms is flat from 128 to 3k tokens of "
+        "fixed costs and 3.5 ms for 123 TP16 all-reduces of 14 KiB over two nodes (NCCL's "
+        "tree LL, 28 µs each); the published 31.3 ms is flat from 128 to 3k tokens of "
         "prompt, so it is a fixed per-step cost the model does not have. Candidates we cannot "
         "separate from this table: the engine's multi-node step (a host-driven step without "
         "CUDA graphs across nodes pays each kernel's launch from the host), the all-reduce "
