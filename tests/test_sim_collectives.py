@@ -10,7 +10,7 @@ import math
 
 import pytest
 from benchmark_module import load_benchmark
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from treeattn.schedule.payloads import busbw_factor
@@ -133,11 +133,29 @@ def test_bad_input_is_a_sim_error(dgx, op, size):
         collective_cost(op, size, dgx)
 
 
-@settings(max_examples=60, deadline=None)
-@given(op=st.sampled_from(OPS), a=st.integers(1, 1 << 34), b=st.integers(1, 1 << 34),
-       spec=st.sampled_from(["dgx-h100", "dgx-h100:nodes=2", "mi300x", "pcie-4090:gpus=8",
-                             "dgx-h100:nodes=4/rail0"]))
+# Log-uniform sizes, 1 B to 16 GiB: the bugs live at the few-channel sizes (kilobytes to a
+# megabyte), which a uniform draw up to 16 GiB almost never reaches.
+_SIZES = st.floats(0, 34).map(lambda e: max(1, round(2 ** e)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(op=st.sampled_from(OPS), a=_SIZES, b=_SIZES,
+       spec=st.sampled_from(["dgx-h100", "dgx-b200:nodes=2", "mi300x", "pcie-4090:gpus=8",
+                             "dgx-h100:nodes=4/rail0", "dgx-b200:nodes=4/rail0",
+                             "dgx-a100:nodes=4/rail0"]))
+# llMaxBws (one cap for the whole GPU) once divided among the few channels a small message
+# runs on, so a message just below the channel count's top cost twice one just above it
+@example(op="all_reduce", a=503_504, b=513_568, spec="dgx-b200:nodes=2")
+@example(op="broadcast", a=381_584, b=389_216, spec="dgx-h100:nodes=2")
+@example(op="all_gather", a=987_216, b=1_006_960, spec="dgx-a100:nodes=2")
+# treeCorrectionFactor as a step: tree LL128 from 0.6 to 0.8 at 4 MiB, 13% cheaper there
+@example(op="all_reduce", a=4_175_512, b=4_194_304, spec="dgx-a100:nodes=2")
+# an all-to-all peer's channel count as an integer: a second channel from 64 KiB a peer
+@example(op="all_to_all", a=524_288, b=526_594, spec="dgx-h100")
 def test_time_is_monotone_in_size_among_the_same_variants(op, a, b, spec):
+    """Every priced variant's time, and the pick's, never falls as the message grows.
+    Not drawn: groups where the pick does (from 64 KiB to a few hundred on 2-4 full DGX
+    nodes, and a 72-GPU broadcast), below; their falsifying examples are pinned here."""
     topo = _topology(spec.split("/")[0])
     # ".../rail0": one GPU per node (a context-parallel group under TP8), all on the network
     ranks = range(0, topo.num_gpus, 8) if spec.endswith("/rail0") else range(topo.num_gpus)
@@ -151,6 +169,38 @@ def test_time_is_monotone_in_size_among_the_same_variants(op, a, b, spec):
     if set(offered) == {(c.algorithm, c.protocol) for c in candidates(op, large, shape)}:
         t_small = collective_cost(op, small, shape).time_s
         assert t_small <= collective_cost(op, large, shape).time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("spec, op, below, above", [
+    ("dgx-h100:nodes=2", "all_reduce", 210_144, 227_893),
+    ("dgx-a100:nodes=2", "broadcast", 65_536, 292_922),
+    ("dgx-h100:nodes=4", "broadcast", 131_072, 189_940),
+    ("gb200-nvl72", "broadcast", 295_541, 2_137_016)])
+def test_a_ring_ll_ranked_on_every_channel_and_run_on_few_can_cost_more(spec, op, below,
+                                                                       above):
+    """NCCL ranks by its estimate on every channel, then runs a ring message on the channels
+    its size fills (enqueue.cc ``topoGetAlgoInfo``; the ring's LL threshold is 8 B × ranks a
+    thread, so 64 KiB to 288 KiB a channel on 16 to 72 ranks). Where ring LL wins the
+    ranking on few channels, a larger message that another variant wins finishes sooner.
+    The model keeps that, so these groups are not drawn above."""
+    topo = _topology(spec)
+    shape = GroupShape.of(topo, range(topo.num_gpus))
+    small, large = (collective_cost(op, n, shape) for n in (below, above))
+    assert (small.algorithm, small.protocol) == ("ring", "LL")
+    assert small.tuner_s < small.time_s  # ranked on every channel, run on fewer
+    assert large.protocol != "LL" and large.time_s < small.time_s
+
+
+def test_tree_correction_is_nccls_at_powers_of_two_and_a_line_between():
+    """tuning.cc treeCorrectionFactor, LL128: 0.6 at 2 MiB (entry 15), 0.8 at 4 MiB (16);
+    3 MiB lies log2(1.5) = 0.585 of the way: 0.6 + 0.2 × 0.585 = 0.717. Below 64 B and from
+    512 MiB NCCL has no entry."""
+    from treeattn.sim.nccl.collectives import tree_correction
+
+    assert (tree_correction(1, 2 << 20), tree_correction(1, 4 << 20)) == (0.6, 0.8)
+    assert tree_correction(1, 3 << 20) == pytest.approx(0.6 + 0.2 * math.log2(1.5))
+    assert tree_correction(0, 32) == tree_correction(2, 1 << 29) == 1.0
+    assert tree_correction(2, 64) == 0.9  # Simple's first entry
 
 
 def test_rccl_forced_ll_makes_reduce_scatter_slower_just_below_its_limit():
@@ -520,11 +570,12 @@ def test_comm_prices_a_2_gpu_group_of_a_dgx_b200(capsys):
     assert main(["comm", "--topology", "dgx-b200", "--gpus", "2", "--op", "all_reduce",
                  "--min-bytes", "8", "--max-bytes", "8", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["rows"][0]
-    # a 2-rank ring all-reduce: 2 (n − 1) = 2 NVLink LL hops after the 6.6 µs base, on
-    # Blackwell × 1.505 (the Azure GB200 floor, 15.35 µs, over NCCL's 10.2); 8 B on one of
-    # 32 channels of llMaxBws' 282 GB/s
+    # a 2-rank ring all-reduce: 2 (n − 1) = 2 NVLink LL hops after the 6.6 µs base (NCCL's
+    # figures, unscaled on Blackwell); 8 B on one of
+    # 32 channels (2 × 16 search channels at 45 GB/s): 720 / 32 = 22.5 GB/s, halved for LL
+    # (llMaxBws' 282 GB/s caps the whole GPU); a 2-rank all-reduce's bus is its algbw
     assert (row["ranks"], row["algorithm"], row["protocol"]) == (2, "ring", "LL")
-    assert row["time_us"] == pytest.approx((6.6 + 2 * 0.6) * 1.505 + 8 / (1e3 * 282 / 32),
+    assert row["time_us"] == pytest.approx((6.6 + 2 * 0.6) + 8 / (1e3 * 11.25),
                                            abs=1e-3)
     assert main(["comm", "--topology", "dgx-b200", "--ranks", "1,5", "--op", "all_to_all",
                  "--max-bytes", "8", "--json"]) == 0

@@ -52,7 +52,8 @@ from treeattn.sim.nccl.group_shape import GroupShape
 
 __all__ = ["OPS", "CollectiveCost", "GroupShape", "a2a_peer_channels", "candidates",
            "check_dtype", "check_op", "collective_cost", "net_overhead_us", "normalize_dtype",
-           "nvls_refusal", "p2p_cost", "p2p_parts", "p2p_protocol", "run_channels"]
+           "nvls_refusal", "p2p_cost", "p2p_parts", "p2p_protocol", "run_channels",
+           "tree_correction"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 
@@ -123,9 +124,15 @@ def _nvidia_latency_us(op: str, algo: str, p: int, s: GroupShape) -> float:
     return base + log_nodes * inter / 3.5 + s.nranks * 2.8  # pat
 
 
-def _nvidia_bus_bw(op: str, algo: str, p: int, s: GroupShape) -> float:
+def _nvidia_bus_bw(op: str, algo: str, p: int, s: GroupShape, share: float = 1.0) -> float:
+    """Bus bandwidth of ``algo``/protocol ``p`` (tuning.cc) on ``share`` of the channels.
+
+    The bus bandwidth is the channels' (``share`` of the search channels: the ones a small
+    message runs on, :func:`run_channels`) times their speed; the ``perChMax*`` caps scale
+    with those channels, while ``llMaxBws`` is one cap for the whole GPU, applied after.
+    """
     col = _col(s)
-    nch = s.channels
+    nch = s.channels * share
     per_channel = s.intra_speed if s.nnodes <= 2 else s.inter_speed
     bus = nch * per_channel
     amd_hosts = s.cpu_vendor in ("amd", "mixed")  # llMaxBws' row on several nodes
@@ -211,22 +218,45 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
     costs = []
     for algo, p in _nvidia_options(op, s, dtype, reduction):
         latency = _nvidia_latency_us(op, algo, p, s)
-        bus = _nvidia_bus_bw(op, algo, p, s)
-        log_size = _log_size(nbytes)
-        if algo == "tree" and 0 <= log_size < len(T.NCCL_TREE_CORRECTION["LL"]):
-            bus *= T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]][log_size]
-        if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
-            bus *= T.NCCL_TREE_PATTERN_FACTOR  # one GPU per node: search.cc's PATTERN_TREE
         if (algo == "ring" and p == 2 and op == "all_reduce" and s.nnodes > 1
                 and nbytes / (2 * s.channels * s.nranks) >= 64):
             latency *= T.NCCL_RING_SIMPLE_PLATEAU
-        alg_bw = bus * _bus_to_alg(op, algo, s)
+        factor = _bus_to_alg(op, algo, s)
+        if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
+            factor *= T.NCCL_TREE_PATTERN_FACTOR  # one GPU per node: search.cc's PATTERN_TREE
+        if algo == "tree":
+            factor *= tree_correction(p, nbytes)
         used, total = run_channels(algo, p, nbytes, s)
-        cost = _priced(op, nbytes, algo, p, latency, alg_bw * used / total)
+        alg_bw = _nvidia_bus_bw(op, algo, p, s, used / total) * factor
+        cost = _priced(op, nbytes, algo, p, latency, alg_bw)
         if used < total:  # NCCL ranks by its estimate, which assumes every channel
-            cost = replace(cost, tuner_s=_priced(op, nbytes, algo, p, latency, alg_bw).time_s)
+            tuner_bw = _nvidia_bus_bw(op, algo, p, s) * factor
+            cost = replace(cost, tuner_s=_priced(op, nbytes, algo, p, latency, tuner_bw).time_s)
         costs.append(cost)
     return costs
+
+
+def tree_correction(p: int, nbytes: int) -> float:
+    """The factor on a tree's bandwidth at ``nbytes`` for protocol ``p``: NCCL's
+    ``treeCorrectionFactor`` (tuning.cc: one entry per power of two from 64 B, none below 64
+    B or from 512 MiB) joined linearly in log2(size).
+
+    NCCL applies its entry as a step from one power of two to the next; as a step it makes
+    a tree's time fall as the message grows (up to 23% just below 4 MiB on LL128, whose
+    entries go from 0.6 to 0.8 there). We take the line through the entries, exact at every
+    power of two (where nccl-tests measure and NCCL's ranking is ours), for the estimate we
+    rank by and the price alike. No entry rises by more than 0.2 per doubling from at least
+    0.4, so the time keeps growing.
+
+    >>> tree_correction(1, 2 << 20), round(tree_correction(1, 3 << 20), 3)
+    (0.6, 0.717)
+    """
+    table = T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]]
+    log_size = _log_size(nbytes)
+    if not 0 <= log_size < len(table):
+        return 1.0
+    upper = table[log_size + 1] if log_size + 1 < len(table) else 1.0
+    return table[log_size] + (upper - table[log_size]) * (math.log2(nbytes / 64) - log_size)
 
 
 def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, int]:
@@ -235,9 +265,10 @@ def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, 
     channels), a channel is dropped while the bytes are below channels × threads × the
     protocol's per-thread threshold (``NCCL_LL_THREAD_THRESHOLD`` 8, LL128 8, Simple 64 bytes;
     a ring's LL threshold × ranks, tuning.cc) at the protocol's threads (LL 512, LL128 640,
-    Simple 512, or 256 on a ring of at most 12 GB/s). Each channel carries its share of the
-    bus bandwidth, so a small message moves at ``used / total`` of it; NCCL's own estimate,
-    by which it picks, does not.
+    Simple 512, or 256 on a ring of at most 12 GB/s). A small message's bus bandwidth is
+    that of the channels it runs on (``used / total`` of them), with the per-channel caps
+    scaled to them and the whole-GPU ``llMaxBws`` cap as is; NCCL's own estimate, by which
+    it picks, assumes every channel.
 
     NCCL's count is an integer, ``floor(bytes / (threads × threshold))``; we take it as a
     real number (at least 1), the envelope of that saw-tooth: the wire time is then flat
@@ -442,14 +473,18 @@ def a2a_peer_channels(per_peer: float, s: GroupShape) -> int:
     >>> a2a_peer_channels(1 << 20, shape), a2a_peer_channels(4096, shape)
     (4, 1)
     """
+    most, min_part = _a2a_channel_limits(s)
+    return max(1, min(most, math.ceil(per_peer / min_part)))
+
+
+def _a2a_channel_limits(s: GroupShape) -> tuple[int, int]:
+    """(most channels a peer's transfer gets, bytes of a minimum part) in an all-to-all."""
     most = max(1, s.p2p_peer_channels)
     while most * s.nranks > s.p2p_channels and most > 1:
         most //= 2
     if s.nnodes == 1 and s.intra == "nvlink":
-        min_part = T.NCCL_P2P_CHUNK["nvlink"] // 8
-    else:
-        min_part = T.NCCL_P2P_CHUNK["other"] // (8 if s.nnodes == 1 else 2)
-    return max(1, min(most, math.ceil(per_peer / min_part)))
+        return most, T.NCCL_P2P_CHUNK["nvlink"] // 8
+    return most, T.NCCL_P2P_CHUNK["other"] // (8 if s.nnodes == 1 else 2)
 
 
 def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
@@ -465,7 +500,10 @@ def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
     at NCCL's network post overhead (``getNetOverhead``, by CPU vendor, ×3 for Simple). So
     it grows with the peer count, and never beats one message.
 
-    Bandwidth: each peer's transfer runs on :func:`a2a_peer_channels` channels at the compute
+    Bandwidth: each peer's transfer runs on :func:`a2a_peer_channels` channels (as a price,
+    the envelope of that count, ``per_peer / min_part`` as a real number between 1 and the
+    most, as :func:`run_channels` takes it, so the time never falls where a part is added)
+    at the compute
     channel's share of the ring's bus bandwidth (search speed / 2: the rings run on twice
     the search channels), the peers of one class together at most that class's bandwidth
     (the GPU's NVLink total, or its rail's share of the network); LL halves both.
@@ -479,7 +517,9 @@ def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
         if s.family == "nvidia" and s.intra_speed > 0:
             per_channel = s.intra_speed / T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * (
                 0.5 if p == 0 else 1.0)
-            peer_bw = min(bw, a2a_peer_channels(per_peer, s) * per_channel)
+            most, min_part = _a2a_channel_limits(s)
+            peer_channels = max(1.0, min(most, per_peer / min_part))
+            peer_bw = min(bw, peer_channels * per_channel)
             wire = max(wire, per_peer / (peer_bw * 1e9))
         parts.append((p, base + local * hop, wire))
     if s.nnodes > 1:

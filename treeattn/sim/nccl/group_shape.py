@@ -127,7 +127,8 @@ class GroupShape:
             channels, ppn, nnodes, peer_links, intra, nic_bandwidth=p2p_inter)
         return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
                    speed, inter_speed, p2p_intra, p2p_inter,
-                   gen_lat_scale=(T.NCCL_GEN_LATENCY_SCALE.get(arch, 1.0)
+                   gen_lat_scale=(T.NCCL_GEN_LATENCY_SCALE_OF_MODEL.get(
+                       model, T.NCCL_GEN_LATENCY_SCALE.get(arch, 1.0))
                                   if family == "nvidia" else 1.0),
                    cpu_vendor=cpu_vendor(topology, per_host),
                    mnnvl=model in T.MNNVL_MODELS, nvls_channels=nvls[0],

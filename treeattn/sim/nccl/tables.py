@@ -120,7 +120,8 @@ NCCL_PER_CH_TREE = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8),
                     "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)}
 NCCL_PER_CH_NVLS_TREE = {"hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0)}
 NCCL_NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
-# treeCorrectionFactor[protocol][log2(bytes / 64)], for all-reduce over a tree.
+# treeCorrectionFactor[protocol][log2(bytes / 64)], for all-reduce over a tree (joined
+# linearly in log2(bytes) between powers of two: collectives.tree_correction).
 NCCL_TREE_CORRECTION = {
     "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1),
     "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1,
@@ -131,26 +132,31 @@ NCCL_TREE_CORRECTION = {
 # NCCL-gen: the factor on NCCL's node-local latencies (base and NVLink/PCIe hop) for each
 # GPU generation; Hopper is what the tables describe. Each row's source:
 # - volta, ampere: NCCL's LL/LL128/Simple steps are device loops (store data and flag to the
-#   peer, spin on the local flag, reduce, forward) whose cost is counted in SM cycles, so it
-#   scales with the SM clock: the H100/H200 SXM's 1980 MHz boost over the A100 SXM4's 1410
+#   peer, spin on the local flag, reduce, forward) whose cost is counted in SM cycles, so we
+#   scale it with the SM clock: the H100/H200 SXM's 1980 MHz boost over the A100 SXM4's 1410
 #   MHz and the V100 SXM2's 1530 MHz (GPU boost clocks in the comparison tables of NVIDIA's
 #   "A100 Tensor Core GPU Architecture" and "Tesla V100 GPU Architecture" whitepapers; the
-#   H100 SXM5's maximum SM clock as nvidia-smi reports it). An A100 8-GPU ring LL all-reduce
-#   at 8 B: (6.6 + 14 x 0.6) x 1980 / 1410 = 21.1 µs. Checked, not set, by ABCI's A100 runs
-#   (NCCL 2.8.4) in benchmarks/fidelity.py.
-# - blackwell: not a clock effect (B200 clocks match the H100 SXM5's; chipsandcheese, "Nvidia's
-#   B200: Keeping the CUDA Juggernaut Rolling"); measured. Azure ND GB200 v6 results
-#   (github.com/Azure/AI-benchmarking-guide @ 2a370be6, Azure_Results/ND_GB200_v6_results.md,
-#   "NCCL Bandwidth": all_reduce_perf, NCCL 2.25.1, NCCL_ALGO=Ring, 4 GPUs, in-place): 0.19,
-#   0.38, 0.76 GB/s bus bandwidth at 2, 4, 8 KiB, i.e. 16.17 µs each (bytes x 1.5 / busbw);
-#   less the wire time on the one channel NCCL runs them on (NCCL_THREAD_THRESHOLD below:
-#   llMaxBws 282 / 32 channels x 4/6 = 5.875 GB/s; 0.35, 0.70, 1.39 µs), 15.35 µs on average,
-#   where NCCL's tables give ring LL 6.6 + 6 x 0.6 = 10.2 µs: 15.35 / 10.2 = 1.505. One group
-#   size, so one factor for the base and the hop; the run is a source here, not a check
-#   (benchmarks/fidelity.py).
+#   H100 SXM5's maximum SM clock as nvidia-smi reports it). The P100 runs NCCL's Volta rows
+#   (it has no row of its own) but its own clock, 1480 MHz (P100 SXM2 boost, NVIDIA's "Tesla
+#   P100" datasheet): :data:`NCCL_GEN_LATENCY_SCALE_OF_MODEL`. An A100 8-GPU ring LL
+#   all-reduce at 8 B: (6.6 + 14 x 0.6) x 1980 / 1410 = 21.1 µs. The only public A100 floor
+#   (ABCI, NCCL 2.8.4, in benchmarks/fidelity.py) reads two ways: against that release's
+#   own tables (ring LL base 3.6 µs, NVLink LL hop 0.47 µs: 10.2 µs on 8 GPUs, 6.4 on 4)
+#   its measured 17.0 and 11.9 µs are 1.67x and 1.85x, consistent with a generation factor
+#   (the clock ratio, 1.40, is part of it); against 2.30.7's tables, which this model
+#   prices, the clock-scaled model is 1.13-1.25x slow there (21.1 and 14.3 µs).
+# - blackwell: no factor. The only Blackwell small-message table found (Azure ND GB200 v6,
+#   github.com/Azure/AI-benchmarking-guide @ 2a370be6, ND_GB200_v6_results.md, NCCL 2.25.1)
+#   is a single-process -g 4 run: one host thread launches the 4 GPUs' kernels, so its
+#   floor (about 16 µs) is an upper bound on NCCL's, refused for the floor as the H100 -g 4
+#   run is (benchmarks/data/published_collectives.json: 23 µs flat, 2.25x NCCL's table).
+#   B200 clocks match the H100 SXM5's (chipsandcheese, "Nvidia's B200: Keeping the CUDA
+#   Juggernaut Rolling"), so the clock argument gives no factor either.
 # Generations without a row (PCIe-class sm86/sm89 boards) keep NCCL's figures.
 NCCL_GEN_LATENCY_SCALE = {"volta": 1980 / 1530, "ampere": 1980 / 1410, "hopper": 1.0,
-                          "blackwell": 1.505}
+                          "blackwell": 1.0}
+NCCL_GEN_LATENCY_SCALE_OF_MODEL = {"P100": 1980 / 1480}  # a model's own clock, where it
+# differs from its generation row's
 # Network post overhead folded into the intra-node hop of a multi-node ring, by host CPU
 # vendor (getNetOverhead; anything but x86 Intel/AMD: 1 µs), ×3 for Simple; and the
 # multi-node ring Simple all-reduce latency factor beyond 64 B per channel-rank.
