@@ -219,7 +219,7 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
     for algo, p in _nvidia_options(op, s, dtype, reduction):
         latency = _nvidia_latency_us(op, algo, p, s)
         if (algo == "ring" and p == 2 and op == "all_reduce" and s.nnodes > 1
-                and nbytes / (2 * s.channels * s.nranks) >= 64):
+                and nbytes / (s.compute_channels * s.nranks) >= 64):
             latency *= T.NCCL_RING_SIMPLE_PLATEAU
         factor = _bus_to_alg(op, algo, s)
         if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
@@ -261,11 +261,12 @@ def tree_correction(p: int, nbytes: int) -> float:
 
 def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, int]:
     """(channels the kernel runs on, the communicator's channels) for ``nbytes`` on a ring
-    or tree (enqueue.cc ``topoGetAlgoInfo``): from ``comm->nChannels`` (twice the search
-    channels), a channel is dropped while the bytes are below channels × threads × the
-    protocol's per-thread threshold (``NCCL_LL_THREAD_THRESHOLD`` 8, LL128 8, Simple 64 bytes;
-    a ring's LL threshold × ranks, tuning.cc) at the protocol's threads (LL 512, LL128 640,
-    Simple 512, or 256 on a ring of at most 12 GB/s). A small message's bus bandwidth is
+    or tree (enqueue.cc ``topoGetAlgoInfo``): from ``comm->nChannels`` (the compute
+    channels, ``GroupShape.compute_channels``), a channel is dropped while the bytes are
+    below channels × threads × the protocol's per-thread threshold
+    (``NCCL_LL_THREAD_THRESHOLD`` 8, LL128 8, Simple 64 bytes; a ring's LL threshold ×
+    ranks, tuning.cc) at the protocol's threads (LL 512, LL128 640, Simple 512, or 256 on a
+    ring of at most 12 GB/s). A small message's bus bandwidth is
     that of the channels it runs on (``used / total`` of them), with the per-channel caps
     scaled to them and the whole-GPU ``llMaxBws`` cap as is; NCCL's own estimate, by which
     it picks, assumes every channel.
@@ -280,7 +281,7 @@ def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, 
     >>> run_channels("ring", 0, 65536, shape), run_channels("ring", 0, 1 << 30, shape)
     ((2.0, 24), (24, 24))
     """
-    total = min(T.NCCL_MAX_CHANNELS, T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * s.channels)
+    total = s.compute_channels
     if algo not in ("ring", "tree"):
         return total, total
     threads = T.NCCL_MAX_THREADS[T.PROTOCOLS[p]]
@@ -504,8 +505,8 @@ def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
     the envelope of that count, ``per_peer / min_part`` as a real number between 1 and the
     most, as :func:`run_channels` takes it, so the time never falls where a part is added)
     at the compute
-    channel's share of the ring's bus bandwidth (search speed / 2: the rings run on twice
-    the search channels), the peers of one class together at most that class's bandwidth
+    channel's share of the ring's bus bandwidth (search channels × speed / compute
+    channels), the peers of one class together at most that class's bandwidth
     (the GPU's NVLink total, or its rail's share of the network); LL halves both.
     """
     per_peer = nbytes // max(1, s.nranks)
@@ -515,7 +516,7 @@ def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
         local = s.ppn - 1
         wire = local * per_peer / (bw * 1e9)
         if s.family == "nvidia" and s.intra_speed > 0:
-            per_channel = s.intra_speed / T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * (
+            per_channel = s.channels * s.intra_speed / s.compute_channels * (
                 0.5 if p == 0 else 1.0)
             most, min_part = _a2a_channel_limits(s)
             peer_channels = max(1.0, min(most, per_peer / min_part))

@@ -57,7 +57,8 @@ NCCL-grp  The group's channels and NVLS, same commit: ``src/graph/search.cc``
           (``ncclTopoCompute``: speed arrays per generation, the lower-speed retry, the NVLS
           graph's one channel per GPU up to ``NCCL_MAX_NVLS_ARITY``, ``ncclTopoSearchTryNvls``,
           ``ncclTopoDupChannels``); ``src/init.cc`` (ring graph ``maxChannels``);
-          ``src/graph/connect.cc`` (compute channels = twice the search channels);
+          ``src/graph/connect.cc`` (compute channels = twice the search channels, twice
+          again on sm90+ across nodes for a ring above 45 GB/s under 16 channels);
           ``src/graph/paths.cc`` (p2p channels per peer); ``src/enqueue.cc`` (an all-to-all's
           per-peer channels, fp8 reductions: refused below sm90, deep rings ×1024);
           ``src/include/device.h`` ``ncclNvlsSupported`` (the dtypes and ops NVLS reduces);
@@ -185,9 +186,20 @@ NCCL_SEARCH_LOWER_SPEED_FRACTION = 0.49
 NCCL_DUP_CHANNELS_MIN_SPEED = 25.0
 NCCL_DUP_CHANNELS_SM90_SPEED = (50.0, 4)
 # connect.cc ``ncclTopoPostset``: the rings run on twice the search channels (``nChannels *
-# 2``, at most MAXCHANNELS = 64); every p2p operation runs on these compute channels.
+# 2``, at most MAXCHANNELS = 64); every p2p operation runs on these compute channels. Then
+# (NCCL 2.30.7 src/graph/connect.cc, "Use 4 compute channels per search channel to reach
+# peak BW on <8 PPN") they are doubled once more when ``minCompCap >= 90``, the communicator
+# spans more than one node, the ring graph's ``bwIntra`` is above 45 GB/s and the channels
+# (already doubled) are fewer than 16: a rail group of one H100 or B200 per node (1 search
+# channel at 48 GB/s) runs 4 compute channels (group_shape.compute_channel_count).
 NCCL_MAX_CHANNELS = 64
 NCCL_COMPUTE_CHANNELS_PER_SEARCH = 2
+NCCL_COMPUTE_CHANNELS_REDOUBLE = {"min_comp_cap": 90, "min_ring_bw_intra": 45.0,
+                                  "below_channels": 16}
+# The compute capability NCCL's tuning compares (``comm->minCompCap``) for each arch row:
+# sm70 (Volta; the P100's sm60 is also below every threshold used), sm80, sm86/sm89 boards,
+# sm90, sm100 (B200 and GB200).
+NCCL_COMP_CAP = {"volta": 70, "ampere": 80, "ampere-sm86": 86, "hopper": 90, "blackwell": 100}
 # enqueue.cc ``topoGetAlgoInfo``: the channels a ring or tree kernel runs on shrink with the
 # message: one is dropped while bytes < channels × threads × threshold. Per-thread thresholds
 # (comm.h ``NCCL_{LL,LL128,SIMPLE}_THREAD_THRESHOLD``; tuning.cc multiplies the ring's LL one
