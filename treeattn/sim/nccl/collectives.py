@@ -224,37 +224,44 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
         factor = _bus_to_alg(op, algo, s)
         if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
             factor *= T.NCCL_TREE_PATTERN_FACTOR  # one GPU per node: search.cc's PATTERN_TREE
-        if algo == "tree":
-            factor *= tree_correction(p, nbytes)
+        price_corr = rank_corr = 1.0
+        if algo == "tree" and op == "all_reduce":
+            price_corr = tree_correction(p, nbytes)
+            rank_corr = tree_correction(p, nbytes, stepped=True)
         used, total = run_channels(algo, p, nbytes, s)
         alg_bw = _nvidia_bus_bw(op, algo, p, s, used / total) * factor
-        cost = _priced(op, nbytes, algo, p, latency, alg_bw)
-        if used < total:  # NCCL ranks by its estimate, which assumes every channel
-            tuner_bw = _nvidia_bus_bw(op, algo, p, s) * factor
+        cost = _priced(op, nbytes, algo, p, latency, alg_bw * price_corr)
+        if used < total or rank_corr != price_corr:
+            # NCCL ranks by its estimate: every channel, the correction as a step
+            tuner_bw = _nvidia_bus_bw(op, algo, p, s) * factor * rank_corr
             cost = replace(cost, tuner_s=_priced(op, nbytes, algo, p, latency, tuner_bw).time_s)
         costs.append(cost)
     return costs
 
 
-def tree_correction(p: int, nbytes: int) -> float:
+def tree_correction(p: int, nbytes: int, *, stepped: bool = False) -> float:
     """The factor on a tree's bandwidth at ``nbytes`` for protocol ``p``: NCCL's
     ``treeCorrectionFactor`` (tuning.cc: one entry per power of two from 64 B, none below 64
-    B or from 512 MiB) joined linearly in log2(size).
+    B or from 512 MiB).
 
-    NCCL applies its entry as a step from one power of two to the next; as a step it makes
-    a tree's time fall as the message grows (up to 23% just below 4 MiB on LL128, whose
-    entries go from 0.6 to 0.8 there). We take the line through the entries, exact at every
-    power of two (where nccl-tests measure and NCCL's ranking is ours), for the estimate we
-    rank by and the price alike. No entry rises by more than 0.2 per doubling from at least
-    0.4, so the time keeps growing.
+    NCCL applies its entry as a step from one power of two to the next (``stepped``: the
+    factor its tuner ranks by); as a step it makes a tree's time fall as the message grows
+    (up to 23% just below 4 MiB on LL128, whose entries go from 0.6 to 0.8 there). For the
+    price we take the line through the entries in log2(size), exact at every power of two
+    (where nccl-tests measure). No entry rises by more than 0.2 per doubling from at least
+    0.4, so the priced time keeps growing.
 
     >>> tree_correction(1, 2 << 20), round(tree_correction(1, 3 << 20), 3)
     (0.6, 0.717)
+    >>> tree_correction(1, 3 << 20, stepped=True)
+    0.6
     """
     table = T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]]
     log_size = _log_size(nbytes)
     if not 0 <= log_size < len(table):
         return 1.0
+    if stepped:
+        return table[log_size]
     upper = table[log_size + 1] if log_size + 1 < len(table) else 1.0
     return table[log_size] + (upper - table[log_size]) * (math.log2(nbytes / 64) - log_size)
 

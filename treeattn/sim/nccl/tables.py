@@ -121,8 +121,9 @@ NCCL_PER_CH_TREE = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8),
                     "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)}
 NCCL_PER_CH_NVLS_TREE = {"hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0)}
 NCCL_NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
-# treeCorrectionFactor[protocol][log2(bytes / 64)], for all-reduce over a tree (joined
-# linearly in log2(bytes) between powers of two: collectives.tree_correction).
+# treeCorrectionFactor[protocol][log2(bytes / 64)], for all-reduce over a tree: NCCL's tuner
+# ranks by the entry as a step; the price joins the entries linearly in log2(bytes) between
+# powers of two (collectives.tree_correction).
 NCCL_TREE_CORRECTION = {
     "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1),
     "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1,
