@@ -163,6 +163,30 @@ def test_compute_channels_are_doubled_once_where_the_rule_does_not_hold():
     assert shape("dgx-h100", 8).compute_channels == 24
 
 
+def test_nvls_tree_is_corrected_on_blackwell_x86_hosts_only():
+    """tuning.cc: NVLS_TREE all-reduce bandwidth × treeCorrectionFactor where minCompCap >=
+    100 and the CPUs are x86. At 1 MiB, log2(2^20 / 64) = 14: Simple's entry 14 is 0.5, so
+    the wire time doubles on a DGX B200 pair (Intel hosts); not on ARM hosts, nor on H100
+    (sm90)."""
+    from dataclasses import replace
+
+    def nvls_tree(group, nbytes=1 << 20):
+        return collective_cost("all_reduce", nbytes, group, algorithm="nvls_tree")
+
+    b200 = shape("dgx-b200:nodes=2", 16)
+    assert b200.cpu_x86 and not shape("gb200-nvl72:racks=2", 144).cpu_x86
+    x86, arm = nvls_tree(b200), nvls_tree(replace(b200, cpu_x86=False))
+    assert x86.latency_s == arm.latency_s
+    assert x86.time_s - x86.latency_s == pytest.approx(2 * (arm.time_s - arm.latency_s))
+    h100 = shape("dgx-h100:nodes=2", 16)
+    assert nvls_tree(h100).time_s == nvls_tree(replace(h100, cpu_x86=False)).time_s
+    # 1.5 MiB: NCCL ranks with entry 14 as a step (0.5), the price is on the line to 0.6
+    mid = nvls_tree(b200, 3 << 19)
+    mid_arm = nvls_tree(replace(b200, cpu_x86=False), 3 << 19)
+    assert mid.choice_s - mid.latency_s == pytest.approx(2 * (mid_arm.time_s - arm.latency_s))
+    assert mid.time_s < mid.choice_s
+
+
 def test_a100_ring_ll_at_64_kib_moves_on_two_channels():
     # 8 GPUs, 64 KiB: the ring's LL threshold is 8 B × 8 ranks per thread × 512 threads =
     # 32 KiB a channel, so 2 of the 24 compute channels run: one search channel's worth, 20

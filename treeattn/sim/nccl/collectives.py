@@ -225,9 +225,11 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
         if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
             factor *= T.NCCL_TREE_PATTERN_FACTOR  # one GPU per node: search.cc's PATTERN_TREE
         price_corr = rank_corr = 1.0
-        if algo == "tree" and op == "all_reduce":
-            price_corr = tree_correction(p, nbytes)
-            rank_corr = tree_correction(p, nbytes, stepped=True)
+        if op == "all_reduce" and (algo == "tree" or (algo == "nvls_tree" and s.cpu_x86
+                                   and T.NCCL_COMP_CAP.get(s.arch, 0)
+                                   >= T.NCCL_NVLS_TREE_CORRECTION_MIN_COMP_CAP)):
+            price_corr = tree_correction(p, nbytes, algo=algo)
+            rank_corr = tree_correction(p, nbytes, algo=algo, stepped=True)
         used, total = run_channels(algo, p, nbytes, s)
         alg_bw = _nvidia_bus_bw(op, algo, p, s, used / total) * factor
         cost = _priced(op, nbytes, algo, p, latency, alg_bw * price_corr)
@@ -239,10 +241,10 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
     return costs
 
 
-def tree_correction(p: int, nbytes: int, *, stepped: bool = False) -> float:
-    """The factor on a tree's bandwidth at ``nbytes`` for protocol ``p``: NCCL's
-    ``treeCorrectionFactor`` (tuning.cc: one entry per power of two from 64 B, none below 64
-    B or from 512 MiB).
+def tree_correction(p: int, nbytes: int, *, algo: str = "tree", stepped: bool = False) -> float:
+    """The factor on a tree's (``algo`` "tree" or "nvls_tree") bandwidth at ``nbytes`` for
+    protocol ``p``: NCCL's ``treeCorrectionFactor`` (tuning.cc: one entry per power of two
+    from 64 B, none below 64 B, nor from 512 MiB on a tree and 1 GiB on NVLS_TREE).
 
     NCCL applies its entry as a step from one power of two to the next (``stepped``: the
     factor its tuner ranks by); as a step it makes a tree's time fall as the message grows
@@ -256,7 +258,7 @@ def tree_correction(p: int, nbytes: int, *, stepped: bool = False) -> float:
     >>> tree_correction(1, 3 << 20, stepped=True)
     0.6
     """
-    table = T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]]
+    table = T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]][:T.NCCL_TREE_CORRECTION_ENTRIES[algo]]
     log_size = _log_size(nbytes)
     if not 0 <= log_size < len(table):
         return 1.0

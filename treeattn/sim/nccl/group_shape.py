@@ -48,6 +48,9 @@ class GroupShape:
     # hosts, "other": ARM, POWER, unknown): it sets the network post overhead of a
     # multi-node ring step and the multi-node LL bandwidth cap (nccl_tables: NCCL-net).
     cpu_vendor: str = "intel"
+    # Every host's CPU is x86 (Intel or AMD): NCCL's ``NCCL_TOPO_CPU_ARCH_X86``, which gates
+    # the NVLS_TREE bandwidth correction on Blackwell (nccl_tables: treeCorrectionFactor)
+    cpu_x86: bool = True
     # GPUs sold in multi-node NVLink fabrics (fabric memory handles across trays: GB200
     # NVL72), which FlashInfer's MNNVL kernels need (treeattn.sim.onesided.ll128). Read from
     # the GPU model: the topology graph does not mark fabric memory; whether the group is
@@ -141,6 +144,7 @@ class GroupShape:
                        model, T.NCCL_GEN_LATENCY_SCALE.get(arch, 1.0))
                                   if family == "nvidia" else 1.0),
                    cpu_vendor=cpu_vendor(topology, per_host),
+                   cpu_x86=cpu_is_x86(topology, per_host),
                    mnnvl=model in T.MNNVL_MODELS, nvls_channels=nvls[0],
                    nvls_intra_speed=nvls[1], nvls_inter_speed=nvls[2],
                    p2p_channels=p2p_channels, p2p_peer_channels=peer_channels,
@@ -329,6 +333,13 @@ def cpu_vendor(topology, hosts) -> str:
     if len(found) > 1:
         return "mixed"
     return found.pop() if found else "intel"
+
+
+def cpu_is_x86(topology, hosts) -> bool:
+    """Whether every host's CPUs are x86 (vendor "intel" or "amd"; a topology that does not
+    say is taken as Intel)."""
+    by_host = _host_vendors(topology.graph)
+    return all(by_host.get(host, {"intel"}) <= {"intel", "amd"} for host in hosts)
 
 
 _VENDORS_OF: list = [None, {}]  # the last graph read, and its hosts' CPU vendors

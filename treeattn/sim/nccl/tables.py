@@ -124,13 +124,20 @@ NCCL_NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
 # treeCorrectionFactor[protocol][log2(bytes / 64)], for all-reduce over a tree: NCCL's tuner
 # ranks by the entry as a step; the price joins the entries linearly in log2(bytes) between
 # powers of two (collectives.tree_correction).
+# tuning.cc reads the first 23 entries for the tree (``logSize < 23``) and all 24 for
+# NVLS_TREE, which it corrects only where ``minCompCap >= 100`` and the hosts' CPU arch is
+# x86 (``NCCL_TOPO_CPU_ARCH_X86``: Intel or AMD on every rank; init.cc marks differing
+# arches MIXED).
 NCCL_TREE_CORRECTION = {
-    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1),
+    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1,
+           1),
     "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1,
-              1),
+              1, 1),
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
-               .8, .9, .9),
+               .8, .9, .9, .9),
 }
+NCCL_TREE_CORRECTION_ENTRIES = {"tree": 23, "nvls_tree": 24}
+NCCL_NVLS_TREE_CORRECTION_MIN_COMP_CAP = 100
 # NCCL-gen: the factor on NCCL's node-local latencies (base and NVLink/PCIe hop) for each
 # GPU generation; Hopper is what the tables describe. Each row's source:
 # - volta, ampere: NCCL's LL/LL128/Simple steps are device loops (store data and flag to the
