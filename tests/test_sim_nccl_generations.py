@@ -187,6 +187,25 @@ def test_nvls_tree_is_corrected_on_blackwell_x86_hosts_only():
     assert mid.time_s < mid.choice_s
 
 
+def test_ring_simple_plateau_is_1_9_below_sm80_and_1_4_from_it():
+    """tuning.cc: a multi-node ring Simple all-reduce's latency × (minCompCap < 80 ? 1.9 :
+    1.4) once bytes / (channels × ranks) >= 64: on 2 DGX A100s (24 compute channels, 16
+    ranks) from 24,576 B. The same group read as Volta (sm70) takes 1.9."""
+    from dataclasses import replace
+
+    a100 = shape("dgx-a100:nodes=2", 16)
+
+    def ratio(group):
+        def latency(nbytes):
+            return collective_cost("all_reduce", nbytes, group, algorithm="ring",
+                                   protocol="Simple").latency_s
+        assert latency(24575) == latency(64)
+        return latency(24576) / latency(64)
+
+    assert ratio(a100) == pytest.approx(1.4)
+    assert ratio(replace(a100, arch="volta")) == pytest.approx(1.9)
+
+
 def test_a100_ring_ll_at_64_kib_moves_on_two_channels():
     # 8 GPUs, 64 KiB: the ring's LL threshold is 8 B × 8 ranks per thread × 512 threads =
     # 32 KiB a channel, so 2 of the 24 compute channels run: one search channel's worth, 20

@@ -220,7 +220,9 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
         latency = _nvidia_latency_us(op, algo, p, s)
         if (algo == "ring" and p == 2 and op == "all_reduce" and s.nnodes > 1
                 and nbytes / (s.compute_channels * s.nranks) >= 64):
-            latency *= T.NCCL_RING_SIMPLE_PLATEAU
+            plateau = T.NCCL_RING_SIMPLE_PLATEAU
+            latency *= (plateau["below"] if T.NCCL_COMP_CAP.get(s.arch, 0)
+                        < plateau["below_comp_cap"] else plateau["from"])
         factor = _bus_to_alg(op, algo, s)
         if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
             factor *= T.NCCL_TREE_PATTERN_FACTOR  # one GPU per node: search.cc's PATTERN_TREE

@@ -172,7 +172,9 @@ NCCL_GEN_LATENCY_SCALE_OF_MODEL = {"P100": 1980 / 1480}  # a model's own clock, 
 NCCL_NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 NCCL_NET_OVERHEAD_SIMPLE_FACTOR = 3
 NCCL_TREE_PATTERN_FACTOR = 0.85  # tree bus bandwidth when the tree graph is PATTERN_TREE
-NCCL_RING_SIMPLE_PLATEAU = 1.4
+# tuning.cc ``ncclTopoGetAlgoTime``: ``minCompCap < 80 ? 1.9 : 1.4`` ("Plateau effect of
+# ring"), by the compute capability of the arch row (NCCL_COMP_CAP)
+NCCL_RING_SIMPLE_PLATEAU = {"below_comp_cap": 80, "below": 1.9, "from": 1.4}
 # Per-channel search speeds, GB/s, tried from high to low (search.cc: speedArrayIntra/Inter
 # before Hopper, sm90SpeedArray*, sm100SpeedArray* from Blackwell on).
 NCCL_SPEEDS_INTRA = {"blackwell": (90, 80, 70, 60, 50, 45, 40, 30, 24, 20, 19, 18),
