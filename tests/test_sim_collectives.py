@@ -143,8 +143,8 @@ _SIZES = st.floats(0, 34).map(lambda e: max(1, round(2 ** e)))
        spec=st.sampled_from(["dgx-h100", "dgx-b200:nodes=2", "mi300x", "pcie-4090:gpus=8",
                              "dgx-h100:nodes=4/rail0", "dgx-b200:nodes=4/rail0",
                              "dgx-a100:nodes=4/rail0"]))
-# llMaxBws (one cap for the whole GPU) once divided among the few channels a small message
-# runs on, so a message just below the channel count's top cost twice one just above it
+# a message just below the size where its channels fill and one just above: the time must
+# not fall there, llMaxBws being one cap for the whole GPU, not shared among the channels
 @example(op="all_reduce", a=503_504, b=513_568, spec="dgx-b200:nodes=2")
 @example(op="broadcast", a=381_584, b=389_216, spec="dgx-h100:nodes=2")
 @example(op="all_gather", a=987_216, b=1_006_960, spec="dgx-a100:nodes=2")

@@ -283,7 +283,8 @@ def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, 
     it picks, assumes every channel.
 
     NCCL's count is an integer, ``floor(bytes / (threads × threshold))``; we take it as a
-    real number (at least 1), the envelope of that saw-tooth: the wire time is then flat
+    real number (at least 1), the upper envelope of that count (never fewer channels than
+    NCCL's; the all-to-all's per-peer count is the other way round): the wire time is flat
     while channels are added and never falls as the message grows, and it is within
     ``(k + 1) / k`` of NCCL's at ``k`` channels.
 
@@ -512,13 +513,14 @@ def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
     at NCCL's network post overhead (``getNetOverhead``, by CPU vendor, ×3 for Simple). So
     it grows with the peer count, and never beats one message.
 
-    Bandwidth: each peer's transfer runs on :func:`a2a_peer_channels` channels (as a price,
-    the envelope of that count, ``per_peer / min_part`` as a real number between 1 and the
-    most, as :func:`run_channels` takes it, so the time never falls where a part is added)
-    at the compute
-    channel's share of the ring's bus bandwidth (search channels × speed / compute
-    channels), the peers of one class together at most that class's bandwidth
-    (the GPU's NVLink total, or its rail's share of the network); LL halves both.
+    Bandwidth: each peer's transfer runs on :func:`a2a_peer_channels` channels. NCCL counts
+    them as ``divUp(per_peer, min_part)``; as a price we take ``per_peer / min_part`` as a
+    real number between 1 and the most, the lower envelope of that count (never more
+    channels than NCCL's, so the time never falls where a part is added; :func:`run_channels`
+    instead takes the upper envelope of NCCL's floor count), at the compute channel's share
+    of the ring's bus bandwidth (search channels × speed / compute channels), the peers of
+    one class together at most that class's bandwidth (the GPU's NVLink total, or its
+    rail's share of the network); LL halves both.
     """
     per_peer = nbytes // max(1, s.nranks)
     parts = []
