@@ -236,7 +236,11 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
         alg_bw = _nvidia_bus_bw(op, algo, p, s, used / total) * factor
         cost = _priced(op, nbytes, algo, p, latency, alg_bw * price_corr)
         if used < total or rank_corr != price_corr:
-            # NCCL ranks by its estimate: every channel, the correction as a step
+            # NCCL ranks by its estimate: every channel, the correction as a step. Where ring
+            # LL wins that ranking and runs on few channels (multi-node broadcasts: 27-56%
+            # time drops as the size grows past the switch on 4 DGX A100/B200, 8 DGX H100
+            # nodes, 36-72 GB200s), the price follows NCCL's order (choose on every
+            # channel, run on few); no published measurement checks the one-channel LL rate
             tuner_bw = _nvidia_bus_bw(op, algo, p, s) * factor * rank_corr
             cost = replace(cost, tuner_s=_priced(op, nbytes, algo, p, latency, tuner_bw).time_s)
         costs.append(cost)
