@@ -143,8 +143,8 @@ _SIZES = st.floats(0, 34).map(lambda e: max(1, round(2 ** e)))
        spec=st.sampled_from(["dgx-h100", "dgx-b200:nodes=2", "mi300x", "pcie-4090:gpus=8",
                              "dgx-h100:nodes=4/rail0", "dgx-b200:nodes=4/rail0",
                              "dgx-a100:nodes=4/rail0"]))
-# llMaxBws (one cap for the whole GPU) once divided among the few channels a small message
-# runs on, so a message just below the channel count's top cost twice one just above it
+# a message just below the size where its channels fill and one just above: the time must
+# not fall there, llMaxBws being one cap for the whole GPU, not shared among the channels
 @example(op="all_reduce", a=503_504, b=513_568, spec="dgx-b200:nodes=2")
 @example(op="broadcast", a=381_584, b=389_216, spec="dgx-h100:nodes=2")
 @example(op="all_gather", a=987_216, b=1_006_960, spec="dgx-a100:nodes=2")
@@ -172,7 +172,6 @@ def test_time_is_monotone_in_size_among_the_same_variants(op, a, b, spec):
 
 
 @pytest.mark.parametrize("spec, op, below, above", [
-    ("dgx-h100:nodes=2", "all_reduce", 210_144, 227_893),
     ("dgx-a100:nodes=2", "broadcast", 65_536, 292_922),
     ("dgx-h100:nodes=4", "broadcast", 131_072, 189_940),
     ("gb200-nvl72", "broadcast", 295_541, 2_137_016)])
@@ -201,6 +200,20 @@ def test_tree_correction_is_nccls_at_powers_of_two_and_a_line_between():
     assert tree_correction(1, 3 << 20) == pytest.approx(0.6 + 0.2 * math.log2(1.5))
     assert tree_correction(0, 32) == tree_correction(2, 1 << 29) == 1.0
     assert tree_correction(2, 64) == 0.9  # Simple's first entry
+
+
+def test_tree_is_ranked_by_nccls_stepped_correction():
+    """2 DGX H100 nodes, all-reduce of 220,436 B: log2i(220436 / 64) = 11, so NCCL's tuner
+    takes LL's entry 11, 0.5. Tree LL on hand: latency baseLat 6.8 + 2 × (7 NVLink hops ×
+    0.6 + 1 network hop × 5.0) = 25.2 µs; bus min(0.92 × 12 × 30, 12 × 41.4) = 331.2 GB/s,
+    LL: min(331.2 / 3.8, llMaxBws 39.0) = 39.0, × 0.5 (tree) × 0.5 (correction) = 9.75 GB/s
+    of algorithm bandwidth. NCCL picks that tree; the price keeps the line between entries
+    11 and 12 (0.5 to 0.4), so it is slower than the estimate."""
+    shape = GroupShape.of(_topology("dgx-h100:nodes=2"), range(16))
+    best = collective_cost("all_reduce", 220436, shape)
+    assert (best.algorithm, best.protocol) == ("tree", "LL")
+    assert best.choice_s * 1e6 == pytest.approx(25.2 + 220436 / (1000 * 9.75))
+    assert best.time_s > best.choice_s
 
 
 def test_rccl_forced_ll_makes_reduce_scatter_slower_just_below_its_limit():

@@ -127,6 +127,85 @@ def test_small_messages_run_on_fewer_channels_as_nccl_sizes_them():
     assert run_channels("nvls", 2, 8, h100) == (24, 24)  # NVLS sizes its channels otherwise
 
 
+def rail(spec: str) -> GroupShape:
+    """One GPU of each node (a context-parallel group under TP8)."""
+    topo = Topology.from_spec(spec)
+    return GroupShape.of(topo, range(0, topo.num_gpus, 8))
+
+
+@pytest.mark.parametrize("spec", ["dgx-h100:nodes=4", "dgx-b200:nodes=4"])
+def test_rail_groups_on_sm90_and_newer_run_four_compute_channels(spec):
+    """connect.cc: 1 search channel at 48 GB/s -> 2 compute channels, doubled again because
+    the GPU is sm90+, the group spans nodes, 48 > 45 GB/s and 2 < 16: 4 channels. A ring
+    Simple message drops to bytes / (512 threads × 64 B) = 2 of them at 64 KiB; the p2p
+    channels are 4 (a power of two)."""
+    from treeattn.sim.nccl.collectives import run_channels
+
+    group = rail(spec)
+    assert (group.channels, group.intra_speed, group.compute_channels) == (1, 48, 4)
+    assert run_channels("ring", 2, 1 << 30, group) == (4, 4)
+    assert run_channels("ring", 2, 65536, group) == (2.0, 4)
+    assert group.p2p_channels == 4
+    # the plateau (tuning.cc) starts where bytes / (4 channels × 4 ranks) reaches 64: 1 KiB
+    def ring_simple_latency(nbytes):
+        return collective_cost("all_reduce", nbytes, group, algorithm="ring",
+                               protocol="Simple").latency_s
+
+    assert ring_simple_latency(1023) == ring_simple_latency(64)
+    assert ring_simple_latency(1024) == pytest.approx(1.4 * ring_simple_latency(64))
+
+
+def test_compute_channels_are_doubled_once_where_the_rule_does_not_hold():
+    # A100 (sm80) rail: 2; DGX H100 on 4 nodes: 12 search channels -> 24, not under 16; one
+    # DGX H100 node: 24
+    assert rail("dgx-a100:nodes=4").compute_channels == 2
+    assert shape("dgx-h100:nodes=4", 32).compute_channels == 24
+    assert shape("dgx-h100", 8).compute_channels == 24
+
+
+def test_nvls_tree_is_corrected_on_blackwell_x86_hosts_only():
+    """tuning.cc: NVLS_TREE all-reduce bandwidth × treeCorrectionFactor where minCompCap >=
+    100 and the CPUs are x86. At 1 MiB, log2(2^20 / 64) = 14: Simple's entry 14 is 0.5, so
+    the wire time doubles on a DGX B200 pair (Intel hosts); not on ARM hosts, nor on H100
+    (sm90)."""
+    from dataclasses import replace
+
+    def nvls_tree(group, nbytes=1 << 20):
+        return collective_cost("all_reduce", nbytes, group, algorithm="nvls_tree")
+
+    b200 = shape("dgx-b200:nodes=2", 16)
+    assert b200.cpu_x86 and not shape("gb200-nvl72:racks=2", 144).cpu_x86
+    x86, arm = nvls_tree(b200), nvls_tree(replace(b200, cpu_x86=False))
+    assert x86.latency_s == arm.latency_s
+    assert x86.time_s - x86.latency_s == pytest.approx(2 * (arm.time_s - arm.latency_s))
+    h100 = shape("dgx-h100:nodes=2", 16)
+    assert nvls_tree(h100).time_s == nvls_tree(replace(h100, cpu_x86=False)).time_s
+    # 1.5 MiB: NCCL ranks with entry 14 as a step (0.5), the price is on the line to 0.6
+    mid = nvls_tree(b200, 3 << 19)
+    mid_arm = nvls_tree(replace(b200, cpu_x86=False), 3 << 19)
+    assert mid.choice_s - mid.latency_s == pytest.approx(2 * (mid_arm.time_s - arm.latency_s))
+    assert mid.time_s < mid.choice_s
+
+
+def test_ring_simple_plateau_is_1_9_below_sm80_and_1_4_from_it():
+    """tuning.cc: a multi-node ring Simple all-reduce's latency × (minCompCap < 80 ? 1.9 :
+    1.4) once bytes / (channels × ranks) >= 64: on 2 DGX A100s (24 compute channels, 16
+    ranks) from 24,576 B. The same group read as Volta (sm70) takes 1.9."""
+    from dataclasses import replace
+
+    a100 = shape("dgx-a100:nodes=2", 16)
+
+    def ratio(group):
+        def latency(nbytes):
+            return collective_cost("all_reduce", nbytes, group, algorithm="ring",
+                                   protocol="Simple").latency_s
+        assert latency(24575) == latency(64)
+        return latency(24576) / latency(64)
+
+    assert ratio(a100) == pytest.approx(1.4)
+    assert ratio(replace(a100, arch="volta")) == pytest.approx(1.9)
+
+
 def test_a100_ring_ll_at_64_kib_moves_on_two_channels():
     # 8 GPUs, 64 KiB: the ring's LL threshold is 8 B × 8 ranks per thread × 512 threads =
     # 32 KiB a channel, so 2 of the 24 compute channels run: one search channel's worth, 20

@@ -219,59 +219,76 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
     for algo, p in _nvidia_options(op, s, dtype, reduction):
         latency = _nvidia_latency_us(op, algo, p, s)
         if (algo == "ring" and p == 2 and op == "all_reduce" and s.nnodes > 1
-                and nbytes / (2 * s.channels * s.nranks) >= 64):
-            latency *= T.NCCL_RING_SIMPLE_PLATEAU
+                and nbytes / (s.compute_channels * s.nranks) >= 64):
+            plateau = T.NCCL_RING_SIMPLE_PLATEAU
+            latency *= (plateau["below"] if T.NCCL_COMP_CAP.get(s.arch, 0)
+                        < plateau["below_comp_cap"] else plateau["from"])
         factor = _bus_to_alg(op, algo, s)
         if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
             factor *= T.NCCL_TREE_PATTERN_FACTOR  # one GPU per node: search.cc's PATTERN_TREE
-        if algo == "tree":
-            factor *= tree_correction(p, nbytes)
+        price_corr = rank_corr = 1.0
+        if op == "all_reduce" and (algo == "tree" or (algo == "nvls_tree" and s.cpu_x86
+                                   and T.NCCL_COMP_CAP.get(s.arch, 0)
+                                   >= T.NCCL_NVLS_TREE_CORRECTION_MIN_COMP_CAP)):
+            price_corr = tree_correction(p, nbytes, algo=algo)
+            rank_corr = tree_correction(p, nbytes, algo=algo, stepped=True)
         used, total = run_channels(algo, p, nbytes, s)
         alg_bw = _nvidia_bus_bw(op, algo, p, s, used / total) * factor
-        cost = _priced(op, nbytes, algo, p, latency, alg_bw)
-        if used < total:  # NCCL ranks by its estimate, which assumes every channel
-            tuner_bw = _nvidia_bus_bw(op, algo, p, s) * factor
+        cost = _priced(op, nbytes, algo, p, latency, alg_bw * price_corr)
+        if used < total or rank_corr != price_corr:
+            # NCCL ranks by its estimate: every channel, the correction as a step. Where ring
+            # LL wins that ranking and runs on few channels (multi-node broadcasts: 27-56%
+            # time drops as the size grows past the switch on 4 DGX A100/B200, 8 DGX H100
+            # nodes, 36-72 GB200s), the price follows NCCL's order (choose on every
+            # channel, run on few); no published measurement checks the one-channel LL rate
+            tuner_bw = _nvidia_bus_bw(op, algo, p, s) * factor * rank_corr
             cost = replace(cost, tuner_s=_priced(op, nbytes, algo, p, latency, tuner_bw).time_s)
         costs.append(cost)
     return costs
 
 
-def tree_correction(p: int, nbytes: int) -> float:
-    """The factor on a tree's bandwidth at ``nbytes`` for protocol ``p``: NCCL's
-    ``treeCorrectionFactor`` (tuning.cc: one entry per power of two from 64 B, none below 64
-    B or from 512 MiB) joined linearly in log2(size).
+def tree_correction(p: int, nbytes: int, *, algo: str = "tree", stepped: bool = False) -> float:
+    """The factor on a tree's (``algo`` "tree" or "nvls_tree") bandwidth at ``nbytes`` for
+    protocol ``p``: NCCL's ``treeCorrectionFactor`` (tuning.cc: one entry per power of two
+    from 64 B, none below 64 B, nor from 512 MiB on a tree and 1 GiB on NVLS_TREE).
 
-    NCCL applies its entry as a step from one power of two to the next; as a step it makes
-    a tree's time fall as the message grows (up to 23% just below 4 MiB on LL128, whose
-    entries go from 0.6 to 0.8 there). We take the line through the entries, exact at every
-    power of two (where nccl-tests measure and NCCL's ranking is ours), for the estimate we
-    rank by and the price alike. No entry rises by more than 0.2 per doubling from at least
-    0.4, so the time keeps growing.
+    NCCL applies its entry as a step from one power of two to the next (``stepped``: the
+    factor its tuner ranks by); as a step it makes a tree's time fall as the message grows
+    (up to 23% just below 4 MiB on LL128, whose entries go from 0.6 to 0.8 there). For the
+    price we take the line through the entries in log2(size), exact at every power of two
+    (where nccl-tests measure). No entry rises by more than 0.2 per doubling from at least
+    0.4, so the priced time keeps growing.
 
     >>> tree_correction(1, 2 << 20), round(tree_correction(1, 3 << 20), 3)
     (0.6, 0.717)
+    >>> tree_correction(1, 3 << 20, stepped=True)
+    0.6
     """
-    table = T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]]
+    table = T.NCCL_TREE_CORRECTION[T.PROTOCOLS[p]][:T.NCCL_TREE_CORRECTION_ENTRIES[algo]]
     log_size = _log_size(nbytes)
     if not 0 <= log_size < len(table):
         return 1.0
+    if stepped:
+        return table[log_size]
     upper = table[log_size + 1] if log_size + 1 < len(table) else 1.0
     return table[log_size] + (upper - table[log_size]) * (math.log2(nbytes / 64) - log_size)
 
 
 def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, int]:
     """(channels the kernel runs on, the communicator's channels) for ``nbytes`` on a ring
-    or tree (enqueue.cc ``topoGetAlgoInfo``): from ``comm->nChannels`` (twice the search
-    channels), a channel is dropped while the bytes are below channels × threads × the
-    protocol's per-thread threshold (``NCCL_LL_THREAD_THRESHOLD`` 8, LL128 8, Simple 64 bytes;
-    a ring's LL threshold × ranks, tuning.cc) at the protocol's threads (LL 512, LL128 640,
-    Simple 512, or 256 on a ring of at most 12 GB/s). A small message's bus bandwidth is
+    or tree (enqueue.cc ``topoGetAlgoInfo``): from ``comm->nChannels`` (the compute
+    channels, ``GroupShape.compute_channels``), a channel is dropped while the bytes are
+    below channels × threads × the protocol's per-thread threshold
+    (``NCCL_LL_THREAD_THRESHOLD`` 8, LL128 8, Simple 64 bytes; a ring's LL threshold ×
+    ranks, tuning.cc) at the protocol's threads (LL 512, LL128 640, Simple 512, or 256 on a
+    ring of at most 12 GB/s). A small message's bus bandwidth is
     that of the channels it runs on (``used / total`` of them), with the per-channel caps
     scaled to them and the whole-GPU ``llMaxBws`` cap as is; NCCL's own estimate, by which
     it picks, assumes every channel.
 
     NCCL's count is an integer, ``floor(bytes / (threads × threshold))``; we take it as a
-    real number (at least 1), the envelope of that saw-tooth: the wire time is then flat
+    real number (at least 1), the upper envelope of that count (never fewer channels than
+    NCCL's; the all-to-all's per-peer count is the other way round): the wire time is flat
     while channels are added and never falls as the message grows, and it is within
     ``(k + 1) / k`` of NCCL's at ``k`` channels.
 
@@ -280,7 +297,7 @@ def run_channels(algo: str, p: int, nbytes: int, s: GroupShape) -> tuple[float, 
     >>> run_channels("ring", 0, 65536, shape), run_channels("ring", 0, 1 << 30, shape)
     ((2.0, 24), (24, 24))
     """
-    total = min(T.NCCL_MAX_CHANNELS, T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * s.channels)
+    total = s.compute_channels
     if algo not in ("ring", "tree"):
         return total, total
     threads = T.NCCL_MAX_THREADS[T.PROTOCOLS[p]]
@@ -500,13 +517,14 @@ def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
     at NCCL's network post overhead (``getNetOverhead``, by CPU vendor, ×3 for Simple). So
     it grows with the peer count, and never beats one message.
 
-    Bandwidth: each peer's transfer runs on :func:`a2a_peer_channels` channels (as a price,
-    the envelope of that count, ``per_peer / min_part`` as a real number between 1 and the
-    most, as :func:`run_channels` takes it, so the time never falls where a part is added)
-    at the compute
-    channel's share of the ring's bus bandwidth (search speed / 2: the rings run on twice
-    the search channels), the peers of one class together at most that class's bandwidth
-    (the GPU's NVLink total, or its rail's share of the network); LL halves both.
+    Bandwidth: each peer's transfer runs on :func:`a2a_peer_channels` channels. NCCL counts
+    them as ``divUp(per_peer, min_part)``; as a price we take ``per_peer / min_part`` as a
+    real number between 1 and the most, the lower envelope of that count (never more
+    channels than NCCL's, so the time never falls where a part is added; :func:`run_channels`
+    instead takes the upper envelope of NCCL's floor count), at the compute channel's share
+    of the ring's bus bandwidth (search channels × speed / compute channels), the peers of
+    one class together at most that class's bandwidth (the GPU's NVLink total, or its
+    rail's share of the network); LL halves both.
     """
     per_peer = nbytes // max(1, s.nranks)
     parts = []
@@ -515,7 +533,7 @@ def _all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
         local = s.ppn - 1
         wire = local * per_peer / (bw * 1e9)
         if s.family == "nvidia" and s.intra_speed > 0:
-            per_channel = s.intra_speed / T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * (
+            per_channel = s.channels * s.intra_speed / s.compute_channels * (
                 0.5 if p == 0 else 1.0)
             most, min_part = _a2a_channel_limits(s)
             peer_channels = max(1.0, min(most, per_peer / min_part))

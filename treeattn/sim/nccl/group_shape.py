@@ -48,6 +48,9 @@ class GroupShape:
     # hosts, "other": ARM, POWER, unknown): it sets the network post overhead of a
     # multi-node ring step and the multi-node LL bandwidth cap (nccl_tables: NCCL-net).
     cpu_vendor: str = "intel"
+    # Every host's CPU is x86 (Intel or AMD): NCCL's ``NCCL_TOPO_CPU_ARCH_X86``, which gates
+    # the NVLS_TREE bandwidth correction on Blackwell (nccl_tables: treeCorrectionFactor)
+    cpu_x86: bool = True
     # GPUs sold in multi-node NVLink fabrics (fabric memory handles across trays: GB200
     # NVL72), which FlashInfer's MNNVL kernels need (treeattn.sim.onesided.ll128). Read from
     # the GPU model: the topology graph does not mark fabric memory; whether the group is
@@ -64,6 +67,15 @@ class GroupShape:
     # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (treeattn.sim.nccl.env): send/recv across hosts may
     # use LL. Off, NCCL's default: network p2p connections have no LL buffer, so Simple.
     p2p_net_ll: bool = False
+    # The communicator's compute channels (``comm->nChannels``, connect.cc): the channels a
+    # ring or tree kernel and the p2p operations run on. 0: derived from the fields above
+    # (:func:`compute_channel_count`)
+    compute_channels: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.compute_channels:
+            object.__setattr__(self, "compute_channels", compute_channel_count(
+                self.family, self.arch, self.nnodes, self.channels, self.intra_speed))
 
     @property
     def local_lat_scale(self) -> float:
@@ -123,17 +135,20 @@ class GroupShape:
                                            min(cap, nic_total / channels))
             if ppn == 1:  # one GPU per node: every channel crosses the network
                 speed, p2p_intra = inter_speed, p2p_inter
+        compute = compute_channel_count(family, arch, nnodes, channels, speed)
         p2p_channels, peer_channels = p2p_channel_counts(
-            channels, ppn, nnodes, peer_links, intra, nic_bandwidth=p2p_inter)
+            compute, ppn, nnodes, peer_links, intra, nic_bandwidth=p2p_inter)
         return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
                    speed, inter_speed, p2p_intra, p2p_inter,
                    gen_lat_scale=(T.NCCL_GEN_LATENCY_SCALE_OF_MODEL.get(
                        model, T.NCCL_GEN_LATENCY_SCALE.get(arch, 1.0))
                                   if family == "nvidia" else 1.0),
                    cpu_vendor=cpu_vendor(topology, per_host),
+                   cpu_x86=cpu_is_x86(topology, per_host),
                    mnnvl=model in T.MNNVL_MODELS, nvls_channels=nvls[0],
                    nvls_intra_speed=nvls[1], nvls_inter_speed=nvls[2],
-                   p2p_channels=p2p_channels, p2p_peer_channels=peer_channels)
+                   p2p_channels=p2p_channels, p2p_peer_channels=peer_channels,
+                   compute_channels=compute)
 
 
 def _speeds(table: dict, arch: str) -> tuple[float, ...]:
@@ -202,19 +217,40 @@ def nvls_graph(arch: str, ngpus: int, total: float) -> tuple[int, float, float]:
     return nch, intra, inter
 
 
-def p2p_channel_counts(channels: int, ppn: int, nnodes: int, peer_links: int, intra: str,
+def compute_channel_count(family: str, arch: str, nnodes: int, channels: int,
+                          ring_bw_intra: float) -> int:
+    """The communicator's compute channels (``comm->nChannels``, connect.cc
+    ``ncclTopoPostset``) from the ring's ``channels`` search channels at ``ring_bw_intra``
+    GB/s each: twice the search channels, doubled once more on sm90+ across nodes when the
+    ring's ``bwIntra`` is above 45 GB/s and they are fewer than 16 (nccl_tables: compute
+    channels; the rule compares NVIDIA compute capabilities, so NVIDIA GPUs only).
+
+    >>> compute_channel_count("nvidia", "hopper", 1, 12, 30.0)  # a DGX H100
+    24
+    >>> compute_channel_count("nvidia", "hopper", 4, 1, 48.0)  # one H100 per node
+    4
+    """
+    compute = min(T.NCCL_MAX_CHANNELS, T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * channels)
+    rule = T.NCCL_COMPUTE_CHANNELS_REDOUBLE
+    if (family == "nvidia" and T.NCCL_COMP_CAP.get(arch, 0) >= rule["min_comp_cap"]
+            and nnodes > 1 and ring_bw_intra > rule["min_ring_bw_intra"]
+            and compute < rule["below_channels"]):
+        compute = min(T.NCCL_MAX_CHANNELS, 2 * compute)
+    return compute
+
+
+def p2p_channel_counts(compute: int, ppn: int, nnodes: int, peer_links: int, intra: str,
                        nic_bandwidth: float) -> tuple[int, int]:
     """(p2p channels, channels per peer) of a communicator (paths.cc
     ``ncclTopoComputeP2pChannels``; nccl_tables: the p2p channels rule).
 
-    ``channels`` are the ring's search channels (the compute channels are twice as many),
+    ``compute`` are the communicator's compute channels (:func:`compute_channel_count`),
     ``peer_links`` the NVLinks to a peer of the node (0: PCIe), ``nic_bandwidth`` the GB/s of
     a GPU's NIC (its rail) across nodes.
 
-    >>> p2p_channel_counts(12, 8, 1, 18, "nvlink", 0.0)  # a DGX H100: 32 channels, 32 a peer
+    >>> p2p_channel_counts(24, 8, 1, 18, "nvlink", 0.0)  # a DGX H100: 32 channels, 32 a peer
     (32, 32)
     """
-    compute = min(T.NCCL_MAX_CHANNELS, T.NCCL_COMPUTE_CHANNELS_PER_SEARCH * channels)
     total = _pow2_up(compute)
     per_peer = T.NCCL_MAX_CHANNELS
     if ppn > 1:
@@ -297,6 +333,13 @@ def cpu_vendor(topology, hosts) -> str:
     if len(found) > 1:
         return "mixed"
     return found.pop() if found else "intel"
+
+
+def cpu_is_x86(topology, hosts) -> bool:
+    """Whether every host's CPUs are x86 (vendor "intel" or "amd"; a topology that does not
+    say is taken as Intel)."""
+    by_host = _host_vendors(topology.graph)
+    return all(by_host.get(host, {"intel"}) <= {"intel", "amd"} for host in hosts)
 
 
 _VENDORS_OF: list = [None, {}]  # the last graph read, and its hosts' CPU vendors

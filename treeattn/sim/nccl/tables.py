@@ -57,7 +57,8 @@ NCCL-grp  The group's channels and NVLS, same commit: ``src/graph/search.cc``
           (``ncclTopoCompute``: speed arrays per generation, the lower-speed retry, the NVLS
           graph's one channel per GPU up to ``NCCL_MAX_NVLS_ARITY``, ``ncclTopoSearchTryNvls``,
           ``ncclTopoDupChannels``); ``src/init.cc`` (ring graph ``maxChannels``);
-          ``src/graph/connect.cc`` (compute channels = twice the search channels);
+          ``src/graph/connect.cc`` (compute channels = twice the search channels, twice
+          again on sm90+ across nodes for a ring above 45 GB/s under 16 channels);
           ``src/graph/paths.cc`` (p2p channels per peer); ``src/enqueue.cc`` (an all-to-all's
           per-peer channels, fp8 reductions: refused below sm90, deep rings ×1024);
           ``src/include/device.h`` ``ncclNvlsSupported`` (the dtypes and ops NVLS reduces);
@@ -120,15 +121,23 @@ NCCL_PER_CH_TREE = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8),
                     "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)}
 NCCL_PER_CH_NVLS_TREE = {"hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0)}
 NCCL_NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
-# treeCorrectionFactor[protocol][log2(bytes / 64)], for all-reduce over a tree (joined
-# linearly in log2(bytes) between powers of two: collectives.tree_correction).
+# treeCorrectionFactor[protocol][log2(bytes / 64)], for all-reduce over a tree: NCCL's tuner
+# ranks by the entry as a step; the price joins the entries linearly in log2(bytes) between
+# powers of two (collectives.tree_correction).
+# tuning.cc reads the first 23 entries for the tree (``logSize < 23``) and all 24 for
+# NVLS_TREE, which it corrects only where ``minCompCap >= 100`` and the hosts' CPU arch is
+# x86 (``NCCL_TOPO_CPU_ARCH_X86``: Intel or AMD on every rank; init.cc marks differing
+# arches MIXED).
 NCCL_TREE_CORRECTION = {
-    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1),
+    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1,
+           1),
     "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1,
-              1),
+              1, 1),
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
-               .8, .9, .9),
+               .8, .9, .9, .9),
 }
+NCCL_TREE_CORRECTION_ENTRIES = {"tree": 23, "nvls_tree": 24}
+NCCL_NVLS_TREE_CORRECTION_MIN_COMP_CAP = 100
 # NCCL-gen: the factor on NCCL's node-local latencies (base and NVLink/PCIe hop) for each
 # GPU generation; Hopper is what the tables describe. Each row's source:
 # - volta, ampere: NCCL's LL/LL128/Simple steps are device loops (store data and flag to the
@@ -163,7 +172,9 @@ NCCL_GEN_LATENCY_SCALE_OF_MODEL = {"P100": 1980 / 1480}  # a model's own clock, 
 NCCL_NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 NCCL_NET_OVERHEAD_SIMPLE_FACTOR = 3
 NCCL_TREE_PATTERN_FACTOR = 0.85  # tree bus bandwidth when the tree graph is PATTERN_TREE
-NCCL_RING_SIMPLE_PLATEAU = 1.4
+# tuning.cc ``ncclTopoGetAlgoTime``: ``minCompCap < 80 ? 1.9 : 1.4`` ("Plateau effect of
+# ring"), by the compute capability of the arch row (NCCL_COMP_CAP)
+NCCL_RING_SIMPLE_PLATEAU = {"below_comp_cap": 80, "below": 1.9, "from": 1.4}
 # Per-channel search speeds, GB/s, tried from high to low (search.cc: speedArrayIntra/Inter
 # before Hopper, sm90SpeedArray*, sm100SpeedArray* from Blackwell on).
 NCCL_SPEEDS_INTRA = {"blackwell": (90, 80, 70, 60, 50, 45, 40, 30, 24, 20, 19, 18),
@@ -185,9 +196,20 @@ NCCL_SEARCH_LOWER_SPEED_FRACTION = 0.49
 NCCL_DUP_CHANNELS_MIN_SPEED = 25.0
 NCCL_DUP_CHANNELS_SM90_SPEED = (50.0, 4)
 # connect.cc ``ncclTopoPostset``: the rings run on twice the search channels (``nChannels *
-# 2``, at most MAXCHANNELS = 64); every p2p operation runs on these compute channels.
+# 2``, at most MAXCHANNELS = 64); every p2p operation runs on these compute channels. Then
+# (NCCL 2.30.7 src/graph/connect.cc, "Use 4 compute channels per search channel to reach
+# peak BW on <8 PPN") they are doubled once more when ``minCompCap >= 90``, the communicator
+# spans more than one node, the ring graph's ``bwIntra`` is above 45 GB/s and the channels
+# (already doubled) are fewer than 16: a rail group of one H100 or B200 per node (1 search
+# channel at 48 GB/s) runs 4 compute channels (group_shape.compute_channel_count).
 NCCL_MAX_CHANNELS = 64
 NCCL_COMPUTE_CHANNELS_PER_SEARCH = 2
+NCCL_COMPUTE_CHANNELS_REDOUBLE = {"min_comp_cap": 90, "min_ring_bw_intra": 45.0,
+                                  "below_channels": 16}
+# The compute capability NCCL's tuning compares (``comm->minCompCap``) for each arch row:
+# sm70 (Volta; the P100's sm60 is also below every threshold used), sm80, sm86/sm89 boards,
+# sm90, sm100 (B200 and GB200).
+NCCL_COMP_CAP = {"volta": 70, "ampere": 80, "ampere-sm86": 86, "hopper": 90, "blackwell": 100}
 # enqueue.cc ``topoGetAlgoInfo``: the channels a ring or tree kernel runs on shrink with the
 # message: one is dropped while bytes < channels × threads × threshold. Per-thread thresholds
 # (comm.h ``NCCL_{LL,LL128,SIMPLE}_THREAD_THRESHOLD``; tuning.cc multiplies the ring's LL one
