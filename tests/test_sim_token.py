@@ -99,7 +99,8 @@ def test_predict_rows_say_whether_they_fit(capsys):
 
 
 def test_allowance_is_the_stated_share_of_hbm():
-    check = memory_check(ModelConfig.from_name("llama-3.1-8b"), Split(1), 1024, 1, 80e9)
+    check = memory_check(ModelConfig.from_name("llama-3.1-8b"), Split(1), 1024, 1, 80e9,
+                         gpu_model="H100")
     assert check.allowance_bytes == pytest.approx((1 - MEMORY_UTILIZATION) * 80e9)
     assert check.fits
 
@@ -248,6 +249,13 @@ def test_split_rules():
       "--seq-len", "4k"), "needs 16 GPUs and the topology has 8"),
     (("predict", "--token", "--topology", "dgx-h100", "--model", "llama-3.1-8b",
       "--seq-len", "4k", "--tp", "8", "--weights-dtype", "fp4"), "FP4 tensor cores"),
+    # FP4 on Hopper on every path that reads the weights' dtype, not only --token's
+    (("predict", "--topology", "dgx-h100", "--model", "llama-3.1-8b", "--seq-len", "4k",
+      "--weights-dtype", "fp4"), "FP4 tensor cores"),
+    (("plan", "--topology", "dgx-h100", "--model", "llama-3.1-8b", "--seq-len", "4k",
+      "--weights-dtype", "fp4"), "FP4 tensor cores"),
+    (("plan", "--topology", "dgx-h100", "--gpus", "8", "--model", "llama-3.1-8b",
+      "--seq-len", "4k", "--weights-dtype", "fp4"), "FP4 tensor cores"),
 ])
 def test_bad_input_is_one_error_line(capsys, argv, message):
     code, out, err = run(capsys, *argv)
