@@ -339,10 +339,18 @@ def score_kernels() -> list[dict]:
                          + hw.graph_kernel_s)
             out.append({"table": table["id"], "url": table["url"], "gpu": table["gpu"],
                         "dtype": table["dtype"], "m": p["m"], "n": p["n"], "k": p["k"],
-                        "scored": p["scored"], "published_us": round(published * 1e6, 3),
+                        "scored": p["scored"], "unscored_as": _unscored_as(table),
+                        "published_us": round(published * 1e6, 3),
                         "predicted_us": round(predicted * 1e6, 3),
                         "ratio": round(predicted / published, 4)})
     return out
+
+
+def _unscored_as(table: dict) -> str:
+    """How a GEMM table's unscored rows are labelled: a constant was read from them, unless
+    the table says it sets none (``sets_a_constant: false``; its ``why_not_scored`` says
+    why its rows are left out)."""
+    return "source, not scored" if table.get("sets_a_constant", True) else "not scored"
 
 
 def _attention_point(table: dict, p: dict, hw, width: int) -> dict:
@@ -380,7 +388,8 @@ def kernel_markdown(points: list[dict]) -> str:
              "The token model's price of a decode-sized kernel (the GPU's hardware model at "
              "its dtype's sourced rate, plus one graph-replayed kernel's fixed cost) against "
              "published, measured kernels. Rows a constant was read from are listed as "
-             "\"source, not scored\".", "",
+             "\"source, not scored\"; rows left out for another reason as \"not scored\", "
+             "with the reason under the tables.", "",
              f"Scored rows: {len(scored)}; geometric-mean error {_pct(geo_error(scored))}; "
              f"predicted / published from {min(scored):.2f} to {max(scored):.2f}.", "",
              "| GPU | dtype | scored rows | error | predicted / published |",
@@ -394,7 +403,7 @@ def kernel_markdown(points: list[dict]) -> str:
         lines.append(f"| [{p['table']}]({p['url']}) | {p['gpu']} | {p['dtype']} | {p['m']} | "
                      f"{p['n']} | {p['k']} | {p['published_us']:g} | {p['predicted_us']:g} | "
                      f"{p['ratio']:.2f} | "
-                     f"{'yes' if p['scored'] else 'source, not scored'} |")
+                     f"{'yes' if p['scored'] else p['unscored_as']} |")
     attention = [p for p in points if p.get("kind") == "attention"]
     if attention:
         lines += ["", "Decode attention at batch 1 with few KV heads per GPU, priced by the "
@@ -411,7 +420,8 @@ def kernel_markdown(points: list[dict]) -> str:
     for table in json.loads(KERNELS.read_text())["tables"]:
         lines.append("")
         unscored = any(not p["scored"] for p in table["points"])
-        label = "Source, not scored" if table["kind"] == "gemm" else "Not scored"
+        label = ("Source, not scored" if table["kind"] == "gemm"
+                 and table.get("sets_a_constant", True) else "Not scored")
         note = f" {label}: {table['why_not_scored']}." if unscored else ""
         lines.append(f"- `{table['id']}`: {table['hardware']}; {table['library']}; "
                      f"{table['source']}.{note}")

@@ -40,3 +40,32 @@ def _job(ctx) -> dict:
 def test_destroying_the_group_frees_it_while_the_objects_live():
     got = launch(_job, 2, LaunchOptions(timeout_s=60.0, threads=1))
     assert got == {"world freed": True, "objects": 2}
+
+
+def _subgroup_job(ctx) -> dict:
+    """Two context-parallel subgroups of two ranks each ({0, 1} and {2, 3})."""
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(ctx.rank)
+    q = torch.randn(1, 4, 8, generator=torch.Generator().manual_seed(0))  # (B, Hq, D)
+    k, v = torch.randn(2, 1, 2, 5, 8, generator=g)  # (B, Hkv, T, D) each
+    halves = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # collective over the world
+    mine = halves[ctx.rank // 2]
+    held = {}
+    for algorithm in ("oneshot", "tree"):  # a collective and point-to-point messages
+        attn = ShardedAttention(group=mine, algorithm=algorithm)
+        attn(q, k, v)
+        held[algorithm] = attn  # still alive, as a user's module-level object is
+    subgroup = weakref.ref(mine)
+    del halves, mine
+    dist.destroy_process_group()
+    gc.collect()
+    from treeattn.runtime.transport import _TRANSPORTS
+
+    # the transports of the dead groups are forgotten with them
+    return {"subgroup freed": subgroup() is None, "objects": len(held),
+            "transports": len(_TRANSPORTS)}
+
+
+def test_destroying_the_groups_frees_a_subgroup_while_its_objects_live():
+    got = launch(_subgroup_job, 4, LaunchOptions(timeout_s=60.0, threads=1))
+    assert got == {"subgroup freed": True, "objects": 2, "transports": 0}

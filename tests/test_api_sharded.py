@@ -252,7 +252,9 @@ def test_a_schedule_needing_a_strict_subgroup_of_a_subgroup_is_refused():
     from treeattn.schedule.ir import Collective, Schedule
     from treeattn.schedule.payloads import CollectiveOp
 
-    ctx = RankContext(0, 4, 0, torch.device("cpu"), "gloo", group=object(), ranks=(0, 2, 4, 6))
+    subgroup = object()  # any stand-in: Groups only asks whether there is one
+    ctx = RankContext(0, 4, 0, torch.device("cpu"), "gloo", group_ref=lambda: subgroup,
+                      ranks=(0, 2, 4, 6))
     pair = Collective(CollectiveOp.ALL_REDUCE_SUM, (0, 1), 64)
     schedule = Schedule("two-level", [[pair], [pair], [], []])
     with pytest.raises(RuntimeFailure, match=r"two-level: its collective over ranks \[0, 1\] "

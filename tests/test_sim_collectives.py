@@ -599,6 +599,9 @@ def test_comm_prices_a_2_gpu_group_of_a_dgx_b200(capsys):
     (["--gpus", "9"], "has 8 GPU(s)"),
     (["--ranks", "0,8"], "out of range"),
     (["--ranks", "0,0"], "twice"),
+    (["--ranks", "0,,1"], "empty item"),
+    (["--ranks", "0,1,"], "empty item"),
+    (["--ranks", " ,0,1"], "empty item"),
     (["--gpus", "2", "--dtype", "complex64"], "no dtype"),
 ])
 def test_comm_group_and_dtype_bad_input(capsys, argv, needle):

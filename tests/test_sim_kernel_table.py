@@ -6,6 +6,8 @@ Expected values are worked by hand from the rows of the fixture
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -87,20 +89,89 @@ def test_a_calibrated_profile_replaces_the_sourced_kernels(tmp_path, capsys):
     (HEADER + "gemm,1,8192,8192,bf16,,,,,,-3\n", "not a positive time"),
     (HEADER + "conv,1,8192,8192,bf16,,,,,,3\n", "not one the model runs"),
     (HEADER + "gemm,1,8192,8192,int4,,,,,,3\n", "not one the model runs"),
-    (HEADER + "gemm,0,8192,8192,bf16,,,,,,3\n", "not a positive integer"),
+    (HEADER + "gemm,0,8192,8192,bf16,,,,,,3\n", "not an integer in [1, 2^40]"),
     (HEADER + "attention,,,,bf16,1,6,4,128,4096,3\n", "do not group"),
     (HEADER + "attention,,,,fp4,1,8,8,128,4096,3\n", "weight dtype"),
     (HEADER + "gemm,1,8192,8192,bf16,,,,,,3\n", "two different sizes"),
     (HEADER, "no rows"),
     (HEADER + "gemm,1,8192,8192,fp4,,,,,,20\ngemm,1,28672,8192,fp4,,,,,,60\n",
      "lines 2, 3: fp4 GEMMs on H100"),
+    # a field over csv's own limit (128 KiB)
+    (HEADER + "gemm,1,8192,8192,bf16,,,,,," + "9" * 200_000 + "\n", "not a CSV table"),
+    # 2^60 and 2^60 + 1: distinct integers, one float; and dimensions of 400 digits, whose
+    # bytes overflow a float (bf16 weights as integers, fp4's 4.5 bits as floats)
+    (HEADER + f"gemm,1,{2**60},8192,bf16,,,,,,20\ngemm,1,{2**60 + 1},8192,bf16,,,,,,60\n",
+     "not an integer in [1, 2^40]"),
+    (HEADER + f"gemm,1,{'9' * 400},8192,bf16,,,,,,20\ngemm,1,8192,8192,bf16,,,,,,60\n",
+     "not an integer in [1, 2^40]"),
+    (HEADER + f"gemm,1,8192,{'9' * 400},fp8,,,,,,20\ngemm,1,8192,8192,fp8,,,,,,60\n",
+     "not an integer in [1, 2^40]"),
+    (HEADER + f"attention,,,,bf16,{'9' * 400},8,8,128,4096,3\n",
+     "not an integer in [1, 2^40]"),
+    # fits a profile cannot hold, so predict would refuse what calibrate wrote: nanoseconds
+    # for 33 and 470 MB (a rate of ~1e17 B/s, beyond any HBM), and 1e300 µs (a fixed cost
+    # beyond any kernel)
+    (HEADER + "gemm,1,8192,8192,fp8,,,,,,0.001\ngemm,1,28672,16384,fp8,,,,,,0.002\n",
+     "outside what a profile holds"),
+    (HEADER + "gemm,1,8192,8192,fp8,,,,,,1e300\ngemm,1,28672,8192,fp8,,,,,,2e300\n",
+     "outside what a profile holds"),
 ])
 def test_a_bad_table_is_one_error_line(tmp_path, capsys, body, needle):
-    path = tmp_path / "bad.csv"
+    path, out = tmp_path / "bad.csv", tmp_path / "bad.json"
     path.write_text(body)
-    assert main(["calibrate", "--kernels", str(path), "--topology", "dgx-h100"]) == 2
-    err = capsys.readouterr().err
-    assert needle in err and len(err.strip().splitlines()) == 1
+    assert main(["calibrate", "--kernels", str(path), "--topology", "dgx-h100", "-o",
+                 str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and needle in captured.err
+    assert len(captured.err.strip().splitlines()) == 1 and "Traceback" not in captured.err
+    assert not out.exists()
+
+
+def test_sizes_one_float_apart_are_no_fit():
+    """Rows built past the reader's bound (2^60 and 2^60 + 1 columns): two integers, one
+    float, so no variance to fit a rate on; a SimError, not a division by zero."""
+    rows = [{"kind": "gemm", "dtype": "bf16", "m": 1, "n": n, "k": 8192, "time_s": t,
+             "line": line} for line, (n, t) in enumerate([(2**60, 2e-5), (2**60 + 1, 6e-5)], 2)]
+    with pytest.raises(SimError, match="different sizes|tell apart"):
+        fit_kernels(rows)
+
+
+def test_every_fit_calibrate_writes_is_one_predict_reads(tmp_path_factory):
+    """Any two GEMM rows: calibrate either refuses them with one error line and writes
+    nothing, or writes a profile that predict --token accepts (the schema's bounds)."""
+    from hypothesis import example, given, settings
+    from hypothesis import strategies as st
+
+    dims = st.one_of(st.integers(1, 1 << 16), st.integers(1, 1 << 70),
+                     st.sampled_from(["0", "-1", "x", "9" * 60, ""]))
+    times = st.one_of(st.floats(1e-9, 1e9), st.sampled_from(["1e-300", "1e300", "0", "nan"]))
+    row = st.tuples(dims, dims, times)
+
+    @settings(max_examples=40, deadline=None, database=None, derandomize=True)
+    @given(st.lists(row, min_size=1, max_size=3), st.sampled_from(["bf16", "fp8"]))
+    @example([(8192, 8192, "1e300"), (28672, 8192, "2e300")], "fp8")
+    @example([(8192, 8192, 0.001), (28672, 16384, 0.002)], "bf16")
+    def check(rows, dtype):
+        folder = tmp_path_factory.mktemp("fuzz")
+        path, out = folder / "t.csv", folder / "t.json"
+        path.write_text(HEADER + "".join(f"gemm,1,{n},{k},{dtype},,,,,,{t}\n"
+                                         for n, k, t in rows))
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main(["calibrate", "--kernels", str(path), "--topology", "dgx-h100", "-o",
+                       str(out)])
+            if rc == 0:
+                rc_predict = main(["predict", "--topology", "dgx-h100", "--model",
+                                   "llama-3.1-8b", "--seq-len", "4k", "--token", "--tp", "8",
+                                   "--profile", str(out)])
+        if rc == 0:
+            assert rc_predict == 0, err.getvalue()
+        else:
+            assert rc == 2 and not out.exists()
+            lines = err.getvalue().strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("error: "), err.getvalue()
+
+    check()
 
 
 def test_a_fit_whose_times_fall_with_the_bytes_is_refused():
@@ -120,15 +191,15 @@ def test_times_too_small_for_a_finite_rate_are_one_error_line_and_nothing_writte
                  str(out)]) == 2
     captured = capsys.readouterr()
     assert captured.err.startswith("error: ") and len(captured.err.strip().splitlines()) == 1
-    assert "lines 2, 3" in captured.err and "finite" in captured.err
+    assert "lines 2, 3" in captured.err and "outside what a profile holds" in captured.err
     assert not out.exists()
     with pytest.raises(SimError, match="lines 2, 3"):
         fit_kernels(read_kernel_table(str(path)))
 
 
 def test_fp4_weights_on_hopper_are_refused_with_a_measured_profile(tmp_path, capsys):
-    """A Blackwell profile with an FP4 GEMM fit, relabelled for an H100 (as calibrate on
-    dgx-h100 wrote it before it checked), does not price FP4 weights on Hopper."""
+    """A profile with an FP4 GEMM fit (calibrated on a B200) relabelled as an H100's:
+    predict refuses FP4 weights on Hopper even when the profile carries an FP4 rate."""
     b200 = tmp_path / "b200.json"
     table = tmp_path / "fp4.csv"
     table.write_text(HEADER + "gemm,1,8192,8192,fp4,,,,,,20\ngemm,1,28672,8192,fp4,,,,,,60\n")

@@ -102,8 +102,12 @@ def group_ranks(topology, gpus: int | None = None, ranks: str | None = None) -> 
                             "GPU(s); use --ranks for a group across nodes")
         return [topology.rank(g) for g in on_node[:gpus]]
     if ranks is not None:
+        items = [r.strip() for r in ranks.split(",")]
+        if "" in items:
+            raise UserError(f"--ranks {ranks!r}: an empty item (expected GPU ranks separated "
+                            "by single commas, e.g. 0,2,4,6)")
         try:
-            chosen = [int(r) for r in ranks.split(",") if r.strip()]
+            chosen = [int(r) for r in items]
         except ValueError:
             raise UserError(f"--ranks {ranks!r}: not a comma-separated list of GPU ranks") \
                 from None

@@ -24,6 +24,7 @@ from treeattn.schedule.payloads import SimError
 from treeattn.schedule.workload import ModelConfig
 from treeattn.sim.deploy.capacity import Split, dtype_name, memory_check
 from treeattn.sim.network import TRANSPORTS
+from treeattn.topo.hardware import normalize_model
 
 # plan --gpus prices every split of its budget, each a planner run on its CP ranks: measured
 # 20 s for --gpus 512 (treeattn plan --gpus 512 --topology dgx-h100:nodes=64 --model
@@ -146,7 +147,8 @@ def memory_rows_check(args, topology, seq_len: int, tp: int) -> dict:
         raise SimError(f"--tp {tp} must divide the {topology.num_gpus} GPUs")
     split = Split(tp=tp, cp=topology.num_gpus // tp)
     weights, kv = _dtypes(args, model)
-    check = memory_check(model, split, seq_len, args.batch, _capacity(topology), weights, kv)
+    check = memory_check(model, split, seq_len, args.batch, _capacity(topology), weights, kv,
+                         gpu_model=normalize_model(topology.gpu_model(0)))
     return {**check.to_json(), "memory": check.describe()}
 
 

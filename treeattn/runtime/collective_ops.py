@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from treeattn.runtime.group import RankContext, wait_work
+from treeattn.runtime.errors import RuntimeFailure
+from treeattn.runtime.group import RankContext, held_weakly, wait_work
 
 _DIST_REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
@@ -29,13 +30,25 @@ class CollectiveOps:
 
     def __init__(self, ctx: RankContext, members: tuple[int, ...], handle) -> None:
         self.ctx, self.members = ctx, members
-        # the process group itself: a subgroup's own handle, else the context's group
-        self.handle = handle if handle is not None else ctx.group
+        # a subgroup's own handle, held weakly like the context's group (RankContext.group)
+        self._handle = None if handle is None else held_weakly(handle)
         self.me = members.index(ctx.rank)
         self.others = [(j, r) for j, r in enumerate(members) if r != ctx.rank]
         # torch.distributed orders a group's ranks by global rank; a schedule's group is in
         # member order, which need not be sorted: process-group rank k is member order[k]
         self.order = sorted(range(len(members)), key=lambda j: members[j])
+
+    @property
+    def handle(self):
+        """The process group itself: the subgroup's own handle, else the context's group;
+        RuntimeFailure once torch has destroyed it."""
+        if self._handle is None:
+            return self.ctx.group
+        group = self._handle()
+        if group is None:
+            raise RuntimeFailure(f"rank {self.ctx.rank}: the process group of ranks "
+                                 f"{list(self.members)} has been destroyed")
+        return group
 
     def all_reduce(self, buf: torch.Tensor, op: str, what: str) -> None:
         """Reduce ``buf`` (sum or max) over the group, in place."""

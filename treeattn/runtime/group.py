@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -49,11 +50,26 @@ class RankContext:
     device: torch.device
     backend: str
     timeout_s: float = DEFAULT_TIMEOUT_S
-    # A process subgroup (one context-parallel group of several): ``rank`` and ``world`` are
-    # then within it, and ``ranks`` gives each member's global rank, which torch.distributed
-    # addresses peers by. None: the default group, where the two coincide.
-    group: object = None
+    # A process subgroup (one context-parallel group of several), held weakly
+    # (:func:`held_weakly`, see :attr:`group`): ``rank`` and ``world`` are then within it,
+    # and ``ranks`` gives each member's global rank, which torch.distributed addresses peers
+    # by. None: the default group, where the two coincide.
+    group_ref: Callable[[], object] | None = None
     ranks: tuple[int, ...] | None = None
+
+    @property
+    def group(self):
+        """The process subgroup (None: the default group). A context never keeps it alive:
+        a group torch has destroyed but an object still holds is destroyed only at
+        interpreter exit, where gloo's threads can abort the process. RuntimeFailure once
+        it is gone (never the default group in its place)."""
+        if self.group_ref is None:
+            return None
+        group = self.group_ref()
+        if group is None:
+            raise RuntimeFailure(f"rank {self.rank}: its process group has been destroyed "
+                                 "(dist.destroy_process_group)")
+        return group
 
     @property
     def timeout(self) -> timedelta:

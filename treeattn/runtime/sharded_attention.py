@@ -54,7 +54,7 @@ from treeattn.runtime.agreement import gather_named
 from treeattn.runtime.collectives import make_subgroups_everywhere, schedule_subgroups
 from treeattn.runtime.errors import RuntimeFailure
 from treeattn.runtime.executor import Executor
-from treeattn.runtime.group import RankContext, all_gather_objects, host_name
+from treeattn.runtime.group import RankContext, all_gather_objects, held_weakly, host_name
 from treeattn.runtime.plans import ALGORITHMS, build, dtype_name, local_topology, workload_for
 from treeattn.runtime.wire import AttnDims, pack_partial, unpack_partial
 from treeattn.schedule.algorithms import ALIASES
@@ -103,8 +103,8 @@ def group_context(group=None, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankConte
     rank = dist.get_rank(group)
     size = dist.get_world_size(group)
     members = tuple(dist.get_global_rank(group, r) for r in range(size))
-    return RankContext(rank, size, rank, device, backend, float(timeout_s), group=group,
-                       ranks=members)
+    return RankContext(rank, size, rank, device, backend, float(timeout_s),
+                       group_ref=held_weakly(group), ranks=members)
 
 
 def agree(ctx: RankContext, what: str, value: str) -> list:

@@ -22,6 +22,7 @@ The transport of a process group is made once, collectively, at its first use.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
@@ -182,8 +183,10 @@ class _Pushing:
 
 
 # keyed by the group's id, with a weak reference to the group: a dead reference means the
-# id belongs to a newer group. Weak, because a group torch has destroyed but a module still
-# holds is destroyed only at interpreter exit, where gloo's threads can abort the process.
+# id belongs to a newer group. Nothing here holds a group strongly (a Transport's context
+# holds its subgroup weakly, :class:`RankContext`): a group torch has destroyed but a module
+# still holds is destroyed only at interpreter exit, where gloo's threads can abort the
+# process. An entry is dropped when its group dies.
 _TRANSPORTS: dict[tuple[int, int, int], tuple[Callable, Transport]] = {}
 
 
@@ -197,4 +200,15 @@ def transport_for(ctx: RankContext) -> Transport:
         plugin = plugged_in()
         channel = plugin.open_channel(ctx) if plugin is not None else None
         found = _TRANSPORTS[key] = (held_weakly(group), Transport(ctx, channel))
+        try:
+            weakref.finalize(group, _drop_dead, key)
+        except TypeError:  # not weakly referenceable: a non-member's marker, never freed
+            pass
     return found[1]
+
+
+def _drop_dead(key: tuple[int, int, int]) -> None:
+    """Forget the transport of a group that has died (unless a newer group took its id)."""
+    found = _TRANSPORTS.get(key)
+    if found is not None and found[0]() is None:
+        del _TRANSPORTS[key]

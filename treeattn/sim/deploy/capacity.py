@@ -255,8 +255,14 @@ def kv_cache_bytes(m: ModelConfig, split: Split, seq_len: int, batch: int, kv_by
 
 
 def memory_check(m: ModelConfig, split: Split, seq_len: int, batch: int, capacity: float,
-                 weights_dtype: str | None = None, kv_dtype: str | None = None) -> MemoryCheck:
-    """The whole-model check of one GPU (``capacity`` 0: unknown, always fits)."""
+                 weights_dtype: str | None = None, kv_dtype: str | None = None, *,
+                 gpu_model: str) -> MemoryCheck:
+    """The whole-model check of one ``gpu_model`` GPU (``capacity`` 0: unknown, always
+    fits); SimError for weights in a dtype that GPU cannot run (FP4 without FP4 tensor
+    cores: :func:`treeattn.sim.devices.check_weight_dtype`), so no path sizes them."""
+    from treeattn.sim.devices import check_weight_dtype
+
+    check_weight_dtype(gpu_model, weights_dtype or m.dtype)
     wb = WEIGHT_DTYPE_BYTES[weights_dtype or m.dtype]
     kb = STORAGE_DTYPE_BYTES[kv_dtype or m.dtype]
     return MemoryCheck(weights_held(m, split.tp, wb), kv_cache_bytes(m, split, seq_len, batch, kb),

@@ -28,6 +28,7 @@ from treeattn.sim.deploy.token import (
     predict_token,
 )
 from treeattn.sim.network import TRANSPORTS, resolve_hardware
+from treeattn.topo.hardware import normalize_model
 
 MAX_SIMULATED = 2  # simulations per split's attention plan (see the module docstring)
 
@@ -86,13 +87,15 @@ def search(topology, model: ModelConfig | str, seq_len: int, gpus: int, *, batch
         raise SimError(f"--gpus must be a positive integer, got {gpus!r}")
     topo = deployment_topology(topology, Split(tp=gpus))
     capacity = resolve_hardware(topo, hardware)[0].memory_bytes
+    gpu = normalize_model(topo.gpu_model(0))
     options = splits(model, gpus)
     if not options:
         raise SimError(f"no TP split of {gpus} GPUs divides {model.name}'s {model.n_heads} "
                        f"query and {model.n_kv_heads} KV heads")
     found = []
     for split in options:
-        memory = memory_check(model, split, seq_len, batch, capacity, weights_dtype, kv_dtype)
+        memory = memory_check(model, split, seq_len, batch, capacity, weights_dtype, kv_dtype,
+                              gpu_model=gpu)
         d = Deployment(split, memory)
         if split.seq_ranks > seq_len:
             d.refused = f"{seq_len} tokens cannot be sharded over {split.seq_ranks} ranks"

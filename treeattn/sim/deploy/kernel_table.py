@@ -31,7 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from treeattn.schedule.payloads import SimError
-from treeattn.sim.files.profile_schema import KERNEL_TABLE_KINDS, KERNELS_KIND
+from treeattn.sim.files.profile_schema import (
+    KERNEL_BYTES_PER_S,
+    KERNEL_FIXED_S,
+    KERNEL_TABLE_KINDS,
+    KERNELS_KIND,
+)
 
 KINDS = KERNEL_TABLE_KINDS
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "float8": 1,
@@ -45,6 +50,7 @@ COLUMNS = {"gemm": ("m", "n", "k", "dtype", "time_us"),
                          "time_us")}
 ACTIVATION_BYTES = 2  # decode activations are bf16/fp16 whatever the weights' dtype
 MAX_TABLE_BYTES = 4 << 20
+MAX_DIMENSION = 1 << 40  # a dimension above this is no kernel a GPU runs (bytes stay finite)
 
 
 @dataclass(frozen=True)
@@ -76,9 +82,9 @@ def row_bytes(row: dict) -> float:
 
 def read_kernel_table(source: str | Path, text: str | None = None) -> list[dict]:
     """The checked rows of a kernel table (a CSV file, or ``text``); SimError naming the
-    first bad row: missing columns, an unknown kind or dtype, a dimension that is not a
-    positive integer, heads that do not group (``q_heads`` a multiple of ``kv_heads``), a
-    time that is not a positive number."""
+    first bad row: not CSV, missing columns, an unknown kind or dtype, a dimension that is
+    not an integer in ``[1, MAX_DIMENSION]``, heads that do not group (``q_heads`` a multiple
+    of ``kv_heads``), a time that is not a positive number."""
     name = str(source)
     if text is None:
         path = Path(source)
@@ -87,6 +93,13 @@ def read_kernel_table(source: str | Path, text: str | None = None) -> list[dict]
         if path.stat().st_size > MAX_TABLE_BYTES:
             raise SimError(f"kernel table {name}: larger than {MAX_TABLE_BYTES} bytes")
         text = path.read_text(errors="replace")
+    try:
+        return _read_rows(name, text)
+    except csv.Error as err:  # a field over csv's limit, a stray NUL, ...
+        raise SimError(f"kernel table {name}: not a CSV table ({err})") from None
+
+
+def _read_rows(name: str, text: str) -> list[dict]:
     reader = csv.DictReader(io.StringIO(text))
     header = [h.strip() for h in (reader.fieldnames or [])]
     if "kind" not in header:
@@ -130,9 +143,9 @@ def read_kernel_table(source: str | Path, text: str | None = None) -> list[dict]
                     number = int(value)
                 except ValueError:
                     number = 0
-                if number < 1:
-                    raise SimError(f"kernel table {name} line {line}: {col} {value!r} is not "
-                                   "a positive integer")
+                if not 1 <= number <= MAX_DIMENSION:
+                    raise SimError(f"kernel table {name} line {line}: {col} {value[:40]!r} is "
+                                   f"not an integer in [1, 2^40]")
                 row[col] = number
         if kind == "attention" and row["q_heads"] % row["kv_heads"]:
             raise SimError(f"kernel table {name} line {line}: {row['q_heads']} query heads "
@@ -164,8 +177,9 @@ def _lines(rows: list[dict]) -> str:
 def fit_kernels(rows: list[dict], source: str = "kernel table") -> list[KernelFit]:
     """One :class:`KernelFit` per kind (GEMMs per weight dtype), least squares in
     ``time = fixed + bytes / rate``; SimError where a group has fewer than two sizes, or
-    where its fit is not a finite fixed cost and a finite positive rate (times so small
-    the rate overflows), naming the group's rows."""
+    where its fit is not a fixed cost and a rate a profile holds (the schema's
+    ``KERNEL_FIXED_S`` and ``KERNEL_BYTES_PER_S``: times so small the rate is beyond any
+    HBM, or so large the fixed cost is beyond any kernel), naming the group's rows."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
         key = (row["kind"], row["dtype"] if row["kind"] == "gemm" else "any")
@@ -173,25 +187,35 @@ def fit_kernels(rows: list[dict], source: str = "kernel table") -> list[KernelFi
     fits = []
     for (kind, dtype), group in sorted(groups.items()):
         what = f"{kind} {'' if dtype == 'any' else dtype + ' '}rows"
-        points = [(row_bytes(row), row["time_s"]) for row in group]
+        points = [(float(row_bytes(row)), row["time_s"]) for row in group]
         if len({b for b, _ in points}) < 2:
             raise SimError(f"{source}: {what} need at least two different sizes to fit a "
                            "fixed cost and a rate")
         fixed, rate = _least_squares(points)
-        if not (math.isfinite(fixed) and fixed >= 0 and math.isfinite(rate) and rate > 0):
-            raise SimError(f"{source} {_lines(group)}: the fit of the {what} is no finite fixed "
-                           f"cost and positive rate (fixed {fixed:g} s, rate {rate:g} B/s)")
+        if rate is None:
+            raise SimError(f"{source} {_lines(group)}: the {what}' sizes are too close to "
+                           "tell apart in floating point, so no rate can be fitted")
+        (fixed_lo, fixed_hi), (rate_lo, rate_hi) = KERNEL_FIXED_S, KERNEL_BYTES_PER_S
+        if not (math.isfinite(fixed) and fixed_lo <= fixed <= fixed_hi
+                and math.isfinite(rate) and rate_lo < rate <= rate_hi):
+            raise SimError(f"{source} {_lines(group)}: the fit of the {what} (fixed {fixed:g} "
+                           f"s, rate {rate:g} B/s) is outside what a profile holds (fixed in "
+                           f"[{fixed_lo:g}, {fixed_hi:g}] s, rate in ({rate_lo:g}, "
+                           f"{rate_hi:g}] B/s)")
         fits.append(KernelFit(kind, dtype, fixed, rate, len(points)))
     return fits
 
 
-def _least_squares(points: list[tuple[float, float]]) -> tuple[float, float]:
+def _least_squares(points: list[tuple[float, float]]) -> tuple[float, float | None]:
     """(fixed s, bytes/s) of ``t = a + b / rate``; ``a`` refitted as 0 if it comes out
-    negative; SimError if the times do not grow with the bytes."""
+    negative; rate None where the sizes have no variance in floating point; SimError if the
+    times do not grow with the bytes."""
     n = len(points)
     mean_b = sum(b for b, _ in points) / n
     mean_t = sum(t for _, t in points) / n
     var = sum((b - mean_b) ** 2 for b, _ in points)
+    if not var > 0:
+        return 0.0, None
     slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / var
     fixed = mean_t - slope * mean_b
     if fixed < 0:

@@ -92,7 +92,7 @@ from treeattn.sim.deploy.capacity import (
     step_weight_reads,
 )
 from treeattn.sim.deploy.kernel_table import CANONICAL
-from treeattn.sim.devices import BackendModel, check_weight_dtype, weight_read_factor
+from treeattn.sim.devices import BackendModel, weight_read_factor
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.nccl.env import with_env
 from treeattn.sim.network import TRANSPORTS, resolve_backend, resolve_hardware
@@ -259,12 +259,13 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
             raise SimError(f"unknown dtype {name!r}")
     topo = deployment_topology(topology, split)
     hw = resolve_hardware(topo, hardware)[0]
-    memory = memory_check(model, split, seq_len, batch, hw.memory_bytes, wdt, kdt)
+    gpu = normalize_model(topo.gpu_model(0))
+    # FP4 weights refused on a GPU without FP4 cores, whatever kernel table it was given
+    memory = memory_check(model, split, seq_len, batch, hw.memory_bytes, wdt, kdt,
+                          gpu_model=gpu)
     act = STORAGE_DTYPE_BYTES[model.dtype]
     parts: dict[str, float] = {}
 
-    gpu = normalize_model(topo.gpu_model(0))
-    check_weight_dtype(gpu, wdt)  # a measured kernel table does not give a GPU FP4 cores
     reads = step_weight_reads(model, split.tp, WEIGHT_DTYPE_BYTES[wdt], batch)
     measured = dict(hw.gemm_bandwidth).get(CANONICAL.get(wdt, wdt))
     if measured:  # the user's kernel table (calibrate --kernels) has this dtype's GEMMs

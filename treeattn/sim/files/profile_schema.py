@@ -49,6 +49,8 @@ SPREAD = (1e-12, 1e6)
 NCCL_TESTS_KIND = "nccl-tests"
 KERNELS_KIND = "kernels"  # a GPU's measured kernel table (calibrate --kernels)
 KERNEL_TABLE_KINDS = ("gemm", "attention")  # treeattn.sim.deploy.kernel_table's rows
+KERNEL_FIXED_S = (0.0, 10.0)  # a kernel fit's fixed cost, seconds: [lo, hi]
+KERNEL_BYTES_PER_S = (0.0, 1e14)  # a kernel fit's HBM rate, bytes/s: (lo, hi]
 KNOWN_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
              "sendrecv")
 
@@ -191,8 +193,8 @@ def _check_kernels(f: Fields) -> None:
         fit = Fields(item, f.source, section.where("fits") + f"[{i}]")
         fit.string("kind", KERNEL_TABLE_KINDS)
         fit.string("dtype", max_len=16)
-        fit.number("fixed_s", 0.0, 10.0)
-        fit.number("bytes_per_s", 0.0, 1e14, lo_open=True)
+        fit.number("fixed_s", *KERNEL_FIXED_S)
+        fit.number("bytes_per_s", *KERNEL_BYTES_PER_S, lo_open=True)
         fit.integer("points", 2, 1 << 20)
 
 
