@@ -275,6 +275,11 @@ def test_fidelity_against_published_measurements():
     small_groups = summary["H100 1 node, 2 and 4 GPUs (-g)"]
     assert small_groups["small_points"] == 0 and small_groups["large_points"] == 27
     assert small_groups["large_busbw_geo_error"] <= 0.20
+    # one GB200 NVL72 rack, one process per GPU, 512 MB-8 GB on NVLS: the issue's ±25% large
+    # bus-bandwidth target (measured 22%: the run ramps to 0.92 of the model by 4 GB)
+    rack = summary["GB200 NVL72 rack, 72 GPUs (one process per GPU)"]
+    assert rack["small_points"] == 0 and rack["large_points"] == 5
+    assert rack["large_busbw_geo_error"] <= 0.25
 
 
 def test_busbw_table_reads_times_back_from_bus_bandwidth():

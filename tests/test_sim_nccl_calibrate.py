@@ -35,7 +35,8 @@ def _run(capsys, *argv):
 
 
 # published without its header lines (the author kept only the rows): no ranks to count
-HEADERLESS = {"h100-2gpu-1node-all-reduce-perf-g2-waynehacking8.txt"}
+HEADERLESS = {"h100-2gpu-1node-all-reduce-perf-g2-waynehacking8.txt",
+              "gb200-72gpu-1rack-all-reduce-perf-coreweave-pr43.txt"}
 
 
 def test_every_fixture_parses_with_its_world_and_rows():
