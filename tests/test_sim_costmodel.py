@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from treeattn.schedule.ir import Recv, Schedule, Send
 from treeattn.sim import DecodeWorkload
 from treeattn.sim.engine import simulate
-from treeattn.sim.nccl.collectives import GroupShape, collective_cost, p2p_cost, p2p_protocol
+from treeattn.sim.nccl.collectives import GroupShape, collective_cost, p2p_cost
+from treeattn.sim.nccl.sendrecv import p2p_protocol
 from treeattn.sim.network import CostModel
 from treeattn.sim.parallel import cp_view, group_workload
 from treeattn.sim.planning.planner import plan_workload

@@ -18,7 +18,8 @@ from treeattn.schedule.algorithms import BASELINES
 from treeattn.schedule.payloads import CollectiveOp, SimError
 from treeattn.sim import DecodeWorkload, plan_workload
 from treeattn.sim.deploy.engines import describe, emit
-from treeattn.sim.nccl.collectives import GroupShape, collective_cost, p2p_parts
+from treeattn.sim.nccl.collectives import GroupShape, collective_cost
+from treeattn.sim.nccl.sendrecv import p2p_parts
 from treeattn.sim.nccl.symmetric import symmetric_candidates, symmetric_cost
 from treeattn.sim.network import CostModel
 from treeattn.topo import Topology

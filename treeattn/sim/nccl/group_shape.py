@@ -42,7 +42,7 @@ class GroupShape:
     gen_lat_scale: float = 1.0
     # RCCL 2.21.5 – 2.2x (ROCm 6.3 up to MSCCL's removal): small all-reduces on one 8-GPU
     # MI300X node run MSCCL's all-pairs schedule, not the tuner's choice. Off: the current
-    # library. :func:`_rccl_msccl_allreduce` has the rule.
+    # library. :func:`treeattn.sim.nccl.rccl._rccl_msccl_allreduce` has the rule.
     rccl_msccl: bool = False
     # The hosts' CPU vendor as NCCL's topology reports it ("intel", "amd", "mixed" across
     # hosts, "other": ARM, POWER, unknown): it sets the network post overhead of a

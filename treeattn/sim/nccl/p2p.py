@@ -1,7 +1,7 @@
 """What one point-to-point message costs: one model for the engine and the closed forms.
 
 On GPUs whose messages go through NCCL or RCCL (the ``nccl``/``rccl`` backends), a Send/Recv
-is priced as the library would run it (:func:`treeattn.sim.nccl.collectives.p2p_parts`): the
+is priced as the library would run it (:func:`treeattn.sim.nccl.sendrecv.p2p_parts`): the
 protocol its enqueue picks for the size and the connection (LL up to 16 KiB inside a host;
 across hosts Simple, or LL up to 16 KiB where the backend sets
 ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1``), that protocol's ring base latency, the protocol's
@@ -90,7 +90,7 @@ class P2PModel:
     def _regime(self, nbytes: float) -> tuple[int, int]:
         found = self._protocols.get(nbytes)
         if found is None:
-            from treeattn.sim.nccl.collectives import p2p_protocol
+            from treeattn.sim.nccl.sendrecv import p2p_protocol
 
             found = self._protocols[nbytes] = (p2p_protocol(nbytes, self.shape, False),
                                                p2p_protocol(nbytes, self.shape, True))
@@ -103,7 +103,7 @@ class P2PModel:
         key = self._regime(nbytes)
         found = self._prices.get(key)
         if found is None:
-            from treeattn.sim.nccl.collectives import p2p_parts
+            from treeattn.sim.nccl.sendrecv import p2p_parts
 
             parts = []
             for across in (False, True):

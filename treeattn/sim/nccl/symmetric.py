@@ -184,7 +184,7 @@ def put_base_us(shape: GroupShape, ll: bool) -> float:
     used: one of its all-gather kernels' base latency (``baseLat``, LL or plain), each GPU
     storing its piece into its peers' windows being exactly what a put is. The per-hop
     latency and bandwidth stay NCCL's for the protocol (:func:`~treeattn.sim.nccl.
-    collectives.p2p_parts`), so only the library's enqueue and proxy cost is replaced.
+    sendrecv.p2p_parts`), so only the library's enqueue and proxy cost is replaced.
     """
     arch = ARCH[shape.arch]
     return arch.ll_all_gather_base if ll else arch.base
