@@ -3,7 +3,7 @@ treeattn's own schedules on NCCL's symmetric-memory kernels where a cluster offe
 and the strongest baseline is the fastest of all of them.
 
 References are worked by hand from NCCL 2.30.7's constants (``sym_kernels.cc``) through
-:func:`treeattn.sim.nccl.symmetric.symmetric_cost`, which ``test_sim_collectives`` checks
+:func:`treeattn.sim.nccl.symmetric.symmetric_cost`, which ``test_sim_comm_cli`` checks
 against NCCL's formula, and :func:`treeattn.sim.nccl.collectives.collective_cost`.
 """
 
