@@ -66,6 +66,25 @@ def test_blackwell_keeps_nccls_figures():
         assert cost.latency_s * 1e6 == pytest.approx(10.2)
 
 
+@pytest.mark.parametrize("spec", ["dgx-b200", "gb200-nvl72"])
+@pytest.mark.parametrize(("n", "ring", "tree"), [(2, 7.8, 8.0), (4, 10.2, 10.4),
+                                                 (8, 15.0, 15.2)])
+def test_blackwell_8_byte_all_reduce_is_nccls_ring_ll_by_hand(spec, n, ring, tree):
+    """NCCL 2.30.7 tuning.cc on one NVLink domain: ring LL = baseLat 6.6 + 2 (n - 1) hops ×
+    0.6; tree LL = 6.8 + 2 (n - 1) × 0.6 (one node: no network hop); NVLS = its hop latency
+    alone, 25 µs. No latency term of NCCL's has an sm100 index, so the ring wins by 0.2 µs
+    at every group size and each added rank costs 2 × 0.6 µs, as on Hopper."""
+    group = shape(spec, n)
+    cost = collective_cost("all_reduce", 8, group)
+    assert (cost.algorithm, cost.protocol) == ("ring", "LL")
+    assert cost.latency_s * 1e6 == pytest.approx(ring)
+    assert ring == pytest.approx(RING_LL_BASE + 2 * (n - 1) * NVLINK_LL_HOP)
+    by_algorithm = {a: collective_cost("all_reduce", 8, group, algorithm=a).latency_s * 1e6
+                    for a in ("tree", "nvls")}
+    assert by_algorithm == pytest.approx({"tree": tree, "nvls": 25.0})
+    assert tree == pytest.approx(6.8 + 2 * (n - 1) * NVLINK_LL_HOP)
+
+
 def test_p100_runs_voltas_rows_at_its_own_clock():
     # 2 GPUs on PCIe: ring LL base 6.6 + 2 PCIe LL hops × 1.0, × 1980 / 1480 (P100 SXM2
     # boost) for the P100, × 1980 / 1530 for the V100 on the same board

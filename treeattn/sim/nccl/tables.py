@@ -160,7 +160,14 @@ NCCL_NVLS_TREE_CORRECTION_MIN_COMP_CAP = 100
 #   floor (about 16 µs) is an upper bound on NCCL's, refused for the floor as the H100 -g 4
 #   run is (benchmarks/data/published_collectives.json: 23 µs flat, 2.25x NCCL's table).
 #   B200 clocks match the H100 SXM5's (chipsandcheese, "Nvidia's B200: Keeping the CUDA
-#   Juggernaut Rolling"), so the clock argument gives no factor either.
+#   Juggernaut Rolling"), so the clock argument gives no factor either. Nor does NCCL
+#   2.30.7's source: baseLat/hwLat have no compCap index; the LL/LL128/Simple device code
+#   has no sm100 branch (src/device: only >= 700/800/900 guards); the sm100 rules found
+#   (search.cc sm100 speed arrays, topo.h SM100_NVLINK_BW, the Blackwell llMaxBws and
+#   perChMax* rows, nvlsEfficiency 0.74, nvls.cc channel counts, enqueue.cc's CE all-gather
+#   above 8 MB and symmetric kernels, both for registered windows only, the sm100 NVLink
+#   scheduling launch attribute, off by default) set bandwidths or need registered buffers;
+#   at 8 B on 2-8 GPUs NCCL's own ranking keeps the ring LL (tree LL +0.2 µs, NVLS 25 µs).
 # Generations without a row (PCIe-class sm86/sm89 boards) keep NCCL's figures.
 NCCL_GEN_LATENCY_SCALE = {"volta": 1980 / 1530, "ampere": 1980 / 1410, "hopper": 1.0,
                           "blackwell": 1.0}
