@@ -136,7 +136,7 @@ def test_time_is_monotone_in_size_among_the_same_variants(op, a, b, spec):
 @pytest.mark.parametrize("spec, op, below, above", [
     ("dgx-a100:nodes=2", "broadcast", 65_536, 292_922),
     ("dgx-h100:nodes=4", "broadcast", 131_072, 189_940),
-    ("gb200-nvl72", "broadcast", 295_541, 2_137_016)])
+    ("gb200-nvl72", "broadcast", 295_541, 2_784_240)])
 def test_a_ring_ll_ranked_on_every_channel_and_run_on_few_can_cost_more(spec, op, below,
                                                                        above):
     """NCCL ranks by its estimate on every channel, then runs a ring message on the channels

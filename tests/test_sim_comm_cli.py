@@ -116,11 +116,11 @@ def test_comm_prices_a_2_gpu_group_of_a_dgx_b200(capsys):
                  "--min-bytes", "8", "--max-bytes", "8", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["rows"][0]
     # a 2-rank ring all-reduce: 2 (n − 1) = 2 NVLink LL hops after the 6.6 µs base (NCCL's
-    # figures, unscaled on Blackwell); 8 B on one of
+    # figures, × 3.0 / 2.3 on Blackwell: nccl_tables NCCL-gen); 8 B on one of
     # 32 channels (2 × 16 search channels at 45 GB/s): 720 / 32 = 22.5 GB/s, halved for LL
     # (llMaxBws' 282 GB/s caps the whole GPU); a 2-rank all-reduce's bus is its algbw
     assert (row["ranks"], row["algorithm"], row["protocol"]) == (2, "ring", "LL")
-    assert row["time_us"] == pytest.approx((6.6 + 2 * 0.6) + 8 / (1e3 * 11.25),
+    assert row["time_us"] == pytest.approx((6.6 + 2 * 0.6) * 3.0 / 2.3 + 8 / (1e3 * 11.25),
                                            abs=1e-3)
     assert main(["comm", "--topology", "dgx-b200", "--ranks", "1,5", "--op", "all_to_all",
                  "--max-bytes", "8", "--json"]) == 0

@@ -154,23 +154,32 @@ NCCL_NVLS_TREE_CORRECTION_MIN_COMP_CAP = 100
 #   its measured 17.0 and 11.9 µs are 1.67x and 1.85x, consistent with a generation factor
 #   (the clock ratio, 1.40, is part of it); against 2.30.7's tables, which this model
 #   prices, the clock-scaled model is 1.13-1.25x slow there (21.1 and 14.3 µs).
-# - blackwell: no factor. The only Blackwell small-message table found (Azure ND GB200 v6,
-#   github.com/Azure/AI-benchmarking-guide @ 2a370be6, ND_GB200_v6_results.md, NCCL 2.25.1)
-#   is a single-process -g 4 run: one host thread launches the 4 GPUs' kernels, so its
-#   floor (about 16 µs) is an upper bound on NCCL's, refused for the floor as the H100 -g 4
-#   run is (benchmarks/data/published_collectives.json: 23 µs flat, 2.25x NCCL's table).
-#   B200 clocks match the H100 SXM5's (chipsandcheese, "Nvidia's B200: Keeping the CUDA
-#   Juggernaut Rolling"), so the clock argument gives no factor either. Nor does NCCL
-#   2.30.7's source: baseLat/hwLat have no compCap index; the LL/LL128/Simple device code
-#   has no sm100 branch (src/device: only >= 700/800/900 guards); the sm100 rules found
-#   (search.cc sm100 speed arrays, topo.h SM100_NVLINK_BW, the Blackwell llMaxBws and
+# - blackwell: 3.0 / 2.3 = 1.30, the ratio of two device-side small-message floors taken
+#   the same way on both generations: NVIDIA/nccl issue #1940 (2025-12-12) times NCCL's
+#   symmetric all-reduce at 8 B on 8 GPUs (symmetric buffers, "exactly the same tuning
+#   methods" on both): "around 3 µs" on 8 B200s, "about 2.3 µs" on 8 H800s or H200s (the
+#   B200 figure matches NVIDIA/nccl-tests issue #333, 2025-10-01: "just over 3
+#   microseconds" with symmetric buffers and CUDA graphs). Floors that low have the host's
+#   launch out of the timing; what is left is the NVLink round trip and flag polling that
+#   also make the legacy LL kernels' base and per-hop cost, and our assumption is that
+#   those scale alike. Not a clock effect (B200 clocks match the H100
+#   SXM5's: chipsandcheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling"), and not a
+#   rule of NCCL 2.30.7's tuner: baseLat/hwLat have no compCap index; the LL/LL128/Simple
+#   device code has no sm100 branch (src/device: only >= 700/800/900 guards); the sm100
+#   rules found (search.cc speed arrays, topo.h SM100_NVLINK_BW, the Blackwell llMaxBws and
 #   perChMax* rows, nvlsEfficiency 0.74, nvls.cc channel counts, enqueue.cc's CE all-gather
-#   above 8 MB and symmetric kernels, both for registered windows only, the sm100 NVLink
-#   scheduling launch attribute, off by default) set bandwidths or need registered buffers;
-#   at 8 B on 2-8 GPUs NCCL's own ranking keeps the ring LL (tree LL +0.2 µs, NVLS 25 µs).
+#   above 8 MB, the NVLink-centric scheduling launch attribute, off by default) set
+#   bandwidths or need registered buffers. NCCL's own symmetric-kernel model
+#   (sym_kernels.cc queryModel_lsa) does charge Blackwell more (LL base 11 µs for an
+#   all-reduce, 8.5 for an all-gather, against Hopper's 4.5), but as selection weights far
+#   above the 3 µs measured, so its ratio is not used. A 4-GB200 ring LL all-reduce at 8 B:
+#   (6.6 + 6 x 0.6) x 1.30 = 13.3 µs, under the Azure ND GB200 v6 single-process -g 4 run's
+#   16 µs floor (github.com/Azure/AI-benchmarking-guide @ 2a370be6, NCCL 2.25.1), an upper
+#   bound (one host thread launches the 4 GPUs' kernels; not scored, as the H100 -g 4
+#   run's 23 µs is not).
 # Generations without a row (PCIe-class sm86/sm89 boards) keep NCCL's figures.
 NCCL_GEN_LATENCY_SCALE = {"volta": 1980 / 1530, "ampere": 1980 / 1410, "hopper": 1.0,
-                          "blackwell": 1.0}
+                          "blackwell": 3.0 / 2.3}
 NCCL_GEN_LATENCY_SCALE_OF_MODEL = {"P100": 1980 / 1480}  # a model's own clock, where it
 # differs from its generation row's
 # Network post overhead folded into the intra-node hop of a multi-node ring, by host CPU
