@@ -7,7 +7,8 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
 * **weight reads**: each GEMM kind of every layer (:func:`treeattn.sim.deploy.capacity.
   step_weight_reads`) at the GPU's hardware model (:class:`treeattn.sim.devices.
   HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak)``), in the weight dtype (``bf16``,
-  ``fp8``, or NVFP4 ``fp4`` on GPUs with FP4 tensor cores);
+  ``fp8``, or NVFP4 ``fp4`` on GPUs with FP4 tensor cores); a MoE layer's router in
+  16 bits;
 * **kernels**: every kernel of a layer outside attention pays the fixed cost of a small
   kernel replayed in a CUDA graph (the engines replay the whole step as one graph:
   ``HardwareModel.graph_kernel_s``, 2.4 µs, sourced per GPU generation in
@@ -84,6 +85,9 @@ from treeattn.sim.decode_kernels import (
     engine_decode_attention_s,
 )
 from treeattn.sim.deploy.capacity import (
+    DENSE,
+    EXPERTS,
+    ROUTER,
     WEIGHT_DTYPE_BYTES,
     MemoryCheck,
     Split,
@@ -270,11 +274,14 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     measured = dict(hw.gemm_bandwidth).get(CANONICAL.get(wdt, wdt))
     if measured:  # the user's kernel table (calibrate --kernels) has this dtype's GEMMs
         parts["weights"] = sum(count * max(nbytes / measured, flops / hw.peak_flops)
-                               for _, count, nbytes, flops in reads)
-    else:  # FP8/FP4 GEMMs read below the bf16 rate (devices.LOW_PRECISION_GEMM_EFFICIENCY)
-        slower = weight_read_factor(gpu, wdt, hw.name)
-        parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
-                               for _, count, nbytes, flops in reads)
+                               for _, count, nbytes, flops, _ in reads)
+    else:  # FP8/FP4 GEMMs read below the bf16 rate (devices.LOW_PRECISION_GEMM_EFFICIENCY),
+        # the 16-bit router at the bf16 rate
+        dense = weight_read_factor(gpu, wdt, hw.name)
+        slower = {DENSE: dense, ROUTER: 1.0, EXPERTS: dense}
+        parts["weights"] = sum(
+            count * (hw.compute_time(nbytes * slower[kind], flops) - hw.launch_s)
+            for _, count, nbytes, flops, kind in reads)
     parts["kernels"] = kernels_per_step(model, wdt, gpu) * hw.graph_kernel_s
 
     tp_ranks = list(range(split.tp))
