@@ -1,11 +1,13 @@
-"""A MoE layer's routed experts at decode: the bytes a step reads from them and the fused-MoE
-rate they are read at (each generation's from one published table)."""
+"""A MoE layer's routed experts at decode: the bytes a step reads from them, the fused-MoE
+rate they are read at (each generation's from one published table), and that rate against
+the published fused-MoE calls it was not read from."""
 
 from __future__ import annotations
 
 import statistics
 
 import pytest
+from benchmark_module import load_benchmark
 
 from treeattn.sim import ModelConfig
 from treeattn.sim.deploy.capacity import (
@@ -97,3 +99,28 @@ def test_the_token_model_reads_fp8_experts_at_the_moe_rate(monkeypatch):
     monkeypatch.undo()
     assert expert_read_factor("H200", "bfloat16") == 1.0
     assert expert_read_factor("A100", "float8") == 1.0
+
+
+def test_fused_moe_prices_against_the_calls_it_was_not_read_from():
+    """benchmarks/fidelity.py's MoE rows: the two source tables are listed, not scored, and
+    their median rows come back within 1% (the Hopper M = 8 row; Blackwell's M = 4 and 8
+    straddle it); the held-out H200 tables (vLLM #36559's DeepSeek-R1 at TP2, slices four
+    times wider, priced slow; SGLang #11730's Qwen3-235B at TP8 on its default config, priced
+    fast) are within a factor of 1.6 each and 30% on the geometric mean."""
+    fidelity = load_benchmark("fidelity")
+    points = [p for p in fidelity.score_kernels() if p.get("kind") == "moe"]
+    sources = {"vllm-h200-fp8-moe-36559-qwen3next", "sglang-b200-fp8-moe-11816"}
+    assert {p["table"] for p in points if not p["scored"]} == sources
+    hopper = {p["m"]: p["ratio"] for p in points
+              if p["table"] == "vllm-h200-fp8-moe-36559-qwen3next"}
+    assert hopper[8] == pytest.approx(1.0, abs=0.01)
+    blackwell = {p["m"]: p["ratio"] for p in points if p["table"] == "sglang-b200-fp8-moe-11816"}
+    assert blackwell[4] < 1 < blackwell[8]
+    scored = [p for p in points if p["scored"]]
+    assert {p["table"] for p in scored} == {"vllm-h200-fp8-moe-36559-dsr1",
+                                            "sglang-h200-fp8-moe-11730"}
+    assert all(1 / 1.6 <= p["ratio"] <= 1.6 for p in scored)
+    assert fidelity.geo_error([p["ratio"] for p in scored]) <= 0.30
+    assert ("H200", "fp8 MoE") in {(g["gpu"], g["dtype"])
+                                   for g in fidelity.kernel_summary(points)}
+    assert "Fused-MoE calls" in fidelity.kernel_markdown(fidelity.score_kernels())
