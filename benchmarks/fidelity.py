@@ -342,6 +342,9 @@ def score_kernels() -> list[dict]:
             out += [_attention_point(table, p, hw, width[table["dtype"]])
                     for p in table["points"]]
             continue
+        if table["kind"] == "moe":
+            out += [_moe_point(table, p, hw) for p in table["points"]]
+            continue
         dtype = {"fp4": "float4", "fp8": "float8", "bf16": "bfloat16"}.get(table["dtype"],
                                                                          table["dtype"])
         slower = weight_read_factor(table["gpu"], dtype, hw.name)
@@ -372,6 +375,24 @@ def _unscored_as(table: dict) -> str:
     return "source, not scored" if table.get("sets_a_constant", True) else "not scored"
 
 
+def _moe_point(table: dict, p: dict, hw) -> dict:
+    """A published fused-MoE call (one layer's routed experts, as the engine's benchmark
+    script times it) against :func:`treeattn.sim.moe_gemm.fused_moe_span_s`: the touched
+    experts' bytes at the fused-MoE rate plus its span's kernels' fixed costs."""
+    from treeattn.sim.moe_gemm import fused_moe_span_s
+
+    s = table["shape"]
+    shape = (s["experts"], s["topk"], s["hidden"], s["n"])
+    dtype = {"fp8": "float8", "bf16": "bfloat16"}[table["dtype"]]
+    predicted = fused_moe_span_s(hw, table["gpu"], shape, p["m"], dtype, table["engine"])
+    return {"table": table["id"], "url": table["url"], "gpu": table["gpu"],
+            "dtype": table["dtype"], "kind": "moe", "m": p["m"],
+            "experts": f"{s['topk']}/{s['experts']}", "k": s["hidden"], "n": s["n"],
+            "scored": p["scored"], "unscored_as": _unscored_as(table),
+            "published_us": p["time_us"], "predicted_us": round(predicted * 1e6, 3),
+            "ratio": round(predicted / (p["time_us"] * 1e-6), 4)}
+
+
 def _attention_point(table: dict, p: dict, hw, width: int) -> dict:
     """A published decode attention against :func:`treeattn.sim.decode_kernels.
     engine_decode_attention_s` for the kernel the source ran: its K and V bytes over the
@@ -396,7 +417,8 @@ def kernel_summary(points: list[dict]) -> list[dict]:
     groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     for p in points:
         if p["scored"]:
-            groups[(p["gpu"], p["dtype"])].append(p["ratio"])
+            moe = " MoE" if p.get("kind") == "moe" else ""
+            groups[(p["gpu"], p["dtype"] + moe)].append(p["ratio"])
     return [{"gpu": gpu, "dtype": dtype, "points": len(r), "geo_error": geo_error(r),
              "low": min(r), "high": max(r)} for (gpu, dtype), r in sorted(groups.items())]
 
@@ -418,11 +440,25 @@ def kernel_markdown(points: list[dict]) -> str:
                      f"{_pct(g['geo_error'])} | {g['low']:.2f}-{g['high']:.2f} |")
     lines += ["", "| table | GPU | dtype | M | N | K | published µs | predicted µs | ratio | "
               "scored |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for p in (p for p in points if p.get("kind") != "attention"):
+    for p in (p for p in points if p.get("kind") is None):
         lines.append(f"| [{p['table']}]({p['url']}) | {p['gpu']} | {p['dtype']} | {p['m']} | "
                      f"{p['n']} | {p['k']} | {p['published_us']:g} | {p['predicted_us']:g} | "
                      f"{p['ratio']:.2f} | "
                      f"{'yes' if p['scored'] else p['unscored_as']} |")
+    moe = [p for p in points if p.get("kind") == "moe"]
+    if moe:
+        lines += ["", "Fused-MoE calls (one layer's routed experts at M tokens, as the engine's "
+                  "benchmark script times them), priced as the touched experts' bytes at the "
+                  "fused-MoE rate plus the span's kernels' fixed costs "
+                  "(`treeattn.sim.moe_gemm`):", "",
+                  "| table | GPU | dtype | top-k/experts | hidden | N | M | published µs | "
+                  "predicted µs | ratio | scored |",
+                  "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+        for p in moe:
+            lines.append(f"| [{p['table']}]({p['url']}) | {p['gpu']} | {p['dtype']} | "
+                         f"{p['experts']} | {p['k']} | {p['n']} | {p['m']} | "
+                         f"{p['published_us']:g} | {p['predicted_us']:g} | {p['ratio']:.2f} | "
+                         f"{'yes' if p['scored'] else p['unscored_as']} |")
     attention = [p for p in points if p.get("kind") == "attention"]
     if attention:
         lines += ["", "Decode attention at batch 1 with few KV heads per GPU, priced by the "
@@ -439,7 +475,7 @@ def kernel_markdown(points: list[dict]) -> str:
     for table in json.loads(KERNELS.read_text())["tables"]:
         lines.append("")
         unscored = any(not p["scored"] for p in table["points"])
-        label = ("Source, not scored" if table["kind"] == "gemm"
+        label = ("Source, not scored" if table["kind"] in ("gemm", "moe")
                  and table.get("sets_a_constant", True) else "Not scored")
         note = f" {label}: {table['why_not_scored']}." if unscored else ""
         lines.append(f"- `{table['id']}`: {table['hardware']}; {table['library']}; "

@@ -26,8 +26,17 @@ Per GPU, in bytes (``wb`` the weight dtype's bytes, ``L`` layers, ``E`` the hidd
 weight shard once per step, whatever the batch (decode GEMMs are matrix-vector shaped). A
 MoE layer reads only the experts its ``B`` tokens route to: with ``k`` of ``n`` experts per
 token and routing spread evenly (what the models' load balancing aims for), the expected
-number of distinct experts is ``n · (1 − (1 − k/n)^B)``. The embedding is a row gather
-(``B`` rows, counted) and the LM head reads its whole shard.
+number of distinct experts is ``n · (1 − (1 − k/n)^B)``, each read once: the engines' fused
+MoE sorts the step's tokens by expert and pads each expert's rows to one M tile, so an
+expert's slice is streamed once however many of the ``B`` tokens chose it, and an expert
+no token chose gets no tile (vLLM's and SGLang's Triton ``fused_moe``:
+``moe_align_block_size`` builds the per-expert blocks the GEMM grid walks). The router
+(``gate``) is not quantised: vLLM builds it without the checkpoint's quantisation
+(``GateLinear`` in ``vllm/model_executor/models/deepseek_v2.py``, ``ReplicatedLinear(...,
+quant_config=None)`` in the other MoE models), so it is held and read in 16 bits whatever
+the weights' dtype. The shared experts are a plain gated MLP next to the fused MoE
+(``DeepseekV2MLP``), sharded like the routed experts. The embedding is a row gather (``B``
+rows, counted) and the LM head reads its whole shard.
 """
 
 from __future__ import annotations
@@ -135,10 +144,24 @@ def _mlp_params(m: ModelConfig, width: int) -> float:
     return 3.0 * m.dim * width  # gated MLP: gate, up, down
 
 
+def distinct_experts(n: int, k: int, tokens: int) -> float:
+    """Expected distinct experts of ``n`` that ``tokens`` tokens touch, each choosing ``k``
+    of them evenly: each expert is missed by a token with probability ``1 − k/n``.
+
+    >>> distinct_experts(256, 8, 1), round(distinct_experts(256, 8, 4), 2)
+    (8.0, 30.53)
+    """
+    return n * (1.0 - (1.0 - k / n) ** tokens)
+
+
 def expected_experts(m: ModelConfig, tokens: int) -> float:
     """Distinct routed experts ``tokens`` tokens touch, routing spread evenly."""
-    n, k = m.n_routed_experts, m.experts_per_token
-    return n * (1.0 - (1.0 - k / n) ** tokens)
+    return distinct_experts(m.n_routed_experts, m.experts_per_token, tokens)
+
+
+#: What :attr:`LayerWeights.gemms` tags each GEMM as, for the rate it is read at: a dense
+#: linear at the weights' dtype rate, the 16-bit router, the fused MoE's routed experts.
+DENSE, ROUTER, EXPERTS = "dense", "router", "experts"
 
 
 @dataclass(frozen=True)
@@ -146,32 +169,33 @@ class LayerWeights:
     """Bytes one GPU holds and reads per step for one kind of layer, by GEMM."""
 
     held: float
-    gemms: tuple[tuple[str, float, float], ...]  # (name, bytes read, FLOPs)
+    gemms: tuple[tuple[str, float, float, str], ...]  # (name, bytes read, FLOPs, kind)
 
     @property
     def read(self) -> float:
-        return sum(b for _, b, _ in self.gemms)
+        return sum(g[1] for g in self.gemms)
 
 
 def layer_weights(m: ModelConfig, tp: int, wb: float, batch: int, moe: bool) -> LayerWeights:
     """One layer on one TP rank: attention projections plus a dense or MoE MLP."""
     sharded, replicated = _attention_weights(m, tp)
     attn = (sharded + replicated) * wb
-    gemms = [("attention projections", attn, 2.0 * batch * (sharded + replicated))]
+    gemms = [("attention projections", attn, 2.0 * batch * (sharded + replicated), DENSE)]
     if moe:
         expert = _mlp_params(m, m.moe_ffn_dim) / tp
         shared = m.n_shared_experts * expert
         touched = expected_experts(m, batch)
-        router = m.dim * m.n_routed_experts  # replicated gate
-        held = attn + (m.n_routed_experts * expert + shared + router) * wb
-        gemms += [("router", router * wb, 2.0 * batch * router),
+        router = m.dim * m.n_routed_experts  # replicated gate, never below 16 bits
+        router_bytes = router * max(wb, 2.0)
+        held = attn + (m.n_routed_experts * expert + shared) * wb + router_bytes
+        gemms += [("router", router_bytes, 2.0 * batch * router, ROUTER),
                   ("routed experts", touched * expert * wb,
-                   2.0 * batch * m.experts_per_token * expert),
-                  ("shared experts", shared * wb, 2.0 * batch * shared)]
+                   2.0 * batch * m.experts_per_token * expert, EXPERTS),
+                  ("shared experts", shared * wb, 2.0 * batch * shared, DENSE)]
     else:
         mlp = _mlp_params(m, m.ffn_dim) / tp
         held = attn + mlp * wb
-        gemms.append(("MLP", mlp * wb, 2.0 * batch * mlp))
+        gemms.append(("MLP", mlp * wb, 2.0 * batch * mlp, DENSE))
     return LayerWeights(held, tuple(gemms))
 
 
@@ -199,17 +223,18 @@ def weights_held(m: ModelConfig, tp: int, wb: float) -> float:
 
 
 def step_weight_reads(m: ModelConfig, tp: int, wb: float, batch: int) -> list[tuple]:
-    """``(name, count, bytes, FLOPs)`` per GEMM kind of one decode step on one GPU."""
+    """``(name, count, bytes, FLOPs, kind)`` per GEMM kind of one decode step on one GPU
+    (``kind``: :data:`DENSE`, :data:`ROUTER` or :data:`EXPERTS`)."""
     dense, moe = _layer_counts(m)
     out = []
     for count, is_moe in ((dense, False), (moe, True)):
         if count:
-            for name, nbytes, flops in layer_weights(m, tp, wb, batch, is_moe).gemms:
+            for name, nbytes, flops, kind in layer_weights(m, tp, wb, batch, is_moe).gemms:
                 out.append((name + (" (MoE layers)" if is_moe and m.first_dense_layers else
-                                    ""), count, nbytes, flops))
+                                    ""), count, nbytes, flops, kind))
     head = m.vocab_size * m.dim / tp
-    out.append(("LM head", 1, head * wb, 2.0 * batch * head))
-    out.append(("embedding rows", 1, batch * m.dim * wb, 0.0))
+    out.append(("LM head", 1, head * wb, 2.0 * batch * head, DENSE))
+    out.append(("embedding rows", 1, batch * m.dim * wb, 0.0, DENSE))
     return out
 
 

@@ -7,7 +7,9 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
 * **weight reads**: each GEMM kind of every layer (:func:`treeattn.sim.deploy.capacity.
   step_weight_reads`) at the GPU's hardware model (:class:`treeattn.sim.devices.
   HardwareModel`: ``max(bytes / bandwidth, FLOPs / peak)``), in the weight dtype (``bf16``,
-  ``fp8``, or NVFP4 ``fp4`` on GPUs with FP4 tensor cores);
+  ``fp8``, or NVFP4 ``fp4`` on GPUs with FP4 tensor cores); a MoE layer's routed experts at
+  the fused-MoE kernels' own sourced rate (:mod:`treeattn.sim.moe_gemm`), its router in
+  16 bits;
 * **kernels**: every kernel of a layer outside attention pays the fixed cost of a small
   kernel replayed in a CUDA graph (the engines replay the whole step as one graph:
   ``HardwareModel.graph_kernel_s``, 2.4 µs, sourced per GPU generation in
@@ -84,6 +86,9 @@ from treeattn.sim.decode_kernels import (
     engine_decode_attention_s,
 )
 from treeattn.sim.deploy.capacity import (
+    DENSE,
+    EXPERTS,
+    ROUTER,
     WEIGHT_DTYPE_BYTES,
     MemoryCheck,
     Split,
@@ -93,6 +98,7 @@ from treeattn.sim.deploy.capacity import (
 )
 from treeattn.sim.deploy.kernel_table import CANONICAL
 from treeattn.sim.devices import BackendModel, weight_read_factor
+from treeattn.sim.moe_gemm import expert_read_factor
 from treeattn.sim.nccl.collectives import GroupShape, collective_cost
 from treeattn.sim.nccl.env import with_env
 from treeattn.sim.network import TRANSPORTS, resolve_backend, resolve_hardware
@@ -270,11 +276,14 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     measured = dict(hw.gemm_bandwidth).get(CANONICAL.get(wdt, wdt))
     if measured:  # the user's kernel table (calibrate --kernels) has this dtype's GEMMs
         parts["weights"] = sum(count * max(nbytes / measured, flops / hw.peak_flops)
-                               for _, count, nbytes, flops in reads)
-    else:  # FP8/FP4 GEMMs read below the bf16 rate (devices.LOW_PRECISION_GEMM_EFFICIENCY)
-        slower = weight_read_factor(gpu, wdt, hw.name)
-        parts["weights"] = sum(count * (hw.compute_time(nbytes * slower, flops) - hw.launch_s)
-                               for _, count, nbytes, flops in reads)
+                               for _, count, nbytes, flops, _ in reads)
+    else:  # FP8/FP4 GEMMs read below the bf16 rate (devices.LOW_PRECISION_GEMM_EFFICIENCY),
+        # the fused MoE's experts below that (moe_gemm), the 16-bit router at the bf16 rate
+        slower = {DENSE: weight_read_factor(gpu, wdt, hw.name), ROUTER: 1.0,
+                  EXPERTS: expert_read_factor(gpu, wdt, hw.name)}
+        parts["weights"] = sum(
+            count * (hw.compute_time(nbytes * slower[kind], flops) - hw.launch_s)
+            for _, count, nbytes, flops, kind in reads)
     parts["kernels"] = kernels_per_step(model, wdt, gpu) * hw.graph_kernel_s
 
     tp_ranks = list(range(split.tp))
