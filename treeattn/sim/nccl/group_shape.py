@@ -67,6 +67,9 @@ class GroupShape:
     # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (treeattn.sim.nccl.env): send/recv across hosts may
     # use LL. Off, NCCL's default: network p2p connections have no LL buffer, so Simple.
     p2p_net_ll: bool = False
+    # NCCL_NET_SHARED_BUFFERS (treeattn.sim.nccl.env): network send/recv connections draw
+    # their slots from a pool the proxy hands out one step at a time (net.cc; default on)
+    p2p_net_shared: bool = True
     # The communicator's compute channels (``comm->nChannels``, connect.cc): the channels a
     # ring or tree kernel and the p2p operations run on. 0: derived from the fields above
     # (:func:`compute_channel_count`)

@@ -66,6 +66,9 @@ def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, fl
     5.0 µs for LL, 14.0 µs for Simple on NCCL; 10.5 and 25 µs on RCCL (whose tuned 320 µs
     ring-Simple network hop is a selection weight, not a hop's cost). Inside a host we take
     the smaller of the ring's and the tree's figure (the ring's, but PCIe Simple).
+
+    Across hosts NCCL adds one proxy post that its collectives do not pay
+    (:func:`slot_post_us`).
     """
     hw = "net" if across_nodes else s.intra
     bw = s.p2p_inter_GBps if across_nodes else s.p2p_intra_GBps
@@ -74,8 +77,35 @@ def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, fl
     base_t, hw_t = ((T.RCCL_BASE_LAT, T.RCCL_HW_LAT) if s.family == "amd"
                     else (T.NCCL_BASE_LAT, T.NCCL_HW_LAT))
     hop = hw_t[hw]["tree"][p] if across_nodes else min(hw_t[hw]["ring"][p], hw_t[hw]["tree"][p])
-    return (p, base_t["ring"][p] * s.local_lat_scale, hop * hop_scale,
-            bw * (0.5 if p == 0 else 1.0))
+    hop *= hop_scale
+    if across_nodes:
+        hop += slot_post_us(s, p)
+    return (p, base_t["ring"][p] * s.local_lat_scale, hop, bw * (0.5 if p == 0 else 1.0))
+
+
+def slot_post_us(s: GroupShape, p: int) -> float:
+    """The proxy's slot post that a send/recv across hosts waits on, µs (0 where none).
+
+    NCCL 2.30.7 ``src/transport/net.cc``: a connection set up without a graph (send/recv's)
+    is *shared* unless ``NCCL_NET_SHARED_BUFFERS=0`` (``sendSetup``); a shared send
+    connection starts with no credit (``sendConnect``: head = −NCCL_STEPS, "Don't give
+    credits yet in shared mode"), and the GPU may write a step only after the proxy has
+    taken a slot from the pool and posted its offset and the head (``sendProxyProgress``,
+    "Post buffers to the GPU"). A ring's or tree's connection (``graph`` set) owns its
+    buffers and starts with every credit, so the per-hop latencies NCCL tunes for those
+    algorithms do not contain this post. We price it as one network post at NCCL's own
+    figure for one (``getNetOverhead`` in ``tuning.cc``: 1 µs on Intel and other hosts,
+    2 on AMD, ×3 for Simple as its ring latency charges a Simple step), our analogy.
+    RCCL is left as is (its transport was not checked).
+
+    >>> from treeattn.topo import Topology
+    >>> two = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+    >>> slot_post_us(two, 2), slot_post_us(two, 0)
+    (3.0, 1.0)
+    """
+    if s.family != "nvidia" or not s.p2p_net_shared:
+        return 0.0
+    return net_overhead_us(s, p)
 
 
 def p2p_cost(nbytes: int, s: GroupShape, *, across_nodes: bool | None = None,
