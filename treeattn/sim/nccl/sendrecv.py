@@ -116,22 +116,47 @@ def p2p_cost(nbytes: int, s: GroupShape, *, across_nodes: bool | None = None,
     return priced(op, nbytes, "p2p", p, base + hop, bw)
 
 
-def _a2a_channel_limits(s: GroupShape) -> tuple[int, int]:
-    """(most channels a peer's transfer gets, bytes of a minimum part) in an all-to-all
-    (enqueue.cc ``scheduleP2pTasksToPlan``, ``addP2pToPlan``): the per-peer channels, halved
-    until they times the ranks fit in the p2p channels; a part is the p2p chunk over 8 on one
-    node, over 2 on several (64 KiB on NVLink).
+def _a2a_channel_limits(s: GroupShape) -> tuple[int, int, int, int]:
+    """(channels a small peer transfer may start on, most channels a peer's transfer gets,
+    bytes of a minimum part, bytes of a maximum part) in an all-to-all (enqueue.cc
+    ``scheduleP2pTasksToPlan``, ``addP2pToPlan``): ``nChannelsMin`` is the per-peer channels
+    halved until they times the ranks fit in the p2p channels, ``nChannelsMax`` the per-peer
+    channels; a part is at least the p2p chunk over 8 on one node, over 2 on several (64
+    KiB on NVLink), and NCCL doubles a transfer's channels (up to ``nChannelsMax``) while its
+    part is above the chunk × 32 on one node, the chunk on several.
 
     >>> from treeattn.topo import Topology
     >>> _a2a_channel_limits(GroupShape.of(Topology.from_spec("dgx-h100"), range(8)))
-    (4, 65536)
+    (4, 32, 65536, 16777216)
     """
     most = max(1, s.p2p_peer_channels)
-    while most * s.nranks > s.p2p_channels and most > 1:
-        most //= 2
-    if s.nnodes == 1 and s.intra == "nvlink":
-        return most, T.NCCL_P2P_CHUNK["nvlink"] // 8
-    return most, T.NCCL_P2P_CHUNK["other"] // (8 if s.nnodes == 1 else 2)
+    start = most
+    while start * s.nranks > s.p2p_channels and start > 1:
+        start //= 2
+    chunk = T.NCCL_P2P_CHUNK["nvlink" if s.nnodes == 1 and s.intra == "nvlink" else "other"]
+    if s.nnodes == 1:
+        return start, most, chunk // 8, chunk * 32
+    return start, most, chunk // 2, chunk
+
+
+def _peer_channels(per_peer: float, s: GroupShape) -> float:
+    """The channels one peer's transfer of ``per_peer`` bytes runs on in an all-to-all, as a
+    real number: NCCL's count is ``min(nChannelsMin, ceil(bytes / minPart))``, doubled while
+    the part is above the maximum part (:func:`_a2a_channel_limits`); we take the lower
+    envelope, ``bytes / minPart`` between 1 and ``nChannelsMin``, then ``bytes / maxPart`` up
+    to ``nChannelsMax`` (never more channels than NCCL's, so the time never falls where a
+    part is added).
+
+    >>> from treeattn.topo import Topology
+    >>> two = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+    >>> [_peer_channels(b, two) for b in (4096, 131072, 262144, 524288, 1 << 20)]
+    [1.0, 2.0, 2.0, 4.0, 4.0]
+    """
+    start, most, min_part, max_part = _a2a_channel_limits(s)
+    channels = max(1.0, min(float(start), per_peer / min_part))
+    if per_peer / channels > max_part:
+        channels = max(channels, min(float(most), per_peer / max_part))
+    return channels
 
 
 def all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
@@ -147,10 +172,9 @@ def all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
     at NCCL's network post overhead (``getNetOverhead``, by CPU vendor, ×3 for Simple). So
     it grows with the peer count, and never beats one message.
 
-    Bandwidth: each peer's transfer runs on up to :func:`_a2a_channel_limits`' channels. NCCL
-    counts them as ``divUp(per_peer, min_part)``; as a price we take ``per_peer / min_part`` as a
-    real number between 1 and the most, the lower envelope of that count (never more
-    channels than NCCL's, so the time never falls where a part is added;
+    Bandwidth: each peer's transfer runs on the channels :func:`_peer_channels` gives (the
+    lower envelope of NCCL's count; never more channels than NCCL's, so the time never falls
+    where a part is added;
     :func:`~treeattn.sim.nccl.collectives.run_channels`
     instead takes the upper envelope of NCCL's floor count), at the compute channel's share
     of the ring's bus bandwidth (search channels × speed / compute channels), the peers of
@@ -166,8 +190,7 @@ def all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
         if s.family == "nvidia" and s.intra_speed > 0:
             per_channel = s.channels * s.intra_speed / s.compute_channels * (
                 0.5 if p == 0 else 1.0)
-            most, min_part = _a2a_channel_limits(s)
-            peer_channels = max(1.0, min(most, per_peer / min_part))
+            peer_channels = _peer_channels(per_peer, s)
             peer_bw = min(bw, peer_channels * per_channel)
             wire = max(wire, per_peer / (peer_bw * 1e9))
         parts.append((p, base + local * hop, wire))
