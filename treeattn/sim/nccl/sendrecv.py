@@ -94,18 +94,19 @@ def slot_post_us(s: GroupShape, p: int) -> float:
     "Post buffers to the GPU"). A ring's or tree's connection (``graph`` set) owns its
     buffers and starts with every credit, so the per-hop latencies NCCL tunes for those
     algorithms do not contain this post. We price it as one network post at NCCL's own
-    figure for one (``getNetOverhead`` in ``tuning.cc``: 1 µs on Intel and other hosts,
-    2 on AMD, ×3 for Simple as its ring latency charges a Simple step), our analogy.
-    RCCL is left as is (its transport was not checked).
+    figure for one (``getNetOverhead`` in ``tuning.cc``, "Network post overhead": 1 µs on
+    Intel and other hosts, 2 on AMD), whatever the protocol: the ×3 NCCL charges a Simple
+    ring step covers that step's whole proxy work, not one post. Our analogy. RCCL is left
+    as is (its transport was not checked).
 
     >>> from treeattn.topo import Topology
     >>> two = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
     >>> slot_post_us(two, 2), slot_post_us(two, 0)
-    (3.0, 1.0)
+    (1.0, 1.0)
     """
     if s.family != "nvidia" or not s.p2p_net_shared:
         return 0.0
-    return net_overhead_us(s, p)
+    return net_overhead_us(s, 0)
 
 
 def p2p_cost(nbytes: int, s: GroupShape, *, across_nodes: bool | None = None,
