@@ -62,15 +62,15 @@ MISSES = {
         "does not separate them. The ranking against TP8 × CP2 is reproduced."),
     "meta-cp-405b-cp2tp8-128k": (
         "Predicted 1.33× fast. The step is the one-node TP8 step (predicted at 0.89×) plus "
-        "the pass-Q merge across two hosts: the model adds 4.01 ms for it (31.8 µs a layer, "
+        "the pass-Q merge across two hosts: the model adds 4.26 ms for it (33.8 µs a layer, "
         "the ring of query blocks and the all-to-all of partials on NCCL's tuning model), "
         "the published step adds 13.97 ms over TP8 (111 µs a layer), and the paper's own "
         "per-layer breakdown (Table 8) has the all-to-all of a few KiB across two hosts alone "
         "at 81 µs. Small collectives across hosts cost more than NCCL's tuning model says, as "
         "for TP16 and TP32; the ranking against TP16 is reproduced."),
     "meta-cp-405b-cp4tp8-128k": (
-        "Predicted 1.37× fast, as its two-host pair: the model adds 10.91 ms over TP8 for the "
-        "pass-Q merge across four hosts (86.6 µs a layer), the published step 25.05 ms (199 "
+        "Predicted 1.36× fast, as its two-host pair: the model adds 11.41 ms over TP8 for the "
+        "pass-Q merge across four hosts (90.6 µs a layer), the published step 25.05 ms (199 "
         "µs a layer); small collectives across hosts cost more than NCCL's tuning model "
         "says. The ranking against TP32 is reproduced."),
     "tt-16xh100-r1-128-1024": (

@@ -300,15 +300,45 @@ def test_all_to_all_latency_grows_with_the_peers():
 
 
 def test_all_to_all_gives_one_peer_its_channels_not_the_whole_nvlink():
-    """2 H100s, 1 GiB: 512 MiB to the peer over p2p channels (paths.cc, enqueue.cc): 24
+    """2 H100s, 256 MiB: 128 MiB to the peer over p2p channels (paths.cc, enqueue.cc): 24
     compute channels -> 32 p2p channels, 2 × 18 NVLinks = 36 -> 32 a peer, halved to 16 so 2
-    ranks fit; each at the ring's 30 GB/s search speed over 2 compute channels: 240 GB/s,
-    not the GPU's 370.8."""
+    ranks fit (nChannelsMin); each at the ring's 30 GB/s search speed over 2 compute
+    channels: 240 GB/s, not the GPU's 370.8. A part of 128 MiB / 16 = 8 MiB is under
+    addP2pToPlan's maximum (the 512 KiB NVLink chunk × 32 = 16 MiB), so no doubling. At 1 GiB
+    the part is 32 MiB: NCCL doubles to 32 channels (nChannelsMax), 480 GB/s, and the NVLink
+    binds."""
     shape = GroupShape.of(Topology.from_spec("dgx-h100"), range(2))
+    cost = collective_cost("all_to_all", 1 << 28, shape)
+    assert cost.time_s - cost.latency_s == pytest.approx((1 << 27) / (16 * 15e9))
     cost = collective_cost("all_to_all", 1 << 30, shape)
-    wire = cost.time_s - cost.latency_s
-    assert wire == pytest.approx((1 << 29) / (16 * 15e9))
+    assert cost.time_s - cost.latency_s == pytest.approx((1 << 29) / 370.8e9)
     # 8 ranks: 4 channels a peer (4 × 8 = 32), 7 peers × 60 GB/s > 370.8: the NVLink binds
     eight = GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
     cost = collective_cost("all_to_all", 1 << 30, eight)
     assert cost.time_s - cost.latency_s == pytest.approx(7 * (1 << 27) / 370.8e9)
+
+
+def test_all_to_all_doubles_a_peers_channels_past_the_net_chunk():
+    """2 DGX H100 nodes, 16 ranks: 4 channels a peer (a 50 GB/s rail / 14 GB/s, paths.cc),
+    halved to nChannelsMin = 2 so 16 ranks fit 32 p2p channels. A node-local peer's part
+    is at least 64 KiB (the 128 KiB network chunk / 2) and at most 128 KiB: 512 KiB to a
+    peer starts on 2 channels, 256 KiB parts, and NCCL doubles to 4 (nChannelsMax); each
+    channel moves 12 × 30 / 24 = 15 GB/s of NVLink."""
+    from treeattn.sim.nccl.sendrecv import _peer_channels
+
+    shape = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+    assert (shape.p2p_channels, shape.p2p_peer_channels) == (32, 4)
+    assert _peer_channels(128 * 1024, shape) == 2.0
+    assert _peer_channels(512 * 1024, shape) == 4.0
+    assert _peer_channels(4 << 20, shape) == 4.0  # nChannelsMax caps it
+
+
+def test_p2p_channels_per_peer_shrink_with_the_rank_groups_across_nodes():
+    """paths.cc: on several nodes the per-peer channels halve while they times
+    ceil(ranks / 8) exceed the p2p channels: 4 a peer on a DGX H100 rail up to 64 ranks
+    (4 × 8 = 32), 2 at 128 ranks (2 × 16), 1 at 256 (1 × 32)."""
+    from treeattn.sim.nccl.group_shape import p2p_channel_counts
+
+    counts = {n: p2p_channel_counts(24, 8, n // 8, 18, "nvlink", 50.0, nranks=n)[1]
+              for n in (16, 64, 128, 256)}
+    assert counts == {16: 4, 64: 4, 128: 2, 256: 1}

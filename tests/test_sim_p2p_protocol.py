@@ -5,7 +5,9 @@ agrees.
 Expected times are hand counts from NCCL 2.30.7's tuning constants (``src/graph/tuning.cc``):
 ring base latency LL 6.6 µs, Simple 8.4 µs; NVLink hop (LL) 0.6 µs; network hop at the
 tree's figure, where a lone message's latency is fully exposed, LL 5.0 µs, Simple 14.0 µs;
-the network post overhead 1 µs (Intel hosts), ×3 for Simple. Bandwidths: a DGX H100 GPU's
+the network post overhead 1 µs (Intel hosts), ×3 for a Simple step, and one plain post (1
+µs) that a message across hosts pays for the proxy's slot post on NCCL's shared p2p buffers
+(``src/transport/net.cc``, default ``NCCL_NET_SHARED_BUFFERS``). Bandwidths: a DGX H100 GPU's
 18 NVLinks at NCCL's 20.6 GB/s each, and its own 400 Gb/s rail (50 GB/s), both halved on LL.
 """
 
@@ -33,8 +35,8 @@ NET_LL = backend_for("nccl").__class__("nccl", 3.3e-6, 3.3e-6,
                                        nccl_env=(("NCCL_ALLOC_P2P_NET_LL_BUFFERS", "1"),))
 N = 16 * KIB
 # one 16 KiB message, by hand
-ACROSS_SIMPLE = (8.4 + 14.0) * 1e-6 + N / RAIL
-ACROSS_LL = (6.6 + 5.0) * 1e-6 + N / (RAIL / 2)
+ACROSS_SIMPLE = (8.4 + 14.0 + 1.0) * 1e-6 + N / RAIL
+ACROSS_LL = (6.6 + 5.0 + 1.0) * 1e-6 + N / (RAIL / 2)
 INSIDE_LL = (6.6 + 0.6) * 1e-6 + N / (NVLINK / 2)
 
 
@@ -68,13 +70,34 @@ def test_the_all_to_all_sends_simple_across_hosts():
     """Helix's and pass-Q's all-to-all: 16 KiB to each of 15 peers, 8 of them remote."""
     shape = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
     nbytes = 16 * N
-    # slowest class: the network, plus one post per further remote peer (7 of them)
-    simple = (8.4 + 14.0 + 7 * 3.0) * 1e-6 + 8 * N / RAIL
-    ll = (6.6 + 5.0 + 7 * 1.0) * 1e-6 + 8 * N / (RAIL / 2)
+    # slowest class: the network (with the slot post), plus one post per further remote
+    # peer (7 of them)
+    simple = (8.4 + 14.0 + 1.0 + 7 * 3.0) * 1e-6 + 8 * N / RAIL
+    ll = (6.6 + 5.0 + 1.0 + 7 * 1.0) * 1e-6 + 8 * N / (RAIL / 2)
     assert collective_cost("all_to_all", nbytes, shape).time_s == pytest.approx(simple)
     on = replace(shape, p2p_net_ll=True)
     assert collective_cost("all_to_all", nbytes, on).time_s == pytest.approx(ll)
     assert collective_cost("all_to_all", nbytes, on).protocol == "LL"
+
+
+def test_the_slot_post_goes_with_shared_buffers_and_scales_with_the_host_cpu():
+    """NCCL_NET_SHARED_BUFFERS=0 gives network send/recv connections their own buffers (the
+    sender starts with credits): no slot post. AMD hosts post at 2 µs."""
+    two = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+    own = with_env(two, parse_nccl_env(["NCCL_NET_SHARED_BUFFERS=0"]))
+    assert not own.p2p_net_shared
+    assert p2p_cost(8, own, across_nodes=True).latency_s == pytest.approx((8.4 + 14.0) * 1e-6)
+    assert p2p_cost(8, two, across_nodes=True).latency_s == pytest.approx(
+        (8.4 + 14.0 + 1.0) * 1e-6)
+    amd = replace(two, cpu_vendor="amd")
+    assert p2p_cost(8, amd, across_nodes=True).latency_s == pytest.approx(
+        (8.4 + 14.0 + 2.0) * 1e-6)
+    # inside a host nothing changes: ring LL base + one NVLink hop
+    assert p2p_cost(8, two, across_nodes=False).latency_s == pytest.approx((6.6 + 0.6) * 1e-6)
+    # the all-to-all: slot post once, then one post per further remote peer
+    nbytes = 16 * 4 * KIB
+    lat = collective_cost("all_to_all", nbytes, own).latency_s
+    assert lat == pytest.approx((8.4 + 14.0 + 7 * 3.0) * 1e-6)
 
 
 def test_prefill_and_planner_read_the_backend_option():
@@ -102,7 +125,9 @@ def test_prefill_and_planner_read_the_backend_option():
 def test_parse_nccl_env_refuses_what_the_model_does_not_read():
     assert parse_nccl_env(["NCCL_ALLOC_P2P_NET_LL_BUFFERS=0"]) == (
         ("NCCL_ALLOC_P2P_NET_LL_BUFFERS", "0"),)
-    for bad in (["NCCL_PROTO=LL"], ["NCCL_ALLOC_P2P_NET_LL_BUFFERS=2"], ["NOEQUALS"]):
+    assert parse_nccl_env(["NCCL_NET_SHARED_BUFFERS=0"]) == (("NCCL_NET_SHARED_BUFFERS", "0"),)
+    for bad in (["NCCL_PROTO=LL"], ["NCCL_ALLOC_P2P_NET_LL_BUFFERS=2"], ["NOEQUALS"],
+                ["NCCL_NET_SHARED_BUFFERS=2"]):
         with pytest.raises(ValueError):
             parse_nccl_env(bad)
 

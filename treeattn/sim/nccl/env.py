@@ -18,6 +18,13 @@ name                               what it changes in the model
                                    receive), ``src/enqueue.cc`` (``addP2pToPlan`` keeps LL
                                    only where every channel's connection has an LL buffer).
                                    RCCL's ``src/init.cc`` has the same parameter, default 0.
+``NCCL_NET_SHARED_BUFFERS``        ``0``: network send/recv connections get their own
+                                   buffers, so the sender starts with credits and a message
+                                   across hosts skips the proxy's slot post (default ``1``:
+                                   shared, the post is paid; :func:`treeattn.sim.nccl.
+                                   sendrecv.p2p_parts`). NCCL 2.30.7 ``src/transport/net.cc``
+                                   (``sendSetup``: ``shared`` for every connection without a
+                                   graph, i.e. send/recv, unless the variable is ``0``).
 =================================  =========================================================
 """
 
@@ -30,6 +37,7 @@ from treeattn.schedule.payloads import SimError
 # name -> (allowed values, what it means)
 NCCL_ENV = {
     "NCCL_ALLOC_P2P_NET_LL_BUFFERS": (("0", "1"), "LL buffers on network p2p connections"),
+    "NCCL_NET_SHARED_BUFFERS": (("0", "1"), "shared buffers on network p2p connections"),
 }
 
 
@@ -64,4 +72,5 @@ def with_env(shape, env: tuple[tuple[str, str], ...]):
     found = dict(env)
     if not found:
         return shape
-    return replace(shape, p2p_net_ll=found.get("NCCL_ALLOC_P2P_NET_LL_BUFFERS") == "1")
+    return replace(shape, p2p_net_ll=found.get("NCCL_ALLOC_P2P_NET_LL_BUFFERS") == "1",
+                   p2p_net_shared=found.get("NCCL_NET_SHARED_BUFFERS", "1") == "1")

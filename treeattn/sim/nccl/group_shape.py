@@ -67,6 +67,9 @@ class GroupShape:
     # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (treeattn.sim.nccl.env): send/recv across hosts may
     # use LL. Off, NCCL's default: network p2p connections have no LL buffer, so Simple.
     p2p_net_ll: bool = False
+    # NCCL_NET_SHARED_BUFFERS (treeattn.sim.nccl.env): network send/recv connections draw
+    # their slots from a pool the proxy hands out one step at a time (net.cc; default on)
+    p2p_net_shared: bool = True
     # The communicator's compute channels (``comm->nChannels``, connect.cc): the channels a
     # ring or tree kernel and the p2p operations run on. 0: derived from the fields above
     # (:func:`compute_channel_count`)
@@ -137,7 +140,8 @@ class GroupShape:
                 speed, p2p_intra = inter_speed, p2p_inter
         compute = compute_channel_count(family, arch, nnodes, channels, speed)
         p2p_channels, peer_channels = p2p_channel_counts(
-            compute, ppn, nnodes, peer_links, intra, nic_bandwidth=p2p_inter)
+            compute, ppn, nnodes, peer_links, intra, nic_bandwidth=p2p_inter,
+            nranks=len(gpus))
         return cls(len(gpus), nnodes, ppn, family, arch, intra, nvswitch, channels,
                    speed, inter_speed, p2p_intra, p2p_inter,
                    gen_lat_scale=(T.NCCL_GEN_LATENCY_SCALE_OF_MODEL.get(
@@ -240,16 +244,22 @@ def compute_channel_count(family: str, arch: str, nnodes: int, channels: int,
 
 
 def p2p_channel_counts(compute: int, ppn: int, nnodes: int, peer_links: int, intra: str,
-                       nic_bandwidth: float) -> tuple[int, int]:
+                       nic_bandwidth: float, nranks: int = 0) -> tuple[int, int]:
     """(p2p channels, channels per peer) of a communicator (paths.cc
     ``ncclTopoComputeP2pChannels``; nccl_tables: the p2p channels rule).
 
     ``compute`` are the communicator's compute channels (:func:`compute_channel_count`),
     ``peer_links`` the NVLinks to a peer of the node (0: PCIe), ``nic_bandwidth`` the GB/s of
-    a GPU's NIC (its rail) across nodes.
+    a GPU's NIC (its rail) across nodes, ``nranks`` the communicator's ranks. On several
+    nodes NCCL then halves the per-peer channels while they times the ranks' groups of
+    ``NCCL_MAX_DEV_WORK_P2P_PER_BATCH`` (8) exceed the p2p channels, "to fit all the peers
+    within a single round" (``p2pMaxPeers`` is the ranks unless the communicator's config
+    sets it).
 
     >>> p2p_channel_counts(24, 8, 1, 18, "nvlink", 0.0)  # a DGX H100: 32 channels, 32 a peer
     (32, 32)
+    >>> p2p_channel_counts(24, 8, 32, 18, "nvlink", 50.0, nranks=256)  # 32 groups of 8
+    (32, 1)
     """
     total = _pow2_up(compute)
     per_peer = T.NCCL_MAX_CHANNELS
@@ -258,7 +268,12 @@ def p2p_channel_counts(compute: int, ppn: int, nnodes: int, peer_links: int, int
     if nnodes > 1:  # one NIC per GPU (its rail)
         per_peer = min(per_peer, max(1, math.ceil(nic_bandwidth
                                                   / T.NCCL_P2P_PER_CHANNEL_NET_BW)))
-    return total, min(total, _pow2_up(per_peer))
+    per_peer = _pow2_up(per_peer)
+    if nnodes > 1:
+        groups = -(-max(1, nranks) // T.NCCL_MAX_DEV_WORK_P2P_PER_BATCH)
+        while per_peer * groups > total and per_peer > 1:
+            per_peer //= 2
+    return total, min(total, per_peer)
 
 
 def _pow2_up(n: int) -> int:

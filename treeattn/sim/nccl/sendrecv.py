@@ -66,6 +66,9 @@ def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, fl
     5.0 µs for LL, 14.0 µs for Simple on NCCL; 10.5 and 25 µs on RCCL (whose tuned 320 µs
     ring-Simple network hop is a selection weight, not a hop's cost). Inside a host we take
     the smaller of the ring's and the tree's figure (the ring's, but PCIe Simple).
+
+    Across hosts NCCL adds one proxy post that its collectives do not pay
+    (:func:`slot_post_us`).
     """
     hw = "net" if across_nodes else s.intra
     bw = s.p2p_inter_GBps if across_nodes else s.p2p_intra_GBps
@@ -74,8 +77,36 @@ def p2p_parts(nbytes: float, s: GroupShape, across_nodes: bool) -> tuple[int, fl
     base_t, hw_t = ((T.RCCL_BASE_LAT, T.RCCL_HW_LAT) if s.family == "amd"
                     else (T.NCCL_BASE_LAT, T.NCCL_HW_LAT))
     hop = hw_t[hw]["tree"][p] if across_nodes else min(hw_t[hw]["ring"][p], hw_t[hw]["tree"][p])
-    return (p, base_t["ring"][p] * s.local_lat_scale, hop * hop_scale,
-            bw * (0.5 if p == 0 else 1.0))
+    hop *= hop_scale
+    if across_nodes:
+        hop += slot_post_us(s, p)
+    return (p, base_t["ring"][p] * s.local_lat_scale, hop, bw * (0.5 if p == 0 else 1.0))
+
+
+def slot_post_us(s: GroupShape, p: int) -> float:
+    """The proxy's slot post that a send/recv across hosts waits on, µs (0 where none).
+
+    NCCL 2.30.7 ``src/transport/net.cc``: a connection set up without a graph (send/recv's)
+    is *shared* unless ``NCCL_NET_SHARED_BUFFERS=0`` (``sendSetup``); a shared send
+    connection starts with no credit (``sendConnect``: head = −NCCL_STEPS, "Don't give
+    credits yet in shared mode"), and the GPU may write a step only after the proxy has
+    taken a slot from the pool and posted its offset and the head (``sendProxyProgress``,
+    "Post buffers to the GPU"). A ring's or tree's connection (``graph`` set) owns its
+    buffers and starts with every credit, so the per-hop latencies NCCL tunes for those
+    algorithms do not contain this post. We price it as one network post at NCCL's own
+    figure for one (``getNetOverhead`` in ``tuning.cc``, "Network post overhead": 1 µs on
+    Intel and other hosts, 2 on AMD), whatever the protocol: the ×3 NCCL charges a Simple
+    ring step covers that step's whole proxy work, not one post. Our analogy. RCCL is left
+    as is (its transport was not checked).
+
+    >>> from treeattn.topo import Topology
+    >>> two = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+    >>> slot_post_us(two, 2), slot_post_us(two, 0)
+    (1.0, 1.0)
+    """
+    if s.family != "nvidia" or not s.p2p_net_shared:
+        return 0.0
+    return net_overhead_us(s, 0)
 
 
 def p2p_cost(nbytes: int, s: GroupShape, *, across_nodes: bool | None = None,
@@ -86,22 +117,47 @@ def p2p_cost(nbytes: int, s: GroupShape, *, across_nodes: bool | None = None,
     return priced(op, nbytes, "p2p", p, base + hop, bw)
 
 
-def _a2a_channel_limits(s: GroupShape) -> tuple[int, int]:
-    """(most channels a peer's transfer gets, bytes of a minimum part) in an all-to-all
-    (enqueue.cc ``scheduleP2pTasksToPlan``, ``addP2pToPlan``): the per-peer channels, halved
-    until they times the ranks fit in the p2p channels; a part is the p2p chunk over 8 on one
-    node, over 2 on several (64 KiB on NVLink).
+def _a2a_channel_limits(s: GroupShape) -> tuple[int, int, int, int]:
+    """(channels a small peer transfer may start on, most channels a peer's transfer gets,
+    bytes of a minimum part, bytes of a maximum part) in an all-to-all (enqueue.cc
+    ``scheduleP2pTasksToPlan``, ``addP2pToPlan``): ``nChannelsMin`` is the per-peer channels
+    halved until they times the ranks fit in the p2p channels, ``nChannelsMax`` the per-peer
+    channels; a part is at least the p2p chunk over 8 on one node, over 2 on several (64
+    KiB on NVLink), and NCCL doubles a transfer's channels (up to ``nChannelsMax``) while its
+    part is above the chunk × 32 on one node, the chunk on several.
 
     >>> from treeattn.topo import Topology
     >>> _a2a_channel_limits(GroupShape.of(Topology.from_spec("dgx-h100"), range(8)))
-    (4, 65536)
+    (4, 32, 65536, 16777216)
     """
     most = max(1, s.p2p_peer_channels)
-    while most * s.nranks > s.p2p_channels and most > 1:
-        most //= 2
-    if s.nnodes == 1 and s.intra == "nvlink":
-        return most, T.NCCL_P2P_CHUNK["nvlink"] // 8
-    return most, T.NCCL_P2P_CHUNK["other"] // (8 if s.nnodes == 1 else 2)
+    start = most
+    while start * s.nranks > s.p2p_channels and start > 1:
+        start //= 2
+    chunk = T.NCCL_P2P_CHUNK["nvlink" if s.nnodes == 1 and s.intra == "nvlink" else "other"]
+    if s.nnodes == 1:
+        return start, most, chunk // 8, chunk * 32
+    return start, most, chunk // 2, chunk
+
+
+def _peer_channels(per_peer: float, s: GroupShape) -> float:
+    """The channels one peer's transfer of ``per_peer`` bytes runs on in an all-to-all, as a
+    real number: NCCL's count is ``min(nChannelsMin, ceil(bytes / minPart))``, doubled while
+    the part is above the maximum part (:func:`_a2a_channel_limits`); we take the lower
+    envelope, ``bytes / minPart`` between 1 and ``nChannelsMin``, then ``bytes / maxPart`` up
+    to ``nChannelsMax`` (never more channels than NCCL's, so the time never falls where a
+    part is added).
+
+    >>> from treeattn.topo import Topology
+    >>> two = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
+    >>> [_peer_channels(b, two) for b in (4096, 131072, 262144, 524288, 1 << 20)]
+    [1.0, 2.0, 2.0, 4.0, 4.0]
+    """
+    start, most, min_part, max_part = _a2a_channel_limits(s)
+    channels = max(1.0, min(float(start), per_peer / min_part))
+    if per_peer / channels > max_part:
+        channels = max(channels, min(float(most), per_peer / max_part))
+    return channels
 
 
 def all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
@@ -117,10 +173,9 @@ def all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
     at NCCL's network post overhead (``getNetOverhead``, by CPU vendor, ×3 for Simple). So
     it grows with the peer count, and never beats one message.
 
-    Bandwidth: each peer's transfer runs on up to :func:`_a2a_channel_limits`' channels. NCCL
-    counts them as ``divUp(per_peer, min_part)``; as a price we take ``per_peer / min_part`` as a
-    real number between 1 and the most, the lower envelope of that count (never more
-    channels than NCCL's, so the time never falls where a part is added;
+    Bandwidth: each peer's transfer runs on the channels :func:`_peer_channels` gives (the
+    lower envelope of NCCL's count; never more channels than NCCL's, so the time never falls
+    where a part is added;
     :func:`~treeattn.sim.nccl.collectives.run_channels`
     instead takes the upper envelope of NCCL's floor count), at the compute channel's share
     of the ring's bus bandwidth (search channels × speed / compute channels), the peers of
@@ -136,8 +191,7 @@ def all_to_all(nbytes: int, s: GroupShape) -> CollectiveCost:
         if s.family == "nvidia" and s.intra_speed > 0:
             per_channel = s.channels * s.intra_speed / s.compute_channels * (
                 0.5 if p == 0 else 1.0)
-            most, min_part = _a2a_channel_limits(s)
-            peer_channels = max(1.0, min(most, per_peer / min_part))
+            peer_channels = _peer_channels(per_peer, s)
             peer_bw = min(bw, peer_channels * per_channel)
             wire = max(wire, per_peer / (peer_bw * 1e9))
         parts.append((p, base + local * hop, wire))

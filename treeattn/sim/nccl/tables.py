@@ -272,6 +272,10 @@ NCCL_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16",
 # peer (enqueue.cc ``scheduleP2pTasksToPlan``) halves the per-peer channels until they times
 # the ranks fit in the p2p channels, so the peers run side by side.
 NCCL_P2P_PER_CHANNEL_NET_BW = 14.0
+# p2p operations one channel runs side by side in one work batch (device.h
+# NCCL_MAX_DEV_WORK_P2P_PER_BATCH), also the p2p schedule's group of ranks on several nodes
+# (init.cc NCCL_P2P_SCHEDULE_GROUP_SIZE's default)
+NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8
 # NCCL's usable bandwidth per NVLink, GB/s (topo.h); line rate is 25 (NVLink3/4), 50 (NVLink5).
 NCCL_NVLINK_BW = {"volta": 20.0, "ampere": 20.0, "ampere-sm86": 12.0, "hopper": 20.6,
                   "blackwell": 40.1}
