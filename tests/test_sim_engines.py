@@ -112,3 +112,25 @@ def test_a_step_priced_as_sglang_runs_it_never_uses_vllms_direct_a2a():
     assert anything.tpot_s <= sglang.tpot_s
     assert sglang.parts_s["attention"] != pytest.approx(direct.parts_s["attention"])
     assert sglang.to_json()["tp_all_reduce_transport"] in ENGINES["sglang"].tp_all_reduce
+
+
+def test_sglang_fuses_the_shared_expert_where_its_defaults_do():
+    """SGLang's ``determine_num_fused_shared_experts``: the DeepSeek-V3 layout (256 routed
+    experts, one shared) on compute capability 8.0 or newer, not on Blackwell (its default
+    MoE runner there disables it), nor on Volta; AMD CDNA 3 too. vLLM never fuses it by
+    default. A step priced as an engine runs it names that engine."""
+    from dataclasses import replace
+
+    from treeattn.schedule.workload import ModelConfig
+
+    v3 = ModelConfig.from_name("deepseek-v3")
+    sglang, vllm = ENGINES["sglang"], ENGINES["vllm"]
+    fuses = {g: sglang.fuses_shared_experts(v3, g)
+             for g in ("A100", "H100", "H200", "B200", "GB200", "MI300X", "V100")}
+    assert fuses == {"A100": True, "H100": True, "H200": True, "B200": False,
+                     "GB200": False, "MI300X": True, "V100": False}
+    assert not any(vllm.fuses_shared_experts(v3, g) for g in fuses)
+    v2_like = replace(v3, n_routed_experts=160, n_shared_experts=2)
+    assert not sglang.fuses_shared_experts(v2_like, "H200")
+    assert not sglang.fuses_shared_experts(ModelConfig.from_name("llama-3.1-70b"), "H200")
+    assert sglang.runs()["engine"] == "sglang" and vllm.runs()["engine"] == "vllm"

@@ -124,3 +124,73 @@ def test_fused_moe_prices_against_the_calls_it_was_not_read_from():
     assert ("H200", "fp8 MoE") in {(g["gpu"], g["dtype"])
                                    for g in fidelity.kernel_summary(points)}
     assert "Fused-MoE calls" in fidelity.kernel_markdown(fidelity.score_kernels())
+
+
+def test_sglang_runs_the_shared_expert_inside_the_fused_moe_by_hand():
+    """DeepSeek-V3 at TP8, batch 4, FP8 weights on an H200, priced as SGLang runs it (shared
+    experts fusion, on by default there): each of the 58 MoE layers launches no shared-expert
+    gate-up GEMM, SiLU·mul, down GEMM or add, nor the FP8 quantisations before its two
+    linears: 58 × (4 + 2) = 348 kernels fewer at 2.4 µs. vLLM's step: 3 per step, 61 MLA
+    layers × (11 + 3 quantisations), 3 dense MLPs × (3 + 2), 58 MoE layers × (11 + 4) =
+    1742 kernels; SGLang's 1394. The shared expert's slice (gate-up 2 × 256 × 7168 plus
+    down 7168 × 256 FP8 bytes a rank) is read by the fused MoE instead of a dense GEMM:
+    the same bytes, moved from the dense FP8 rate (0.847 of 4.8 TB/s) to the experts'
+    (0.602); nothing else in the step changes."""
+    from treeattn.sim.deploy.token import kernels_per_step
+
+    m = ModelConfig.from_name("deepseek-v3")
+    vllm = predict_token(H200, m, 5120, Split(8), batch=4, weights_dtype="float8")
+    sglang = predict_token(H200, m, 5120, Split(8), batch=4, weights_dtype="float8",
+                           engine="sglang")
+    assert not vllm.extra["shared_experts_fused"] and sglang.extra["shared_experts_fused"]
+    assert 3 + 61 * (11 + 3) + 3 * (3 + 2) + 58 * (11 + 4) == 1742
+    assert kernels_per_step(m, "float8", "H200") == 1742
+    assert kernels_per_step(m, "float8", "H200", fused_shared=True) == 1742 - 58 * 6
+    assert kernels_per_step(m, "bfloat16", "H200", fused_shared=True) == (
+        kernels_per_step(m) - 58 * 4)
+    assert vllm.parts_s["kernels"] - sglang.parts_s["kernels"] == pytest.approx(348 * 2.4e-6)
+
+    shared = 2 * 256 * 7168 + 7168 * 256
+    touched = 256 * (1 - (248 / 256) ** 4)
+
+    def by_kind(fused):
+        out = {}
+        for _, count, nbytes, _, kind in step_weight_reads(m, 8, 1.0, 4, fused):
+            out[kind] = out.get(kind, 0.0) + count * nbytes
+        return out
+
+    plain, fused = by_kind(False), by_kind(True)
+    assert fused[EXPERTS] - plain[EXPERTS] == pytest.approx(58 * shared)
+    assert plain[DENSE] - fused[DENSE] == pytest.approx(58 * shared)
+    assert fused[ROUTER] == plain[ROUTER]
+    rows = {name: nbytes for name, _, nbytes, _, _ in step_weight_reads(m, 8, 1.0, 4, True)}
+    assert rows["routed and shared experts (MoE layers)"] == pytest.approx(
+        (touched + 1) * shared)
+    assert "shared experts (MoE layers)" not in rows
+    slower = 58 * shared / 4.8e12 * (1 / 0.602 - 1 / 0.847)
+    assert sglang.parts_s["weights"] - vllm.parts_s["weights"] == pytest.approx(slower,
+                                                                                 rel=0.01)
+    for part in ("tp_all_reduce", "lm_head_gather", "attention"):
+        assert sglang.parts_s[part] == vllm.parts_s[part]
+    assert sglang.memory.weights_bytes == vllm.memory.weights_bytes  # the same bytes held
+
+
+def test_the_engine_changes_nothing_where_sglang_does_not_fuse():
+    """vLLM named is vLLM by default; a dense model has no shared expert; on a B200
+    SGLang's default MoE runner for DeepSeek-V3 (FlashInfer's TRT-LLM MoE) turns the fusion
+    off; an unknown engine is refused."""
+    from treeattn.sim import SimError
+
+    for topo, model in ((H200, "llama-3.1-70b"), (H200, "deepseek-v3"),
+                        (Topology.from_spec("dgx-b200"), "deepseek-v3")):
+        base = predict_token(topo, model, 4096, Split(8), batch=4, weights_dtype="float8")
+        named = predict_token(topo, model, 4096, Split(8), batch=4, weights_dtype="float8",
+                              engine="vllm")
+        assert named.parts_s == base.parts_s
+        if model != "deepseek-v3" or topo is not H200:
+            sglang = predict_token(topo, model, 4096, Split(8), batch=4,
+                                   weights_dtype="float8", engine="sglang")
+            assert sglang.parts_s == base.parts_s
+            assert not sglang.extra["shared_experts_fused"]
+    with pytest.raises(SimError, match="unknown engine 'trtllm'"):
+        predict_token(H200, "deepseek-v3", 4096, Split(8), engine="trtllm")

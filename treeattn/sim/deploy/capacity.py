@@ -35,7 +35,10 @@ no token chose gets no tile (vLLM's and SGLang's Triton ``fused_moe``:
 (``GateLinear`` in ``vllm/model_executor/models/deepseek_v2.py``, ``ReplicatedLinear(...,
 quant_config=None)`` in the other MoE models), so it is held and read in 16 bits whatever
 the weights' dtype. The shared experts are a plain gated MLP next to the fused MoE
-(``DeepseekV2MLP``), sharded like the routed experts. The embedding is a row gather (``B``
+(``DeepseekV2MLP``), sharded like the routed experts; where the engine runs them as more
+experts of the fused MoE (``fused_shared``: SGLang's shared experts fusion,
+:meth:`treeattn.sim.deploy.engines.Engine.fuses_shared_experts`) their slices are read by the
+fused MoE with the routed ones, always touched. The embedding is a row gather (``B``
 rows, counted) and the LM head reads its whole shard.
 """
 
@@ -176,8 +179,11 @@ class LayerWeights:
         return sum(g[1] for g in self.gemms)
 
 
-def layer_weights(m: ModelConfig, tp: int, wb: float, batch: int, moe: bool) -> LayerWeights:
-    """One layer on one TP rank: attention projections plus a dense or MoE MLP."""
+def layer_weights(m: ModelConfig, tp: int, wb: float, batch: int, moe: bool,
+                  fused_shared: bool = False) -> LayerWeights:
+    """One layer on one TP rank: attention projections plus a dense or MoE MLP; with
+    ``fused_shared`` the shared experts are read by the fused MoE as experts every token
+    routes to (module docstring)."""
     sharded, replicated = _attention_weights(m, tp)
     attn = (sharded + replicated) * wb
     gemms = [("attention projections", attn, 2.0 * batch * (sharded + replicated), DENSE)]
@@ -188,10 +194,14 @@ def layer_weights(m: ModelConfig, tp: int, wb: float, batch: int, moe: bool) -> 
         router = m.dim * m.n_routed_experts  # replicated gate, never below 16 bits
         router_bytes = router * max(wb, 2.0)
         held = attn + (m.n_routed_experts * expert + shared) * wb + router_bytes
-        gemms += [("router", router_bytes, 2.0 * batch * router, ROUTER),
-                  ("routed experts", touched * expert * wb,
-                   2.0 * batch * m.experts_per_token * expert, EXPERTS),
-                  ("shared experts", shared * wb, 2.0 * batch * shared, DENSE)]
+        gemms.append(("router", router_bytes, 2.0 * batch * router, ROUTER))
+        if fused_shared:
+            gemms.append(("routed and shared experts", (touched * expert + shared) * wb,
+                          2.0 * batch * (m.experts_per_token * expert + shared), EXPERTS))
+        else:
+            gemms += [("routed experts", touched * expert * wb,
+                       2.0 * batch * m.experts_per_token * expert, EXPERTS),
+                      ("shared experts", shared * wb, 2.0 * batch * shared, DENSE)]
     else:
         mlp = _mlp_params(m, m.ffn_dim) / tp
         held = attn + mlp * wb
@@ -222,14 +232,17 @@ def weights_held(m: ModelConfig, tp: int, wb: float) -> float:
     return total
 
 
-def step_weight_reads(m: ModelConfig, tp: int, wb: float, batch: int) -> list[tuple]:
+def step_weight_reads(m: ModelConfig, tp: int, wb: float, batch: int,
+                      fused_shared: bool = False) -> list[tuple]:
     """``(name, count, bytes, FLOPs, kind)`` per GEMM kind of one decode step on one GPU
-    (``kind``: :data:`DENSE`, :data:`ROUTER` or :data:`EXPERTS`)."""
+    (``kind``: :data:`DENSE`, :data:`ROUTER` or :data:`EXPERTS`); ``fused_shared``: the MoE
+    layers' shared experts read inside the fused MoE (:func:`layer_weights`)."""
     dense, moe = _layer_counts(m)
     out = []
     for count, is_moe in ((dense, False), (moe, True)):
         if count:
-            for name, nbytes, flops, kind in layer_weights(m, tp, wb, batch, is_moe).gemms:
+            layer = layer_weights(m, tp, wb, batch, is_moe, fused_shared and is_moe)
+            for name, nbytes, flops, kind in layer.gemms:
                 out.append((name + (" (MoE layers)" if is_moe and m.first_dense_layers else
                                     ""), count, nbytes, flops, kind))
     head = m.vocab_size * m.dim / tp

@@ -73,6 +73,38 @@ symmetric kernels within its own size thresholds
 (vLLM: ``should_nccl_symm_mem_allreduce`` and ``should_nccl_symm_mem_ag_rs``), which are not
 modelled: the backend is priced as if every collective it can run there did.
 
+A DeepSeek-V3-style MoE layer (MLA, 256 routed experts, one shared expert) runs its shared
+expert differently in the two engines, and the token model prices each engine's way
+(:meth:`Engine.fuses_shared_experts`, read by :func:`treeattn.sim.deploy.token.predict_token`):
+
+========  ===================================================================================
+engine    the shared expert at decode (source)
+========  ===================================================================================
+vLLM      a separate gated MLP beside the fused MoE: its gate-up GEMM, SiLU·mul, down GEMM and
+          the add of its output (``DeepseekV2MoE`` in ``vllm/model_executor/models/
+          deepseek_v2.py``); vLLM fuses it into the MoE only on ROCm with AITER opted in
+          (``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS`` under ``VLLM_ROCM_USE_AITER``, off by
+          default), which this model does not price
+SGLang    one more expert of the fused MoE ("shared experts fusion", PR #5571, on by default:
+          ``--disable-shared-experts-fusion`` defaults to false in ``server_args.py``):
+          ``DeepseekV2MoE`` builds its fused MoE with ``n_routed_experts +
+          num_fused_shared_experts`` experts and ``top_k + num_fused_shared_experts``, builds no
+          ``shared_experts`` MLP, and ``forward_normal`` then has no shared output to add
+          (``python/sglang/srt/models/deepseek_v2.py``, sgl-project/sglang@3e4a39ee).
+          ``determine_num_fused_shared_experts`` keeps it on only for
+          ``DeepseekV3ForCausalLM`` with ``n_routed_experts == 256`` and ``n_shared_experts ==
+          1`` on CUDA compute capability 8.0 or newer (later SGLang also AMD gfx942 and
+          newer), without expert parallelism or DeepEP and not for W4AFP8 checkpoints. On
+          SM100 (Blackwell) SGLang's defaults for ``DeepseekV3ForCausalLM`` pick the
+          ``flashinfer_trtllm`` MoE runner (FP8 is assumed when the checkpoint names no
+          quantisation), and that runner sets ``disable_shared_experts_fusion``
+          (``server_args.py``, ``_handle_model_specific_adjustments`` and
+          ``_handle_moe_kernel_config``): there the shared expert stays a separate MLP
+========  ===================================================================================
+
+The token model's deployments are TP only (no expert parallelism), so SGLang fuses where
+:data:`SHARED_EXPERT_FUSION` lists the GPU's generation.
+
 Constraints: ``tp % dcp == 0`` (both); for GQA models vLLM shards only the KV heads that
 tensor parallelism replicates, so ``tp // num_kv_heads >= dcp``; SGLang documents DCP for MLA
 attention layers only (its page: "stripes a request's MLA KV cache"), so a model with
@@ -85,6 +117,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from treeattn.schedule.payloads import SimError
+from treeattn.schedule.workload import ModelConfig
+from treeattn.sim.decode_kernels import generation
 from treeattn.sim.network import TRANSPORTS
 from treeattn.sim.planning.planner import plan_workload
 
@@ -99,6 +133,13 @@ class Backend:
     transports: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]  # name -> (env, flags)
 
 
+#: GPU generations (:func:`treeattn.sim.decode_kernels.generation`) on which SGLang runs a
+#: DeepSeek-V3 MoE layer's shared expert inside the fused MoE by default (module docstring):
+#: CUDA compute capability 8.0 and newer except SM100, whose default MoE runner turns it
+#: off; AMD CDNA 3 (gfx942, the capability 9.4 SGLang's later check admits).
+SHARED_EXPERT_FUSION = ("ampere", "ampere-sm86", "hopper", "cdna3")
+
+
 @dataclass(frozen=True)
 class Engine:
     name: str
@@ -110,17 +151,38 @@ class Engine:
     extra: tuple[str, ...] = ()
     tp_all_reduce: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(
         default_factory=lambda: {"nccl": _PLAIN})  # transport -> (env, flags)
+    shared_expert_fusion: tuple[str, ...] = ()  # generations whose default fuses it
+
+    @property
+    def key(self) -> str:
+        """The engine's name in :data:`ENGINES`."""
+        return self.name.lower()
 
     def algorithms(self) -> set[str]:
         return {b.algorithm for b in self.backends}
 
-    def runs(self) -> dict[str, tuple[str, ...]]:
+    def fuses_shared_experts(self, model: ModelConfig, gpu_model: str) -> bool:
+        """Whether this engine, on its defaults, runs ``model``'s shared expert as one more
+        expert of the fused MoE on a ``gpu_model`` GPU (module docstring): a DeepSeek-V3
+        layout (MLA, 256 routed experts, one shared) on a listed generation.
+
+        >>> v3 = ModelConfig.from_name("deepseek-v3")
+        >>> [ENGINES[e].fuses_shared_experts(v3, g) for e in ("sglang", "vllm")
+        ...  for g in ("H200", "B200")]
+        [True, False, False, False]
+        """
+        deepseek_v3 = (model.is_mla and model.n_routed_experts == 256
+                       and model.n_shared_experts == 1)
+        return deepseek_v3 and generation(gpu_model) in self.shared_expert_fusion
+
+    def runs(self) -> dict[str, tuple[str, ...] | str]:
         """What this engine runs a TP × DCP step on, as :func:`treeattn.sim.deploy.token.
         predict_token` takes it: the DCP merge's ``algorithms`` and ``transports`` (its
-        backends'), and the ``tp_transports`` of its TP all-reduce."""
+        backends'), the ``tp_transports`` of its TP all-reduce, and the ``engine`` whose
+        model code the step's kernels and weight reads follow."""
         merge = dict.fromkeys(t for b in self.backends for t in b.transports)
         return {"algorithms": tuple(sorted(self.algorithms())), "transports": tuple(merge),
-                "tp_transports": tuple(self.tp_all_reduce)}
+                "tp_transports": tuple(self.tp_all_reduce), "engine": self.key}
 
 
 _VLLM_SYMM = (("VLLM_USE_NCCL_SYMM_MEM=1", "NCCL_NVLS_ENABLE=1", "NCCL_CUMEM_ENABLE=1"), ())
@@ -145,7 +207,8 @@ ENGINES = {
          Backend("fi_a2a", "helix", {"mnnvl_ll128": _PLAIN})),
         mla_only=True, extra=("--dcp-replicate-q-proj",),
         tp_all_reduce={"nccl": _PLAIN, "nccl-symm": _SGLANG_SYMM,
-                       "symm_mem": ((), ("--enable-torch-symm-mem",))}),
+                       "symm_mem": ((), ("--enable-torch-symm-mem",))},
+        shared_expert_fusion=SHARED_EXPERT_FUSION),
 }
 EMIT_TARGETS = tuple(ENGINES)
 

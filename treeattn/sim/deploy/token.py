@@ -16,7 +16,11 @@ group sharding the KV cache) is priced on one GPU's critical path as the sum of:
   :mod:`treeattn.sim.decode_kernels`). The kernels per layer (:data:`KERNELS_PER_LAYER`)
   are counted by hand from vLLM's model code (below), plus, with FP8 weights, the
   activation quantisation before each FP8 linear; fusion by ``torch.compile`` can merge a
-  few elementwise ones, so this errs high;
+  few elementwise ones, so this errs high. A step priced as SGLang runs it (``engine``)
+  follows SGLang's shared experts fusion where SGLang turns it on
+  (:meth:`treeattn.sim.deploy.engines.Engine.fuses_shared_experts`): the shared expert's
+  own kernels (:data:`SHARED_EXPERT_KERNELS`) are not launched and its weights are read by
+  the fused MoE at the experts' rate;
 * **TP all-reduces**: two per layer (after the attention output projection and after the
   MLP or experts) of ``B × hidden`` activations, plus the vocabulary-parallel embedding's
   all-reduce and the LM head's all-gather of the logits, each priced by the collective
@@ -45,7 +49,11 @@ call with the shared expert), and the modules its MLA wrapper is given (``fused_
 ``q_a_layernorm``, ``q_b_proj``, ``kv_a_layernorm``, ``kv_b_proj`` absorbed as the two
 ``W_UK``/``W_UV`` products, ``rotary_emb``, ``o_proj``). Inside the fused MoE and the MLA
 wrapper the kernels are our reading of those calls (top-k, expert sort, two expert GEMMs with
-the activation between, the expert sum; the cache write):
+the activation between, the expert sum; the cache write). The counts are vLLM's; with
+SGLang's shared experts fusion a MoE layer drops the last four (the shared expert's gate-up,
+SiLU·mul and down, and the add: SGLang's ``DeepseekV2MoE`` builds no ``shared_experts`` MLP
+and has no shared output to add) and, with FP8 or FP4 weights, the quantisations before the
+shared expert's two linears; the fused MoE's kernels stay as they are, one more expert wide:
 
 ==================  ===========================================================  =====
 block               kernels                                                      count
@@ -110,33 +118,40 @@ from treeattn.topo.hardware import normalize_model
 KERNELS_PER_LAYER = {"gqa_attention": 5, "mla_attention": 11, "dense_mlp": 3,
                      "gqa_post_norm": 1, "moe": 11}
 KERNELS_PER_STEP = 3
+#: Of a MoE layer's kernels, those of its shared expert beside the fused MoE, in
+#: :data:`KERNELS_PER_LAYER` (gate-up GEMM, SiLU·mul, down GEMM, the add) and in
+#: :data:`treeattn.sim.decode_kernels.FP8_QUANT_KERNELS` (before its two linears): what a
+#: layer does not launch when the engine fuses the shared expert into the MoE.
+SHARED_EXPERT_KERNELS = (4, 2)
 
 
 def kernels_per_step(model: ModelConfig, weights_dtype: str = "bfloat16",
-                     gpu_model: str = "") -> int:
+                     gpu_model: str = "", fused_shared: bool = False) -> int:
     """Kernels one decode step launches outside attention (see the module docstring); with
     FP8 or FP4 weights, plus the activation quantisation before each such linear
     (:data:`treeattn.sim.decode_kernels.FP8_QUANT_KERNELS`), except FP8 on a GPU without
     FP8 tensor cores (before compute capability 8.9), which vLLM runs as Marlin's
     weight-only GEMM with no activation to quantise (``Fp8LinearMethod``'s ``use_marlin``,
-    ``vllm/model_executor/layers/quantization/fp8.py``).
+    ``vllm/model_executor/layers/quantization/fp8.py``). ``fused_shared``: the MoE layers'
+    shared experts run inside the fused MoE (:data:`SHARED_EXPERT_KERNELS` not launched).
 
     >>> m = ModelConfig.from_name("llama-3.1-8b")
     >>> kernels_per_step(m, "float8", "H100") - kernels_per_step(m), kernels_per_step(
     ...     m, "float8", "A100") - kernels_per_step(m)
     (128, 0)
     """
-    counts = [KERNELS_PER_LAYER]
+    counts = [(KERNELS_PER_LAYER, SHARED_EXPERT_KERNELS[0])]
     weight_only = str(weights_dtype) == "float8" and gpu_model in NO_FP8_TENSOR_CORES
     if str(weights_dtype) in ("float8", "float4") and not weight_only:
-        counts.append(FP8_QUANT_KERNELS)
+        counts.append((FP8_QUANT_KERNELS, SHARED_EXPERT_KERNELS[1]))
     moe_layers = model.n_layers - model.first_dense_layers if model.is_moe else 0
     dense_layers = model.n_layers - moe_layers
     total = KERNELS_PER_STEP
-    for k in counts:
+    for k, shared in counts:
         attention = (k["mla_attention"] if model.is_mla
                      else k["gqa_attention"] + k.get("gqa_post_norm", 0))
-        total += model.n_layers * attention + dense_layers * k["dense_mlp"] + moe_layers * k["moe"]
+        moe = k["moe"] - (shared if fused_shared else 0)
+        total += model.n_layers * attention + dense_layers * k["dense_mlp"] + moe_layers * moe
     return total
 
 
@@ -241,12 +256,15 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
                   algorithms: tuple[str, ...] | None = None,
                   max_simulated: int | None = None,
                   transports: tuple[str, ...] = TRANSPORTS,
-                  tp_transports: tuple[str, ...] | None = None) -> TokenPrediction:
+                  tp_transports: tuple[str, ...] | None = None,
+                  engine: str = "vllm") -> TokenPrediction:
     """Price one decode step of ``model`` deployed as ``split`` on ``topology``'s first GPUs,
     its collectives and merge on the fastest of ``transports`` (``("nccl",)``: what a
     deployment on NCCL alone runs). ``tp_transports`` (default: ``transports``) are those the
     TP all-reduce and the LM head's gather may run on, where an engine runs them on other
     kernels than its attention merge (:data:`treeattn.sim.deploy.engines.ENGINES`).
+    ``engine`` (a key of ``ENGINES``; vLLM's by default) is the engine whose model code the
+    MoE layers' kernels and weight reads follow (SGLang's shared experts fusion).
 
     >>> from treeattn.topo import Topology
     >>> p = predict_token(Topology.from_spec("dgx-h100"), "llama-3.1-8b", 32768, Split(tp=8))
@@ -254,8 +272,11 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     ('none', True)
     """
     from treeattn.schedule.algorithms import SOURCES
+    from treeattn.sim.deploy.engines import ENGINES
     from treeattn.sim.planning.planner import plan_workload
 
+    if engine not in ENGINES:
+        raise SimError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
     model = ModelConfig.from_name(model) if isinstance(model, str) else model
     check_token_model(model)
     check_split(model, split)
@@ -272,7 +293,8 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
     act = STORAGE_DTYPE_BYTES[model.dtype]
     parts: dict[str, float] = {}
 
-    reads = step_weight_reads(model, split.tp, WEIGHT_DTYPE_BYTES[wdt], batch)
+    fused = ENGINES[engine].fuses_shared_experts(model, gpu)
+    reads = step_weight_reads(model, split.tp, WEIGHT_DTYPE_BYTES[wdt], batch, fused)
     measured = dict(hw.gemm_bandwidth).get(CANONICAL.get(wdt, wdt))
     if measured:  # the user's kernel table (calibrate --kernels) has this dtype's GEMMs
         parts["weights"] = sum(count * max(nbytes / measured, flops / hw.peak_flops)
@@ -284,7 +306,7 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
         parts["weights"] = sum(
             count * (hw.compute_time(nbytes * slower[kind], flops) - hw.launch_s)
             for _, count, nbytes, flops, kind in reads)
-    parts["kernels"] = kernels_per_step(model, wdt, gpu) * hw.graph_kernel_s
+    parts["kernels"] = kernels_per_step(model, wdt, gpu, fused) * hw.graph_kernel_s
 
     tp_ranks = list(range(split.tp))
     hidden = batch * model.dim * act
@@ -322,4 +344,6 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
         layer_s += _collective("all_gather", q_bytes, topo, group, transports, library)[0]
     parts["attention"] = model.n_layers * layer_s
     return TokenPrediction(model.name, split, seq_len, batch, wdt, kdt, parts, merge, system,
-                           memory, layer_s, extra={"tp_all_reduce_transport": tp_transport})
+                           memory, layer_s, extra={"tp_all_reduce_transport": tp_transport,
+                                                   "engine": engine,
+                                                   "shared_experts_fused": fused})
