@@ -10,7 +10,10 @@ and ``treeattn/sim/deploy/capacity.py``).
 The context of a point is the prompt plus half the output: the mean context over the decode
 steps of one request. The error of a point is ``max(p, m) / min(p, m) - 1``. Points whose
 published TPOT does not measure a decode step alone (serving runs whose prefills interleave
-with the steps, hardware not stated) are shown but not scored, each with the reason.
+with the steps, hardware not stated) are shown but not scored, each with the reason. A point
+that names its serving engine (``engine``) is priced as that engine runs the model (SGLang
+runs DeepSeek-V3's shared expert inside the fused MoE: :meth:`treeattn.sim.deploy.engines.
+Engine.fuses_shared_experts`); one that names none, by vLLM's model code.
 
 Where a source compares two splits of the same GPUs (TP against TP × DCP), the published
 ranking is set against the predicted one.
@@ -85,7 +88,7 @@ MISSES = {
         "says), and the backend, which the source does not name."),
     "inferencex-h200-r1-1k1k": (
         "Not scored (see why_not_scored): the same deployment measures 10.9 ms per token with "
-        "8k outputs, which the model predicts at 0.77× (within 30%)."),
+        "8k outputs, which the model predicts at 0.79× (within 30%)."),
     "antgroup-dsv31-tp8-b24": (
         "Not scored. The prediction leaves out the prefills of the other requests that run "
         "between decode steps (mean TTFT 5.8 s); the model's TP8 does not fit at batch 24 on "
@@ -125,12 +128,15 @@ def score_points() -> list[dict]:
                              kv_dtype=dtype_name(p["kv_dtype"], "bfloat16"),
                              hardware=_hardware(p, data["gpus"]),
                              algorithms=tuple(p["algorithms"]) if "algorithms" in p else None,
-                             transports=tuple(p.get("transports", TRANSPORTS)))
+                             transports=tuple(p.get("transports", TRANSPORTS)),
+                             engine=p.get("engine", "vllm"))
         predicted = pred.tpot_s * 1e3
         ratio = predicted / p["published_tpot_ms"]
         out.append({**{k: p[k] for k in ("id", "url", "hardware", "software", "published_model",
                                          "topology", "batch", "scored")},
                     "deployment": split.label, "context": context,
+                    "engine": pred.extra["engine"],
+                    "shared_experts_fused": pred.extra["shared_experts_fused"],
                     "published_tpot_ms": p["published_tpot_ms"],
                     "predicted_tpot_ms": round(predicted, 3), "ratio": round(ratio, 4),
                     "error": round(max(ratio, 1 / ratio) - 1, 4),
@@ -238,8 +244,10 @@ def markdown(points: list[dict], ranked: list[dict], crossed: list[dict] = ()) -
     for p in points:
         why = f" Not scored: {p['why_not_scored']}." if not p["scored"] else ""
         assumed = f" Assumed: {'; '.join(p['assumed'])}." if p["assumed"] else ""
+        fused = (" Priced as SGLang runs it: the shared expert inside the fused MoE."
+                 if p["shared_experts_fused"] else "")
         lines.append(f"- `{p['id']}`: {p['published_model']}; {p['hardware']}; {p['software']}; "
-                     f"<{p['url']}>. Parts (ms): {p['parts_ms']}.{assumed}{why}")
+                     f"<{p['url']}>. Parts (ms): {p['parts_ms']}.{fused}{assumed}{why}")
     return "\n".join(lines) + "\n"
 
 
