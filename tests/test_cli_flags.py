@@ -93,8 +93,9 @@ GENERATE_TABLE = {
 # mode -> that argv with "*" for the other modes)
 TWO_HOSTS = ["--topology", "dgx-h100:nodes=2"]
 SAMPLES = {
-    # an NCCL variable that changes only small send/recv messages between hosts
-    "--nccl-env": (["--nccl-env", "NCCL_ALLOC_P2P_NET_LL_BUFFERS=1"],
+    # an NCCL variable that changes only send/recv messages between hosts (own buffers: LL
+    # mapped, no slot post)
+    "--nccl-env": (["--nccl-env", "NCCL_NET_SHARED_BUFFERS=0"],
                    {"*": TWO_HOSTS, "plan --gpus": [*TWO_HOSTS, "--gpus", "16"],
                     "predict --prefill": [*TWO_HOSTS, "--seq-len", "32"]}),
     "--partial-dtype": (["--partial-dtype", "bf16"], []),

@@ -218,8 +218,10 @@ def test_nvls_tree_is_corrected_on_blackwell_x86_hosts_only():
     # 1.5 MiB: NCCL ranks with entry 14 as a step (0.5), the price is on the line to 0.6
     mid = nvls_tree(b200, 3 << 19)
     mid_arm = nvls_tree(replace(b200, cpu_x86=False), 3 << 19)
-    assert mid.choice_s - mid.latency_s == pytest.approx(2 * (mid_arm.time_s - arm.latency_s))
-    assert mid.time_s < mid.choice_s
+    # (NCCL ranks on its own, unscaled latencies: the generation factor prices the pick)
+    tuned_latency = nvls_tree(replace(b200, gen_lat_scale=1.0), 3 << 19).latency_s
+    assert mid.choice_s - tuned_latency == pytest.approx(2 * (mid_arm.time_s - arm.latency_s))
+    assert mid.time_s - mid.latency_s < mid.choice_s - tuned_latency
 
 
 def test_ring_simple_plateau_is_1_9_below_sm80_and_1_4_from_it():
@@ -252,21 +254,25 @@ def test_a100_ring_ll_at_64_kib_moves_on_two_channels():
                            protocol="LL")
     wire = 65536 / (1000 * 10.0 * 8 / 14)
     assert cost.time_s * 1e6 == pytest.approx(15.0 * AMPERE + wire, rel=1e-9)
-    # NCCL picks by its own estimate, which assumes every channel
-    assert cost.tuner_s * 1e6 == pytest.approx(15.0 * AMPERE + 65536 / (1000 * 87.7 * 8 / 14))
+    # NCCL picks by its own estimate: every channel, and its own (unscaled) latency
+    assert cost.tuner_s * 1e6 == pytest.approx(15.0 + 65536 / (1000 * 87.7 * 8 / 14))
 
 
 def test_a100_mid_size_all_reduce_is_ring_ll128_on_nccls_ampere_figures():
-    # 8 GPUs, 4-32 MiB: NCCL's tuner takes ring LL128 (from 4 MiB, Simple from 64 MiB) at
-    # min(0.92 × 12 × 20, 12 × perChMaxRingLL128Bws[ampere] = 20) = 220.8 GB/s of bus
-    # bandwidth on every channel, × 8/14 for the algorithm bandwidth; the latency is ring
-    # LL128's base 14 µs + 14 NVLink hops × 1.9 µs, clock-scaled. Ring bandwidth has no size
-    # correction in NCCL (treeCorrectionFactor is the tree's), so none here either.
+    # 8 GPUs, 4-16 MiB: NCCL's tuner takes ring LL128 at min(0.92 × 12 × 20, 12 ×
+    # perChMaxRingLL128Bws[ampere] = 20) = 220.8 GB/s of bus bandwidth on every channel,
+    # × 8/14 for the algorithm bandwidth; the latency is ring LL128's base 14 µs + 14 NVLink
+    # hops × 1.9 µs (40.6 µs as NCCL ranks it), priced clock-scaled. Ring bandwidth has no
+    # size correction in NCCL (treeCorrectionFactor is the tree's), so none here either.
+    # From 32 MiB ring Simple wins NCCL's ranking: 8.4 + 14 × 3.4 = 56.0 µs at 12 × 20 =
+    # 240 GB/s of bus: 56.0 + 244.7 = 300.7 µs against LL128's 40.6 + 265.9 = 306.5.
     latency = (14.0 + 14 * 1.9) * AMPERE
-    for nbytes in (4 << 20, 8 << 20, 16 << 20, 32 << 20):
+    for nbytes in (4 << 20, 8 << 20, 16 << 20):
         cost = collective_cost("all_reduce", nbytes, shape("dgx-a100", 8))
         assert (cost.algorithm, cost.protocol) == ("ring", "LL128")
         wire = nbytes / (1000 * 220.8 * 8 / 14)
         assert cost.time_s * 1e6 == pytest.approx(latency + wire, rel=1e-9)
     assert collective_cost("all_reduce", 2 << 20, shape("dgx-a100", 8)).protocol == "LL"
-    assert collective_cost("all_reduce", 64 << 20, shape("dgx-a100", 8)).protocol == "Simple"
+    big = collective_cost("all_reduce", 32 << 20, shape("dgx-a100", 8))
+    assert big.protocol == "Simple"
+    assert big.choice_s * 1e6 == pytest.approx(56.0 + (32 << 20) / (1000 * 240 * 8 / 14))

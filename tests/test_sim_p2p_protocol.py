@@ -81,12 +81,18 @@ def test_the_all_to_all_sends_simple_across_hosts():
 
 
 def test_the_slot_post_goes_with_shared_buffers_and_scales_with_the_host_cpu():
-    """NCCL_NET_SHARED_BUFFERS=0 gives network send/recv connections their own buffers (the
-    sender starts with credits): no slot post. AMD hosts post at 2 µs."""
+    """NCCL_NET_SHARED_BUFFERS=0 gives network send/recv connections their own buffers, one
+    per protocol (the sender starts with credits, and LL is mapped): no slot post, and a small
+    message runs LL (ring LL base 6.6 µs + the network's LL hop 5.0 µs). AMD hosts post at
+    2 µs."""
     two = GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
     own = with_env(two, parse_nccl_env(["NCCL_NET_SHARED_BUFFERS=0"]))
-    assert not own.p2p_net_shared
-    assert p2p_cost(8, own, across_nodes=True).latency_s == pytest.approx((8.4 + 14.0) * 1e-6)
+    assert not own.p2p_net_shared and own.p2p_net_ll
+    assert p2p_cost(8, own, across_nodes=True).latency_s == pytest.approx((6.6 + 5.0) * 1e-6)
+    # own buffers without LL (a shape the variables cannot make, kept to isolate the post)
+    simple_own = replace(own, p2p_net_ll=False)
+    assert p2p_cost(8, simple_own, across_nodes=True).latency_s == pytest.approx(
+        (8.4 + 14.0) * 1e-6)
     assert p2p_cost(8, two, across_nodes=True).latency_s == pytest.approx(
         (8.4 + 14.0 + 1.0) * 1e-6)
     amd = replace(two, cpu_vendor="amd")
@@ -97,7 +103,9 @@ def test_the_slot_post_goes_with_shared_buffers_and_scales_with_the_host_cpu():
     # the all-to-all: slot post once, then one post per further remote peer
     nbytes = 16 * 4 * KIB
     lat = collective_cost("all_to_all", nbytes, own).latency_s
-    assert lat == pytest.approx((8.4 + 14.0 + 7 * 3.0) * 1e-6)
+    assert lat == pytest.approx((6.6 + 5.0 + 7 * 1.0) * 1e-6)  # LL: one post per peer
+    lat = collective_cost("all_to_all", nbytes, simple_own).latency_s
+    assert lat == pytest.approx((8.4 + 14.0 + 7 * 3.0) * 1e-6)  # Simple: x3 per peer
 
 
 def test_prefill_and_planner_read_the_backend_option():

@@ -178,13 +178,19 @@ def _nvidia_options(op: str, s: GroupShape, dtype: str = "float32",
 def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
                   reduction: str = "sum") -> list[CollectiveCost]:
     costs = []
+    # NCCL ranks by its own latency tables; the generation factor (tables.py) prices the
+    # pick, it does not move NCCL's switch points
+    as_tuned = replace(s, gen_lat_scale=1.0) if s.gen_lat_scale != 1.0 else s
     for algo, p in _nvidia_options(op, s, dtype, reduction):
         latency = _nvidia_latency_us(op, algo, p, s)
+        tuned_latency = _nvidia_latency_us(op, algo, p, as_tuned)
         if (algo == "ring" and p == 2 and op == "all_reduce" and s.nnodes > 1
                 and nbytes / (s.compute_channels * s.nranks) >= 64):
             plateau = T.NCCL_RING_SIMPLE_PLATEAU
-            latency *= (plateau["below"] if T.NCCL_COMP_CAP.get(s.arch, 0)
-                        < plateau["below_comp_cap"] else plateau["from"])
+            step = (plateau["below"] if T.NCCL_COMP_CAP.get(s.arch, 0)
+                    < plateau["below_comp_cap"] else plateau["from"])
+            latency *= step
+            tuned_latency *= step
         factor = bus_to_alg(op, algo, s)
         if algo == "tree" and s.nnodes > 1 and s.ppn == 1:
             factor *= T.NCCL_TREE_PATTERN_FACTOR  # one GPU per node: search.cc's PATTERN_TREE
@@ -197,14 +203,16 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
         used, total = run_channels(algo, p, nbytes, s)
         alg_bw = _nvidia_bus_bw(op, algo, p, s, used / total) * factor
         cost = priced(op, nbytes, algo, p, latency, alg_bw * price_corr)
-        if used < total or rank_corr != price_corr:
-            # NCCL ranks by its estimate: every channel, the correction as a step. Where ring
+        if used < total or rank_corr != price_corr or tuned_latency != latency:
+            # NCCL ranks by its estimate: every channel, the correction as a step, its own
+            # latencies. Where ring
             # LL wins that ranking and runs on few channels (multi-node broadcasts: 27-56%
             # time drops as the size grows past the switch on 4 DGX A100/B200, 8 DGX H100
             # nodes, 36-72 GB200s), the price follows NCCL's order (choose on every
             # channel, run on few); no published measurement checks the one-channel LL rate
             tuner_bw = _nvidia_bus_bw(op, algo, p, s) * factor * rank_corr
-            cost = replace(cost, tuner_s=priced(op, nbytes, algo, p, latency, tuner_bw).time_s)
+            cost = replace(cost, tuner_s=priced(op, nbytes, algo, p, tuned_latency,
+                                                 tuner_bw).time_s)
         costs.append(cost)
     return costs
 

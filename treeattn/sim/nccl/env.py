@@ -19,12 +19,17 @@ name                               what it changes in the model
                                    only where every channel's connection has an LL buffer).
                                    RCCL's ``src/init.cc`` has the same parameter, default 0.
 ``NCCL_NET_SHARED_BUFFERS``        ``0``: network send/recv connections get their own
-                                   buffers, so the sender starts with credits and a message
-                                   across hosts skips the proxy's slot post (default ``1``:
-                                   shared, the post is paid; :func:`treeattn.sim.nccl.
-                                   sendrecv.p2p_parts`). NCCL 2.30.7 ``src/transport/net.cc``
-                                   (``sendSetup``: ``shared`` for every connection without a
-                                   graph, i.e. send/recv, unless the variable is ``0``).
+                                   buffers, one per protocol (LL included, so a small message
+                                   across hosts may use LL, as with the variable above), and
+                                   the sender starts with credits, so a message across hosts
+                                   skips the proxy's slot post (default ``1``: shared, Simple
+                                   only unless LL buffers are asked for, the post is paid;
+                                   :func:`treeattn.sim.nccl.sendrecv.p2p_parts`). NCCL 2.30.7
+                                   ``src/transport/net.cc`` (``sendSetup``: ``shared`` for
+                                   every connection without a graph, i.e. send/recv, unless
+                                   the variable is ``0``; ``sendProxySetup`` and
+                                   ``recvProxySetup`` map ``buffs[p]`` for every protocol when
+                                   not shared).
 =================================  =========================================================
 """
 
@@ -72,5 +77,7 @@ def with_env(shape, env: tuple[tuple[str, str], ...]):
     found = dict(env)
     if not found:
         return shape
-    return replace(shape, p2p_net_ll=found.get("NCCL_ALLOC_P2P_NET_LL_BUFFERS") == "1",
-                   p2p_net_shared=found.get("NCCL_NET_SHARED_BUFFERS", "1") == "1")
+    shared = found.get("NCCL_NET_SHARED_BUFFERS", "1") == "1"
+    # own (unshared) buffers are mapped for every protocol, LL included (net.cc)
+    return replace(shape, p2p_net_ll=found.get("NCCL_ALLOC_P2P_NET_LL_BUFFERS") == "1"
+                   or not shared, p2p_net_shared=shared)

@@ -28,8 +28,9 @@ def p2p_protocol(nbytes: float, s: GroupShape, across_nodes: bool = False) -> in
     otherwise). So 64 KiB parts (one channel, LL up to 16 KiB) on NVLink and across nodes,
     16 KiB parts (up to ``nChannelsMin`` = 2 channels, LL up to 32 KiB) on one PCIe node.
     A connection to another host (NCCL's net transport) has an LL buffer only under
-    ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` (``s.p2p_net_ll``, :mod:`treeattn.sim.nccl.env`), so
-    by default every message across hosts is Simple; inside a host the p2p and shm transports
+    ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` or with its own (unshared) buffers,
+    ``NCCL_NET_SHARED_BUFFERS=0`` (``s.p2p_net_ll``, :mod:`treeattn.sim.nccl.env`), so by
+    default every message across hosts is Simple; inside a host the p2p and shm transports
     always map one. RCCL runs the same code (its enqueue.cc keeps NCCL_P2P_LL_THRESHOLD, its
     init.cc the same parameter, default 0).
 

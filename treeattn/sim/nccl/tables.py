@@ -72,10 +72,11 @@ NCCL-gen  The generation of the GPUs under NCCL's latency tables. ``baseLat`` an
           indexed by ``compCapIndex``) and were last retuned in NCCL 2.18.1 (commit
           d97a32fa, 2023: ring LL base 3.6 to 6.6 µs, NVLink LL hop 0.47 to 0.6 µs), the
           Hopper launch release; the H100 families of ``benchmarks/fidelity.py`` match them.
-          NCCL ranks algorithms by these figures, where a factor common to all of them
-          changes nothing, so the library never needed them per generation. We scale the
-          node-local part (base and NVLink/PCIe hops; not the network hop) by
-          :data:`NCCL_GEN_LATENCY_SCALE`, each row with its own source there.
+          NCCL ranks algorithms by these figures as they are, on every generation. We
+          scale the node-local part (base and NVLink/PCIe hops; not the network hop) by
+          :data:`NCCL_GEN_LATENCY_SCALE`, each row with its own source there, for the
+          price only: the pick is ranked on the unscaled figures, as NCCL ranks it
+          (``collectives._nvidia_costs``), so the factor never moves a switch point.
 ========  =============================================================================
 
 Units: latencies in µs and bandwidths in GB/s (1e9 B/s), as in the sources; the model in
