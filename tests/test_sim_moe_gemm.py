@@ -107,7 +107,7 @@ def test_fused_moe_prices_against_the_calls_it_was_not_read_from():
     straddle it); the held-out H200 tables (vLLM #36559's DeepSeek-R1 at TP2, slices four
     times wider, priced slow; SGLang #11730's Qwen3-235B at TP8 on its default config, priced
     fast) are within a factor of 1.6 each and 30% on the geometric mean."""
-    fidelity = load_benchmark("fidelity")
+    fidelity = load_benchmark("fidelity_kernels")
     points = [p for p in fidelity.score_kernels() if p.get("kind") == "moe"]
     sources = {"vllm-h200-fp8-moe-36559-qwen3next", "sglang-b200-fp8-moe-11816"}
     assert {p["table"] for p in points if not p["scored"]} == sources

@@ -338,7 +338,7 @@ def test_fp8_gemm_prices_against_deepgemms_held_out_rows():
     """benchmarks/fidelity.py's kernel section: the Hopper FP8 rate is the median of
     DeepGEMM's M = 64 rows on an H800; its M = 128 rows, not used, are priced within 40% each
     and 20% on the geometric mean (0.85-1.28 as published)."""
-    fidelity = load_benchmark("fidelity")
+    fidelity = load_benchmark("fidelity_kernels")
     points = [p for p in fidelity.score_kernels() if p["table"] == "deepgemm-h800-fp8-dense"]
     scored = [p for p in points if p["scored"]]
     assert {p["m"] for p in scored} == {128}
@@ -354,7 +354,7 @@ def test_kernel_fidelity_covers_hopper_and_blackwell_with_sources_held_out():
     NVFP4 rows (that kernel, before vLLM tuned it, took a flat 11.3 µs from 9 to 14 MB, a
     fixed cost no rate prices); every scored row is within a factor of 1.7 and all of them
     within 25% on the geometric mean."""
-    fidelity = load_benchmark("fidelity")
+    fidelity = load_benchmark("fidelity_kernels")
     points = fidelity.score_kernels()
     for table in ("vllm-sm100-fp8-cutlass-20071", "flashinfer-b200-fp4-1732"):
         source = [p for p in points if p["table"] == table]
@@ -402,7 +402,7 @@ def test_the_kernel_rates_reproduce_the_rows_they_were_read_from():
     fixed cost, so the rates, read from the published times less that cost, give back the
     source rows: vLLM #20071's two N = 28672 rows (their mean), FlashInfer #1732's row, and
     the two DeepGEMM M = 64 rows either side of the median, each within rounding (1%)."""
-    fidelity = load_benchmark("fidelity")
+    fidelity = load_benchmark("fidelity_kernels")
     points = fidelity.score_kernels()
     blackwell = [p for p in points if p["table"] == "vllm-sm100-fp8-cutlass-20071"]
     fp4 = [p for p in points if p["table"] == "flashinfer-b200-fp4-1732"]
