@@ -244,7 +244,7 @@ def compute_channel_count(family: str, arch: str, nnodes: int, channels: int,
 
 
 def p2p_channel_counts(compute: int, ppn: int, nnodes: int, peer_links: int, intra: str,
-                       nic_bandwidth: float, nranks: int = 0) -> tuple[int, int]:
+                       nic_bandwidth: float, *, nranks: int) -> tuple[int, int]:
     """(p2p channels, channels per peer) of a communicator (paths.cc
     ``ncclTopoComputeP2pChannels``; nccl_tables: the p2p channels rule).
 
@@ -256,7 +256,7 @@ def p2p_channel_counts(compute: int, ppn: int, nnodes: int, peer_links: int, int
     within a single round" (``p2pMaxPeers`` is the ranks unless the communicator's config
     sets it).
 
-    >>> p2p_channel_counts(24, 8, 1, 18, "nvlink", 0.0)  # a DGX H100: 32 channels, 32 a peer
+    >>> p2p_channel_counts(24, 8, 1, 18, "nvlink", 0.0, nranks=8)  # a DGX H100: 32, 32 a peer
     (32, 32)
     >>> p2p_channel_counts(24, 8, 32, 18, "nvlink", 50.0, nranks=256)  # 32 groups of 8
     (32, 1)
@@ -270,7 +270,7 @@ def p2p_channel_counts(compute: int, ppn: int, nnodes: int, peer_links: int, int
                                                   / T.NCCL_P2P_PER_CHANNEL_NET_BW)))
     per_peer = _pow2_up(per_peer)
     if nnodes > 1:
-        groups = -(-max(1, nranks) // T.NCCL_MAX_DEV_WORK_P2P_PER_BATCH)
+        groups = -(-nranks // T.NCCL_MAX_DEV_WORK_P2P_PER_BATCH)
         while per_peer * groups > total and per_peer > 1:
             per_peer //= 2
     return total, min(total, per_peer)
