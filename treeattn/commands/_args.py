@@ -116,4 +116,5 @@ def add_nccl_env_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nccl-env", action="append", default=[], metavar="NAME=VALUE",
                         help="an NCCL variable the library runs with, as far as the cost "
                              "model reads it (repeatable): NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 "
-                             "lets small send/recv across hosts use LL (default: Simple)")
+                             "(or NCCL_NET_SHARED_BUFFERS=0) lets small send/recv across "
+                             "hosts use LL (default: Simple)")

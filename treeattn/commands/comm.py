@@ -5,7 +5,8 @@
 prints, for each size from ``--min-bytes`` to ``--max-bytes`` (doubling, like nccl-tests'
 ``-f 2``), the predicted time (µs), algorithm and bus bandwidth (GB/s, with nccl-tests'
 busbw factor), and the algorithm and protocol NCCL (or RCCL) would choose (``--op sendrecv``
-between hosts is Simple unless ``--nccl-env NCCL_ALLOC_P2P_NET_LL_BUFFERS=1``). The group is
+between hosts is Simple unless ``--nccl-env NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` or
+``NCCL_NET_SHARED_BUFFERS=0``). The group is
 every GPU of the topology, in rank order, as ``mpirun -np N`` of an nccl-tests binary;
 ``--gpus N`` takes the first N GPUs of one node (``CUDA_VISIBLE_DEVICES=0,..,N-1`` on its
 host), ``--ranks 0,2,4,6`` any list of the topology's GPUs. ``--dtype`` is nccl-tests' ``-d``:

@@ -48,7 +48,8 @@ Sources:
   a host LL up to 16 KiB, the ring LL base of NCCL 2.30.7's ``tuning.cc`` (6.6 µs) split
   between the two ends (3.3 µs each) plus the class's hop (0.6 µs NVLink, 1.0 µs PCIe);
   across hosts Simple (8.4 µs base, 14 µs network hop) unless ``nccl_env`` sets
-  ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` (LL: 6.6 + 5.0 µs). ``send_s``/``recv_s`` below
+  ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` or ``NCCL_NET_SHARED_BUFFERS=0``
+  (LL: 6.6 + 5.0 µs). ``send_s``/``recv_s`` below
   are those halves on LL. Collectives are priced by the library's own model instead.
 * ``rccl``: the same with RCCL's ring LL base for gfx942 (12.0 µs, ``tuning_model_5``):
   6.0 µs each end.

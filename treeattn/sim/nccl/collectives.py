@@ -37,6 +37,7 @@ Send/recv and all-to-all, which NCCL runs as p2p transfers, are priced in
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -180,7 +181,7 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
     costs = []
     # NCCL ranks by its own latency tables; the generation factor (tables.py) prices the
     # pick, it does not move NCCL's switch points
-    as_tuned = replace(s, gen_lat_scale=1.0) if s.gen_lat_scale != 1.0 else s
+    as_tuned = _as_tuned(s) if s.gen_lat_scale != 1.0 else s
     for algo, p in _nvidia_options(op, s, dtype, reduction):
         latency = _nvidia_latency_us(op, algo, p, s)
         tuned_latency = _nvidia_latency_us(op, algo, p, as_tuned)
@@ -215,6 +216,12 @@ def _nvidia_costs(op: str, nbytes: int, s: GroupShape, dtype: str = "float32",
                                                  tuner_bw).time_s)
         costs.append(cost)
     return costs
+
+
+@functools.lru_cache(maxsize=256)
+def _as_tuned(s: GroupShape) -> GroupShape:
+    """``s`` with NCCL's own latency tables (no generation factor), as NCCL ranks on it."""
+    return replace(s, gen_lat_scale=1.0)
 
 
 def tree_correction(p: int, nbytes: int, *, algo: str = "tree", stepped: bool = False) -> float:

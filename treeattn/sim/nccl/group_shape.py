@@ -64,8 +64,9 @@ class GroupShape:
     # p2p (paths.cc, enqueue.cc): the communicator's p2p channels and channels per peer
     p2p_channels: int = 1
     p2p_peer_channels: int = 1
-    # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (treeattn.sim.nccl.env): send/recv across hosts may
-    # use LL. Off, NCCL's default: network p2p connections have no LL buffer, so Simple.
+    # NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 or NCCL_NET_SHARED_BUFFERS=0 (treeattn.sim.nccl.env):
+    # send/recv across hosts may use LL. Off, NCCL's default: network p2p connections have
+    # no LL buffer, so Simple.
     p2p_net_ll: bool = False
     # NCCL_NET_SHARED_BUFFERS (treeattn.sim.nccl.env): network send/recv connections draw
     # their slots from a pool the proxy hands out one step at a time (net.cc; default on)

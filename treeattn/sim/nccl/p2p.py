@@ -4,7 +4,8 @@ On GPUs whose messages go through NCCL or RCCL (the ``nccl``/``rccl`` backends),
 is priced as the library would run it (:func:`treeattn.sim.nccl.sendrecv.p2p_parts`): the
 protocol its enqueue picks for the size and the connection (LL up to 16 KiB inside a host;
 across hosts Simple, or LL up to 16 KiB where the backend sets
-``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1``), that protocol's ring base latency, the protocol's
+``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` or ``NCCL_NET_SHARED_BUFFERS=0``), that
+protocol's ring base latency, the protocol's
 per-hop latency for the link class the pair crosses (NVLink/xGMI, PCIe or the network) and
 the pair's bandwidth as the library's model sees it (the GPU's NVLink total, its rail's
 share of the network), halved for LL. The base latency is split evenly between the sender's

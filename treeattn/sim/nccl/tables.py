@@ -23,9 +23,10 @@ NCCL-p2p  ``src/enqueue.cc`` (``addP2pToPlan``): a send/recv uses LL while its b
           the network, so one channel and LL up to 16 KiB; 16 KiB parts on one PCIe node,
           so up to ``nChannelsMin`` (2) channels and LL up to 32 KiB. LL also needs the
           connection's LL buffer, which a network connection has only under
-          ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` (``src/init.cc``, default 0;
-          ``src/transport/net.cc``). NCCL keeps no latency table for p2p (our analogy: one
-          hop, see :mod:`treeattn.sim.nccl.collectives`).
+          ``NCCL_ALLOC_P2P_NET_LL_BUFFERS=1`` (``src/init.cc``, default 0) or with its
+          own buffers, ``NCCL_NET_SHARED_BUFFERS=0`` (``src/transport/net.cc``). NCCL
+          keeps no latency table for p2p (our analogy: one hop, see
+          :mod:`treeattn.sim.nccl.collectives`).
 NCCL-net  ``src/graph/tuning.cc`` ``getNetOverhead``: the network post overhead a multi-node
           ring step cannot go below, 1 µs on x86 Intel hosts, 2 µs on x86 AMD hosts, 1 µs
           otherwise (×3 for Simple); ``llMaxBws`` rows for several nodes are picked by the
@@ -76,7 +77,9 @@ NCCL-gen  The generation of the GPUs under NCCL's latency tables. ``baseLat`` an
           scale the node-local part (base and NVLink/PCIe hops; not the network hop) by
           :data:`NCCL_GEN_LATENCY_SCALE`, each row with its own source there, for the
           price only: the pick is ranked on the unscaled figures, as NCCL ranks it
-          (``collectives._nvidia_costs``), so the factor never moves a switch point.
+          (``collectives._nvidia_costs``), so the factor never moves a switch point. A
+          calibration (``calibrate --nccl-tests``) does move them: its scales describe
+          the cluster the measurement ran on, picks included, and rank and price alike.
 ========  =============================================================================
 
 Units: latencies in µs and bandwidths in GB/s (1e9 B/s), as in the sources; the model in
