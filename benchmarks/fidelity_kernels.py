@@ -121,6 +121,14 @@ def kernel_summary(points: list[dict]) -> list[dict]:
              "low": min(r), "high": max(r)} for (gpu, dtype), r in sorted(groups.items())]
 
 
+def _row(p: dict, middle: list, unscored: str) -> str:
+    """One kernel row: its table and GPU, the ``middle`` cells, the published and predicted
+    µs, their ratio, and "yes" where it is scored (else ``unscored``)."""
+    cells = [f"[{p['table']}]({p['url']})", p["gpu"], *middle, f"{p['published_us']:g}",
+             f"{p['predicted_us']:g}", f"{p['ratio']:.2f}", "yes" if p["scored"] else unscored]
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def kernel_markdown(points: list[dict]) -> str:
     scored = [p["ratio"] for p in points if p["scored"]]
     lines = ["## Kernels against published measurements", "",
@@ -139,10 +147,7 @@ def kernel_markdown(points: list[dict]) -> str:
     lines += ["", "| table | GPU | dtype | M | N | K | published µs | predicted µs | ratio | "
               "scored |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for p in (p for p in points if p.get("kind") is None):
-        lines.append(f"| [{p['table']}]({p['url']}) | {p['gpu']} | {p['dtype']} | {p['m']} | "
-                     f"{p['n']} | {p['k']} | {p['published_us']:g} | {p['predicted_us']:g} | "
-                     f"{p['ratio']:.2f} | "
-                     f"{'yes' if p['scored'] else p['unscored_as']} |")
+        lines.append(_row(p, [p["dtype"], p["m"], p["n"], p["k"]], p["unscored_as"]))
     moe = [p for p in points if p.get("kind") == "moe"]
     if moe:
         lines += ["", "Fused-MoE calls (one layer's routed experts at M tokens, as the engine's "
@@ -153,10 +158,8 @@ def kernel_markdown(points: list[dict]) -> str:
                   "predicted µs | ratio | scored |",
                   "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
         for p in moe:
-            lines.append(f"| [{p['table']}]({p['url']}) | {p['gpu']} | {p['dtype']} | "
-                         f"{p['experts']} | {p['k']} | {p['n']} | {p['m']} | "
-                         f"{p['published_us']:g} | {p['predicted_us']:g} | {p['ratio']:.2f} | "
-                         f"{'yes' if p['scored'] else p['unscored_as']} |")
+            lines.append(_row(p, [p["dtype"], p["experts"], p["k"], p["n"], p["m"]],
+                              p["unscored_as"]))
     attention = [p for p in points if p.get("kind") == "attention"]
     if attention:
         lines += ["", "Decode attention at batch 1 with few KV heads per GPU, priced by the "
@@ -166,10 +169,8 @@ def kernel_markdown(points: list[dict]) -> str:
                   "published µs | predicted µs | ratio | scored |",
                   "|---|---|---|---|---:|---|---:|---:|---:|---:|---|"]
         for p in attention:
-            lines.append(f"| [{p['table']}]({p['url']}) | {p['gpu']} | {p['kernel']} | "
-                         f"{p['dtype']} | {p['batch']} | {p['heads']} | {p['context']} | "
-                         f"{p['published_us']:g} | {p['predicted_us']:g} | {p['ratio']:.2f} | "
-                         f"{'yes' if p['scored'] else 'no'} |")
+            lines.append(_row(p, [p["kernel"], p["dtype"], p["batch"], p["heads"],
+                                  p["context"]], "no"))
     for table in json.loads(KERNELS.read_text())["tables"]:
         lines.append("")
         unscored = any(not p["scored"] for p in table["points"])
