@@ -35,6 +35,15 @@ def _test_bed_plugged_in():
     yield
 
 
+@pytest.fixture(scope="module")
+def dgx():
+    """The group NCCL's cost model is most often checked on: one DGX H100, all 8 GPUs."""
+    from treeattn.sim.nccl.group_shape import GroupShape
+    from treeattn.topo import Topology
+
+    return GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
+
+
 @pytest.fixture
 def rank_starts(monkeypatch) -> list:
     """Every local launch of ranks in this test, recorded instead of started: a test of input

@@ -28,11 +28,6 @@ from treeattn.topo import Topology
 
 
 @pytest.fixture(scope="module")
-def dgx():
-    return GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
-
-
-@pytest.fixture(scope="module")
 def dgx2():
     return GroupShape.of(Topology.from_spec("dgx-h100:nodes=2"), range(16))
 

@@ -8,15 +8,7 @@ import pytest
 from benchmark_module import load_benchmark
 
 from treeattn.schedule.payloads import busbw_factor
-from treeattn.sim.nccl.collectives import (
-    GroupShape,
-)
 from treeattn.topo import Topology
-
-
-@pytest.fixture(scope="module")
-def dgx():
-    return GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
 
 
 def test_busbw_factors_match_nccl_tests():

@@ -16,12 +16,6 @@ from treeattn.sim.nccl.collectives import (
 )
 from treeattn.topo import Topology
 
-
-@pytest.fixture(scope="module")
-def dgx():
-    return GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
-
-
 _TOPOLOGIES: dict[str, Topology] = {}
 
 

@@ -13,11 +13,6 @@ from treeattn.sim.nccl.collectives import (
 from treeattn.topo import Topology
 
 
-@pytest.fixture(scope="module")
-def dgx():
-    return GroupShape.of(Topology.from_spec("dgx-h100"), range(8))
-
-
 def test_comm_cli_prints_nccl_tests_rows(capsys):
     import json
 
