@@ -54,17 +54,8 @@ MISSES = {
         "KiB across four nodes cost 40 µs each (10.1 ms), where the published step implies "
         "well over twice that beyond the TP8 point's gap. The ranking against CP4 × TP8 on "
         "the same 32 GPUs is reproduced."),
-    "meta-cp-405b-tp16-128k": (
-        "Predicted 1.30× fast (30.4 against 39.5 ms), where the one-node TP8 point of the same "
-        "paper is within 11% (41.2 against 46.3 ms). The predicted step: 12.5 ms of weight "
-        "reads (FP8 GEMMs at their sourced rate), 3.9 ms of kernel fixed costs, 7.2 ms for 252 "
-        "all-reduces of 32 KiB across two nodes (28.5 µs each, NCCL's tuning model) and 6.7 ms "
-        "of attention. The model halves the weight reads from TP8 to TP16 (-12.3 ms) where the "
-        "paper gains 6.7 ms: the cross-node all-reduces cost more than NCCL's tuning model "
-        "says, or the row-wise FP8 GEMMs of half the width read less efficiently; the paper "
-        "does not separate them. The ranking against TP8 × CP2 is reproduced."),
     "meta-cp-405b-cp2tp8-128k": (
-        "Predicted 1.33× fast. The step is the one-node TP8 step (predicted at 0.89×) plus "
+        "Predicted 1.32× fast. The step is the one-node TP8 step (predicted at 0.89×) plus "
         "the pass-Q merge across two hosts: the model adds 4.26 ms for it (33.8 µs a layer, "
         "the ring of query blocks and the all-to-all of partials on NCCL's tuning model), "
         "the published step adds 13.97 ms over TP8 (111 µs a layer), and the paper's own "
@@ -72,7 +63,7 @@ MISSES = {
         "at 81 µs. Small collectives across hosts cost more than NCCL's tuning model says, as "
         "for TP16 and TP32; the ranking against TP16 is reproduced."),
     "meta-cp-405b-cp4tp8-128k": (
-        "Predicted 1.36× fast, as its two-host pair: the model adds 11.41 ms over TP8 for the "
+        "Predicted 1.35× fast, as its two-host pair: the model adds 11.41 ms over TP8 for the "
         "pass-Q merge across four hosts (90.6 µs a layer), the published step 25.05 ms (199 "
         "µs a layer); small collectives across hosts cost more than NCCL's tuning model "
         "says. The ranking against TP32 is reproduced."),

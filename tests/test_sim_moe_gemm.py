@@ -13,7 +13,7 @@ from treeattn.sim import ModelConfig
 from treeattn.sim.deploy.capacity import (
     DENSE,
     EXPERTS,
-    ROUTER,
+    UNQUANTIZED,
     Split,
     layer_weights,
     step_weight_reads,
@@ -47,7 +47,7 @@ def test_deepseek_v3_tp8_batch4_reads_each_touched_expert_once_by_hand():
     reads = {name.replace(" (MoE layers)", ""): (count, nbytes, kind) for name, count, nbytes,
              _, kind in step_weight_reads(m, 8, 1.0, 4) if "(MoE layers)" in name}
     assert reads["routed experts"] == (58, pytest.approx(touched * slice_bytes), EXPERTS)
-    assert reads["router"] == (58, 7168 * 256 * 2, ROUTER)
+    assert reads["router"] == (58, 7168 * 256 * 2, UNQUANTIZED)
     assert reads["shared experts"] == (58, slice_bytes, DENSE)
     held = layer_weights(m, 8, 1.0, 1, moe=True)
     assert held.gemms[1][1] == 7168 * 256 * 2  # the router is held in 16 bits too
@@ -162,7 +162,7 @@ def test_sglang_runs_the_shared_expert_inside_the_fused_moe_by_hand():
     plain, fused = by_kind(False), by_kind(True)
     assert fused[EXPERTS] - plain[EXPERTS] == pytest.approx(58 * shared)
     assert plain[DENSE] - fused[DENSE] == pytest.approx(58 * shared)
-    assert fused[ROUTER] == plain[ROUTER]
+    assert fused[UNQUANTIZED] == plain[UNQUANTIZED]
     rows = {name: nbytes for name, _, nbytes, _, _ in step_weight_reads(m, 8, 1.0, 4, True)}
     assert rows["routed and shared experts (MoE layers)"] == pytest.approx(
         (touched + 1) * shared)

@@ -176,14 +176,21 @@ def test_fp8_weights_halve_the_bytes_and_read_at_the_fp8_gemm_rate():
     bf16 = predict_token(DGX, "llama-3.1-70b", 4096, Split(8))
     fp8 = predict_token(DGX, "llama-3.1-70b", 4096, Split(8), weights_dtype="float8")
     slower = MEMORY_EFFICIENCY["H100"] / FP8_GEMM_EFFICIENCY["hopper"]
-    assert fp8.parts_s["weights"] == pytest.approx(bf16.parts_s["weights"] / 2 * slower,
-                                                   rel=0.01)
-    assert fp8.memory.weights_bytes == pytest.approx(bf16.memory.weights_bytes / 2)
+    # the embedding and the LM head stay in 16 bits (vLLM quantises neither): a vocabulary
+    # shard of 128256 × 8192 / 8 × 2 B each, the head read whole at the bf16 rate
+    table = 128256 * 8192 / 8 * 2
+    head_s = table / (0.90 * 3.35e12)
+    assert fp8.parts_s["weights"] == pytest.approx(
+        (bf16.parts_s["weights"] - head_s) / 2 * slower + head_s, rel=0.01)
+    assert fp8.memory.weights_bytes == pytest.approx(
+        (bf16.memory.weights_bytes - 2 * table) / 2 + 2 * table)
     # a generation with no sourced FP8 row reads FP8 at its bf16 rate
     a100 = Topology.from_spec("dgx-a100")
     bf16 = predict_token(a100, "llama-3.1-70b", 4096, Split(8))
     fp8 = predict_token(a100, "llama-3.1-70b", 4096, Split(8), weights_dtype="float8")
-    assert fp8.parts_s["weights"] == pytest.approx(bf16.parts_s["weights"] / 2, rel=0.01)
+    head_s = table / (0.89 * 2.039e12)  # A100 80 GB: 2039 GB/s at 0.89, the head 16-bit
+    assert fp8.parts_s["weights"] == pytest.approx(
+        (bf16.parts_s["weights"] - head_s) / 2 + head_s, rel=0.01)
 
 
 def test_dcp_prices_a_merge_and_the_query_gather():
@@ -389,10 +396,13 @@ def test_fp4_weights_are_blackwell_only_and_read_at_their_sourced_rate():
     b200 = Topology.from_spec("dgx-b200")
     bf16 = predict_token(b200, "llama-3.1-70b", 4096, Split(8))
     fp4 = predict_token(b200, "llama-3.1-70b", 4096, Split(8), weights_dtype="float4")
-    assert fp4.memory.weights_bytes == pytest.approx(bf16.memory.weights_bytes * 4.5 / 16)
+    table = 128256 * 8192 / 8 * 2  # the 16-bit embedding and LM head shards
+    assert fp4.memory.weights_bytes == pytest.approx(
+        (bf16.memory.weights_bytes - 2 * table) * 4.5 / 16 + 2 * table)
     slower = 0.75 / FP4_GEMM_EFFICIENCY["blackwell"]
-    assert fp4.parts_s["weights"] == pytest.approx(bf16.parts_s["weights"] * 4.5 / 16 * slower,
-                                                   rel=0.01)
+    head_s = table / (0.75 * 8.0e12)
+    assert fp4.parts_s["weights"] == pytest.approx(
+        (bf16.parts_s["weights"] - head_s) * 4.5 / 16 * slower + head_s, rel=0.01)
     with pytest.raises(SimError, match="FP4 weights need FP4 tensor cores"):
         predict_token(DGX, "llama-3.1-70b", 4096, Split(8), weights_dtype="float4")
 

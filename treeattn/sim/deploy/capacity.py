@@ -34,11 +34,16 @@ no token chose gets no tile (vLLM's and SGLang's Triton ``fused_moe``:
 (``gate``) is not quantised: vLLM builds it without the checkpoint's quantisation
 (``GateLinear`` in ``vllm/model_executor/models/deepseek_v2.py``, ``ReplicatedLinear(...,
 quant_config=None)`` in the other MoE models), so it is held and read in 16 bits whatever
-the weights' dtype. The shared experts are a plain gated MLP next to the fused MoE
-(``DeepseekV2MLP``), sharded like the routed experts; where the engine runs them as more
-experts of the fused MoE (``fused_shared``: SGLang's shared experts fusion,
-:meth:`treeattn.sim.deploy.engines.Engine.fuses_shared_experts`) their slices are read by the
-fused MoE with the routed ones, always touched. The embedding is a row gather (``B``
+the weights' dtype. So are the embedding and the LM head: vLLM's
+``VocabParallelEmbedding`` and ``ParallelLMHead`` take a quantisation method only where the
+checkpoint's config returns one for them, and its FP8 config returns methods for linear,
+fused-MoE and attention layers only (``vllm/model_executor/layers/quantization/fp8.py``,
+``get_quant_method``), so they fall back to the unquantised embedding method. The shared
+experts are a plain gated MLP next to the fused MoE (``DeepseekV2MLP``), sharded like the
+routed experts; where the engine runs them as more experts of the fused MoE
+(``fused_shared``: SGLang's shared experts fusion,
+:meth:`treeattn.sim.deploy.engines.Engine.fuses_shared_experts`) their slices are read by
+the fused MoE with the routed ones, always touched. The embedding is a row gather (``B``
 rows, counted) and the LM head reads its whole shard.
 """
 
@@ -163,8 +168,9 @@ def expected_experts(m: ModelConfig, tokens: int) -> float:
 
 
 #: What :attr:`LayerWeights.gemms` tags each GEMM as, for the rate it is read at: a dense
-#: linear at the weights' dtype rate, the 16-bit router, the fused MoE's routed experts.
-DENSE, ROUTER, EXPERTS = "dense", "router", "experts"
+#: linear at the weights' dtype rate, an unquantised one (the router, the embedding and the
+#: LM head) at the 16-bit rate, the fused MoE's routed experts.
+DENSE, UNQUANTIZED, EXPERTS = "dense", "unquantized", "experts"
 
 
 @dataclass(frozen=True)
@@ -194,7 +200,7 @@ def layer_weights(m: ModelConfig, tp: int, wb: float, batch: int, moe: bool,
         router = m.dim * m.n_routed_experts  # replicated gate, never below 16 bits
         router_bytes = router * max(wb, 2.0)
         held = attn + (m.n_routed_experts * expert + shared) * wb + router_bytes
-        gemms.append(("router", router_bytes, 2.0 * batch * router, ROUTER))
+        gemms.append(("router", router_bytes, 2.0 * batch * router, UNQUANTIZED))
         if fused_shared:
             gemms.append(("routed and shared experts", (touched * expert + shared) * wb,
                           2.0 * batch * (m.experts_per_token * expert + shared), EXPERTS))
@@ -217,8 +223,9 @@ def _layer_counts(m: ModelConfig) -> tuple[int, int]:
 
 
 def embedding_bytes(m: ModelConfig, tp: int, wb: float) -> tuple[float, float]:
-    """``(embedding held, LM head held)`` per GPU; a tied head is the embedding itself."""
-    table = m.vocab_size * m.dim * wb / tp
+    """``(embedding held, LM head held)`` per GPU; a tied head is the embedding itself. Never
+    below 16 bits (module docstring)."""
+    table = m.vocab_size * m.dim * max(wb, 2.0) / tp
     return table, 0.0 if m.tie_embeddings else table
 
 
@@ -235,7 +242,7 @@ def weights_held(m: ModelConfig, tp: int, wb: float) -> float:
 def step_weight_reads(m: ModelConfig, tp: int, wb: float, batch: int,
                       fused_shared: bool = False) -> list[tuple]:
     """``(name, count, bytes, FLOPs, kind)`` per GEMM kind of one decode step on one GPU
-    (``kind``: :data:`DENSE`, :data:`ROUTER` or :data:`EXPERTS`); ``fused_shared``: the MoE
+    (``kind``: :data:`DENSE`, :data:`UNQUANTIZED` or :data:`EXPERTS`); ``fused_shared``: the MoE
     layers' shared experts read inside the fused MoE (:func:`layer_weights`)."""
     dense, moe = _layer_counts(m)
     out = []
@@ -246,8 +253,9 @@ def step_weight_reads(m: ModelConfig, tp: int, wb: float, batch: int,
                 out.append((name + (" (MoE layers)" if is_moe and m.first_dense_layers else
                                     ""), count, nbytes, flops, kind))
     head = m.vocab_size * m.dim / tp
-    out.append(("LM head", 1, head * wb, 2.0 * batch * head, DENSE))
-    out.append(("embedding rows", 1, batch * m.dim * wb, 0.0, DENSE))
+    table_wb = max(wb, 2.0)  # unquantised, as the router
+    out.append(("LM head", 1, head * table_wb, 2.0 * batch * head, UNQUANTIZED))
+    out.append(("embedding rows", 1, batch * m.dim * table_wb, 0.0, UNQUANTIZED))
     return out
 
 

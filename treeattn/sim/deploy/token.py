@@ -96,7 +96,7 @@ from treeattn.sim.decode_kernels import (
 from treeattn.sim.deploy.capacity import (
     DENSE,
     EXPERTS,
-    ROUTER,
+    UNQUANTIZED,
     WEIGHT_DTYPE_BYTES,
     MemoryCheck,
     Split,
@@ -295,17 +295,23 @@ def predict_token(topology, model: ModelConfig | str, seq_len: int, split: Split
 
     fused = ENGINES[engine].fuses_shared_experts(model, gpu)
     reads = step_weight_reads(model, split.tp, WEIGHT_DTYPE_BYTES[wdt], batch, fused)
-    measured = dict(hw.gemm_bandwidth).get(CANONICAL.get(wdt, wdt))
-    if measured:  # the user's kernel table (calibrate --kernels) has this dtype's GEMMs
-        parts["weights"] = sum(count * max(nbytes / measured, flops / hw.peak_flops)
-                               for _, count, nbytes, flops, _ in reads)
-    else:  # FP8/FP4 GEMMs read below the bf16 rate (devices.LOW_PRECISION_GEMM_EFFICIENCY),
-        # the fused MoE's experts below that (moe_gemm), the 16-bit router at the bf16 rate
-        slower = {DENSE: weight_read_factor(gpu, wdt, hw.name), ROUTER: 1.0,
-                  EXPERTS: expert_read_factor(gpu, wdt, hw.name)}
-        parts["weights"] = sum(
-            count * (hw.compute_time(nbytes * slower[kind], flops) - hw.launch_s)
-            for _, count, nbytes, flops, kind in reads)
+    # FP8/FP4 GEMMs read below the bf16 rate (devices.LOW_PRECISION_GEMM_EFFICIENCY), the
+    # fused MoE's experts below that (moe_gemm), the unquantised ones at the bf16 rate; a
+    # kind whose dtype the user's kernel table (calibrate --kernels) has reads at its
+    # measured rate instead (one rate for the dense GEMMs and the experts alike)
+    slower = {DENSE: weight_read_factor(gpu, wdt, hw.name), UNQUANTIZED: 1.0,
+              EXPERTS: expert_read_factor(gpu, wdt, hw.name)}
+    table = dict(hw.gemm_bandwidth)
+
+    def read_s(nbytes: float, flops: float, kind: str) -> float:
+        dtype = "bfloat16" if kind == UNQUANTIZED else wdt
+        measured = table.get(CANONICAL.get(dtype, dtype))
+        if measured:
+            return max(nbytes / measured, flops / hw.peak_flops)
+        return hw.compute_time(nbytes * slower[kind], flops) - hw.launch_s
+
+    parts["weights"] = sum(count * read_s(nbytes, flops, kind)
+                           for _, count, nbytes, flops, kind in reads)
     parts["kernels"] = kernels_per_step(model, wdt, gpu, fused) * hw.graph_kernel_s
 
     tp_ranks = list(range(split.tp))
